@@ -1,0 +1,137 @@
+/*
+ * Configuration: which micro-kernels run, with which cache blocking, on how
+ * many threads.  The table below is the only place that binds kernels to
+ * blocking sizes; the drivers read it through rd_context().
+ *
+ * Blocking: KC x NR of B (one micro-panel) stays in L1, MC x KC of packed A
+ * in L2, KC x NC of packed B in L3.  Starting points are the published BLIS
+ * Zen/Haswell float32 (6x16, MC=144, KC=256, NC=4080) and float64 (6x8,
+ * MC=72, KC=256, NC=4080) values, tuned on the target machine class.
+ */
+#include "rd_kernel.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static const rd_context_t rd_ctx_ref = {
+    "ref", rd_sgemm_ref_6x16, rd_dgemm_ref_6x8,
+    {144, 256, 4080}, {72, 256, 4080},
+};
+
+#ifdef RD_HAVE_AVX2_BUILD
+static const rd_context_t rd_ctx_avx2 = {
+    "avx2", rd_sgemm_avx2_6x16, rd_dgemm_avx2_6x8,
+    {144, 256, 4080}, {72, 256, 4080},
+};
+#endif
+
+static const char *const rd_kernel_names[] = {
+    "ref",
+#ifdef RD_HAVE_AVX2_BUILD
+    "avx2",
+#endif
+    NULL,
+};
+
+static const rd_context_t *rd_current = NULL;
+
+int
+rd_cpu_has_avx2(void)
+{
+#ifdef RD_HAVE_AVX2_BUILD
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static const rd_context_t *
+rd_best_context(void)
+{
+#ifdef RD_HAVE_AVX2_BUILD
+    if (rd_cpu_has_avx2())
+        return &rd_ctx_avx2;
+#endif
+    return &rd_ctx_ref;
+}
+
+const rd_context_t *
+rd_context(void)
+{
+    if (rd_current == NULL)
+        rd_current = rd_best_context();
+    return rd_current;
+}
+
+int
+rd_set_kernel(const char *name)
+{
+    if (strcmp(name, "auto") == 0) {
+        rd_current = rd_best_context();
+        return 0;
+    }
+    if (strcmp(name, "ref") == 0) {
+        rd_current = &rd_ctx_ref;
+        return 0;
+    }
+#ifdef RD_HAVE_AVX2_BUILD
+    if (strcmp(name, "avx2") == 0) {
+        if (!rd_cpu_has_avx2())
+            return -2;
+        rd_current = &rd_ctx_avx2;
+        return 0;
+    }
+#endif
+    return -1;
+}
+
+const char *const *
+rd_compiled_kernels(void)
+{
+    return rd_kernel_names;
+}
+
+/* ------------------------------------------------------------------ threads */
+
+static int rd_threads = 0;
+
+int
+rd_have_openmp(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int
+rd_get_num_threads(void)
+{
+    if (rd_threads <= 0) {
+        int n = 1;
+        const char *env = getenv("RAGGEDDOT_NUM_THREADS");
+        if (env != NULL && atoi(env) > 0)
+            n = atoi(env);
+#ifdef _OPENMP
+        else
+            n = omp_get_max_threads();
+#endif
+        rd_threads = n > 0 ? n : 1;
+    }
+#ifndef _OPENMP
+    return 1;
+#else
+    return rd_threads;
+#endif
+}
+
+void
+rd_set_num_threads(int n)
+{
+    rd_threads = n > 0 ? n : 0;
+}

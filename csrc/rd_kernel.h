@@ -1,0 +1,143 @@
+/*
+ * raggeddot kernel library: the contract shared by the micro-kernels, the
+ * packing routines and the drivers.  Nothing here includes Python.h; the
+ * binding (rd_module.c) is the only file that talks to CPython.
+ *
+ * Conventions
+ *   - Sizes, offsets and strides are rd_int (ptrdiff_t, 64-bit on the
+ *     platforms we build for).  Strides are in elements, not bytes.
+ *   - A matrix X with strides (rs, cs) holds X[i][j] at x[i*rs + j*cs].
+ *   - Kernels take already-validated arguments and never check them.
+ */
+#ifndef RD_KERNEL_H
+#define RD_KERNEL_H
+
+#include <stddef.h>
+
+typedef ptrdiff_t rd_int;
+
+/* Register block shapes.  Every micro-kernel of a dtype uses the same shape,
+ * so the packed layout does not depend on which kernel runs. */
+#define RD_S_MR 6
+#define RD_S_NR 16
+#define RD_D_MR 6
+#define RD_D_NR 8
+
+/* Alignment of the packing buffers, in bytes. */
+#define RD_ALIGN 64
+
+/*
+ * Micro-kernel contract (BLIS style).
+ *
+ *   a : packed A micro-panel, MR x kc, column after column:  A[i][p] = a[p*MR + i]
+ *   b : packed B micro-panel, kc x NR, row after row:         B[p][j] = b[p*NR + j]
+ *   c : the C tile, C[i][j] = c[i*rs_c + j*cs_c], of which only the leading
+ *       m x n corner (m <= MR, n <= NR) is valid and may be touched.
+ *
+ *   accumulate == 0 :  C  = A B
+ *   accumulate != 0 :  C += A B
+ *
+ * The product is accumulated in registers in the order p = 0, 1, ..., kc-1
+ * (one fused multiply-add per step) starting from zero, and is added to C
+ * once at the end.  Padding rows/columns of the packed panels are zero.
+ */
+typedef void (*rd_sgemm_ukr_t)(rd_int kc, const float *a, const float *b,
+                               float *c, rd_int rs_c, rd_int cs_c,
+                               int m, int n, int accumulate);
+typedef void (*rd_dgemm_ukr_t)(rd_int kc, const double *a, const double *b,
+                               double *c, rd_int rs_c, rd_int cs_c,
+                               int m, int n, int accumulate);
+
+/* Portable reference micro-kernels (rd_ukernel_ref.c). */
+void rd_sgemm_ref_6x16(rd_int kc, const float *a, const float *b, float *c,
+                       rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+void rd_dgemm_ref_6x8(rd_int kc, const double *a, const double *b, double *c,
+                      rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+
+/* AVX2/FMA micro-kernels (rd_ukernel_avx2.c); present when RD_HAVE_AVX2_BUILD. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define RD_HAVE_AVX2_BUILD 1
+void rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
+                        rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+void rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
+                       rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+/* Sustained FMA throughput of one thread, GFLOP/s, measured for ~seconds. */
+double rd_fma_peak_avx2(double seconds);
+#endif
+
+/* Cache blocking of one dtype: MC x KC block of A, KC x NC panel of B. */
+typedef struct {
+    rd_int mc, kc, nc;
+} rd_blocking_t;
+
+/* The kernel configuration in force (rd_context.c). */
+typedef struct {
+    const char *name;          /* "ref" or "avx2" */
+    rd_sgemm_ukr_t sgemm;
+    rd_dgemm_ukr_t dgemm;
+    rd_blocking_t sblk;
+    rd_blocking_t dblk;
+} rd_context_t;
+
+const rd_context_t *rd_context(void);
+/* Select a kernel by name ("ref", "avx2", "auto").  Returns 0 on success,
+ * -1 for an unknown name, -2 when the CPU cannot run it. */
+int rd_set_kernel(const char *name);
+/* Names of the kernels compiled into this build, NULL-terminated. */
+const char *const *rd_compiled_kernels(void);
+int rd_cpu_has_avx2(void);
+
+/* Threads. */
+int rd_get_num_threads(void);
+void rd_set_num_threads(int n);
+int rd_have_openmp(void);
+
+/* ------------------------------------------------------------------ drivers
+ *
+ * Ragged rows (the forward of ragged_dot, megablox gmm):
+ *   for each local group g in [0, ng):  rows r in [bounds[g], bounds[g+1])
+ *     out[r, :] (+)= lhs[r, :] @ rhs[g]          lhs [m, k], rhs [ng, k, n]
+ *   Rows outside [bounds[0], bounds[ng]) are not touched.
+ *
+ * Ragged contraction (d_rhs, megablox tgmm):
+ *   for each group g in [0, ng):  rows r in [bounds[g], bounds[g+1])
+ *     out[g] (+)= lhs[:, rows] @ rhs[rows, :]    lhs [k, m], rhs [m, n], out [ng, k, n]
+ *   An empty group gives out[g] = 0 (or leaves it unchanged when accumulating).
+ *
+ * Each output element is reduced in a fixed order: blocks of KC along the
+ * contraction (ascending), each block summed in registers in ascending order
+ * and then added to the output.  The order depends on KC alone, never on the
+ * thread count or the schedule, so results are bitwise reproducible.
+ *
+ * Returns 0, or -1 when a packing buffer could not be allocated.
+ */
+int rd_sgemm_ragged_rows(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                         const float *lhs, rd_int lhs_rs, rd_int lhs_cs,
+                         const float *rhs, rd_int rhs_gs, rd_int rhs_rs, rd_int rhs_cs,
+                         float *out, rd_int out_rs, rd_int out_cs, int accumulate);
+int rd_dgemm_ragged_rows(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                         const double *lhs, rd_int lhs_rs, rd_int lhs_cs,
+                         const double *rhs, rd_int rhs_gs, rd_int rhs_rs, rd_int rhs_cs,
+                         double *out, rd_int out_rs, rd_int out_cs, int accumulate);
+int rd_sgemm_ragged_contract(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                             const float *lhs, rd_int lhs_rs, rd_int lhs_cs,
+                             const float *rhs, rd_int rhs_rs, rd_int rhs_cs,
+                             float *out, rd_int out_gs, rd_int out_rs, rd_int out_cs,
+                             int accumulate);
+int rd_dgemm_ragged_contract(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                             const double *lhs, rd_int lhs_rs, rd_int lhs_cs,
+                             const double *rhs, rd_int rhs_rs, rd_int rhs_cs,
+                             double *out, rd_int out_gs, rd_int out_rs, rd_int out_cs,
+                             int accumulate);
+
+/* ------------------------------------------------------------ tile metadata
+ * megablox make_group_metadata.  group_sizes [ng] (non-negative, validated),
+ * m % tm == 0.  Outputs: group_offsets [ng+1], group_ids and m_tile_ids
+ * [m/tm + ng - 1], all int32; returns num_tiles, or -1 when out of memory. */
+long long rd_make_group_metadata(const rd_int *group_sizes, rd_int ng, rd_int m,
+                                 rd_int tm, rd_int start_group,
+                                 rd_int num_nonzero_groups, int visit_empty_groups,
+                                 int *group_offsets, int *group_ids,
+                                 int *m_tile_ids);
+
+#endif /* RD_KERNEL_H */

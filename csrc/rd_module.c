@@ -1,0 +1,432 @@
+/*
+ * raggeddot._core: the only file that includes Python.h.
+ *
+ * Every entry point checks its arguments (the public Python layer has
+ * already validated them for users; these checks keep a direct call from
+ * crashing the interpreter), releases the GIL around the kernel, and sets
+ * an exception only after the GIL is back.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "rd_kernel.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ------------------------------------------------------------ arguments */
+
+/* A float operand: aligned, native byte order, element-sized strides. */
+static int
+rd_check_operand(PyObject *obj, const char *name, int ndim, int type_num,
+                 int writeable, PyArrayObject **out)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "'%s' must be a numpy.ndarray, got %s",
+                     name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_NDIM(arr) != ndim) {
+        PyErr_Format(PyExc_ValueError, "'%s' must be %d-D, got %d-D", name,
+                     ndim, PyArray_NDIM(arr));
+        return -1;
+    }
+    if (type_num >= 0 && PyArray_TYPE(arr) != type_num) {
+        PyErr_Format(PyExc_TypeError, "'%s' has the wrong dtype", name);
+        return -1;
+    }
+    if (!PyArray_ISALIGNED(arr) || !PyArray_ISNOTSWAPPED(arr)) {
+        PyErr_Format(PyExc_ValueError,
+                     "'%s' must be aligned and in native byte order", name);
+        return -1;
+    }
+    npy_intp item = PyArray_ITEMSIZE(arr);
+    for (int d = 0; d < ndim; d++) {
+        if (PyArray_STRIDE(arr, d) % item != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "'%s' has a stride that is not a multiple of its itemsize",
+                         name);
+            return -1;
+        }
+    }
+    if (writeable && !PyArray_ISWRITEABLE(arr)) {
+        PyErr_Format(PyExc_ValueError, "'%s' must be writeable", name);
+        return -1;
+    }
+    *out = arr;
+    return 0;
+}
+
+static rd_int
+rd_stride(PyArrayObject *arr, int d)
+{
+    return (rd_int)(PyArray_STRIDE(arr, d) / PyArray_ITEMSIZE(arr));
+}
+
+/* Group row boundaries: int64, 1-D, contiguous, non-decreasing in [0, limit]. */
+static int
+rd_check_bounds(PyObject *obj, rd_int limit, PyArrayObject **out)
+{
+    PyArrayObject *b;
+    if (rd_check_operand(obj, "bounds", 1, NPY_INT64, 0, &b) != 0)
+        return -1;
+    if (!PyArray_IS_C_CONTIGUOUS(b) || PyArray_DIM(b, 0) < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "'bounds' must be contiguous with at least one entry");
+        return -1;
+    }
+    const npy_int64 *v = (const npy_int64 *)PyArray_DATA(b);
+    npy_intp len = PyArray_DIM(b, 0);
+    for (npy_intp i = 0; i < len; i++) {
+        if (v[i] < 0 || v[i] > limit || (i > 0 && v[i] < v[i - 1])) {
+            PyErr_Format(PyExc_ValueError,
+                         "'bounds' must be non-decreasing within [0, %zd]",
+                         (Py_ssize_t)limit);
+            return -1;
+        }
+    }
+    *out = b;
+    return 0;
+}
+
+static int
+rd_float_type(PyArrayObject *arr)
+{
+    int t = PyArray_TYPE(arr);
+    if (t != NPY_FLOAT32 && t != NPY_FLOAT64) {
+        PyErr_SetString(PyExc_TypeError, "operands must be float32 or float64");
+        return -1;
+    }
+    return t;
+}
+
+/* --------------------------------------------------------------- kernels */
+
+PyDoc_STRVAR(ragged_rows_doc,
+"ragged_rows(lhs, rhs, bounds, out, accumulate)\n\n"
+"For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
+"lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n]; one float dtype.\n"
+"Rows outside [bounds[0], bounds[ng]) are left as they are.");
+
+static PyObject *
+rd_py_ragged_rows(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *orhs, *obounds, *oout;
+    int accumulate;
+    PyArrayObject *lhs, *rhs, *bounds, *out;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, &obounds, &oout, &accumulate))
+        return NULL;
+    if (rd_check_operand(olhs, "lhs", 2, -1, 0, &lhs) != 0)
+        return NULL;
+    int t = rd_float_type(lhs);
+    if (t < 0 || rd_check_operand(orhs, "rhs", 3, t, 0, &rhs) != 0 ||
+        rd_check_operand(oout, "out", 2, t, 1, &out) != 0)
+        return NULL;
+    rd_int m = PyArray_DIM(lhs, 0), k = PyArray_DIM(lhs, 1);
+    rd_int ng = PyArray_DIM(rhs, 0), n = PyArray_DIM(rhs, 2);
+    if (PyArray_DIM(rhs, 1) != k || PyArray_DIM(out, 0) != m || PyArray_DIM(out, 1) != n) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
+        return NULL;
+    }
+    if (rd_check_bounds(obounds, m, &bounds) != 0)
+        return NULL;
+    if (PyArray_DIM(bounds, 0) != ng + 1) {
+        PyErr_SetString(PyExc_ValueError, "'bounds' must have rhs.shape[0] + 1 entries");
+        return NULL;
+    }
+    const rd_int *bv = (const rd_int *)PyArray_DATA(bounds);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rc = rd_sgemm_ragged_rows(k, n, ng, bv,
+                                  (const float *)PyArray_DATA(lhs), rd_stride(lhs, 0), rd_stride(lhs, 1),
+                                  (const float *)PyArray_DATA(rhs), rd_stride(rhs, 0), rd_stride(rhs, 1), rd_stride(rhs, 2),
+                                  (float *)PyArray_DATA(out), rd_stride(out, 0), rd_stride(out, 1), accumulate);
+    else
+        rc = rd_dgemm_ragged_rows(k, n, ng, bv,
+                                  (const double *)PyArray_DATA(lhs), rd_stride(lhs, 0), rd_stride(lhs, 1),
+                                  (const double *)PyArray_DATA(rhs), rd_stride(rhs, 0), rd_stride(rhs, 1), rd_stride(rhs, 2),
+                                  (double *)PyArray_DATA(out), rd_stride(out, 0), rd_stride(out, 1), accumulate);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ragged_contract_doc,
+"ragged_contract(lhs, rhs, bounds, out, accumulate)\n\n"
+"For each group g: out[g] (+)= lhs[:, rows] @ rhs[rows, :], rows = [bounds[g], bounds[g+1]).\n"
+"lhs [k, m], rhs [m, n], bounds int64 [ng + 1], out [ng, k, n]; one float dtype.\n"
+"An empty group gives zeros (or leaves out[g] as it is when accumulating).");
+
+static PyObject *
+rd_py_ragged_contract(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *orhs, *obounds, *oout;
+    int accumulate;
+    PyArrayObject *lhs, *rhs, *bounds, *out;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, &obounds, &oout, &accumulate))
+        return NULL;
+    if (rd_check_operand(olhs, "lhs", 2, -1, 0, &lhs) != 0)
+        return NULL;
+    int t = rd_float_type(lhs);
+    if (t < 0 || rd_check_operand(orhs, "rhs", 2, t, 0, &rhs) != 0 ||
+        rd_check_operand(oout, "out", 3, t, 1, &out) != 0)
+        return NULL;
+    rd_int k = PyArray_DIM(lhs, 0), m = PyArray_DIM(lhs, 1), n = PyArray_DIM(rhs, 1);
+    rd_int ng = PyArray_DIM(out, 0);
+    if (PyArray_DIM(rhs, 0) != m || PyArray_DIM(out, 1) != k || PyArray_DIM(out, 2) != n) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
+        return NULL;
+    }
+    if (rd_check_bounds(obounds, m, &bounds) != 0)
+        return NULL;
+    if (PyArray_DIM(bounds, 0) != ng + 1) {
+        PyErr_SetString(PyExc_ValueError, "'bounds' must have out.shape[0] + 1 entries");
+        return NULL;
+    }
+    const rd_int *bv = (const rd_int *)PyArray_DATA(bounds);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rc = rd_sgemm_ragged_contract(k, n, ng, bv,
+                                      (const float *)PyArray_DATA(lhs), rd_stride(lhs, 0), rd_stride(lhs, 1),
+                                      (const float *)PyArray_DATA(rhs), rd_stride(rhs, 0), rd_stride(rhs, 1),
+                                      (float *)PyArray_DATA(out), rd_stride(out, 0), rd_stride(out, 1), rd_stride(out, 2),
+                                      accumulate);
+    else
+        rc = rd_dgemm_ragged_contract(k, n, ng, bv,
+                                      (const double *)PyArray_DATA(lhs), rd_stride(lhs, 0), rd_stride(lhs, 1),
+                                      (const double *)PyArray_DATA(rhs), rd_stride(rhs, 0), rd_stride(rhs, 1),
+                                      (double *)PyArray_DATA(out), rd_stride(out, 0), rd_stride(out, 1), rd_stride(out, 2),
+                                      accumulate);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* -------------------------------------------------------------- metadata */
+
+PyDoc_STRVAR(make_group_metadata_doc,
+"make_group_metadata(group_sizes, m, tm, start_group, num_nonzero_groups, visit_empty_groups)\n\n"
+"megablox's tile metadata.  group_sizes: int64 [g], non-negative, sum <= m;\n"
+"m % tm == 0.  Returns ((group_offsets, group_ids, m_tile_ids), num_tiles).");
+
+static PyObject *
+rd_py_make_group_metadata(PyObject *self, PyObject *args)
+{
+    PyObject *ogs;
+    Py_ssize_t m, tm, start_group, num_nonzero;
+    int visit_empty;
+    PyArrayObject *gs;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Onnnnp", &ogs, &m, &tm, &start_group, &num_nonzero, &visit_empty))
+        return NULL;
+    if (rd_check_operand(ogs, "group_sizes", 1, NPY_INT64, 0, &gs) != 0)
+        return NULL;
+    if (!PyArray_IS_C_CONTIGUOUS(gs)) {
+        PyErr_SetString(PyExc_ValueError, "'group_sizes' must be contiguous");
+        return NULL;
+    }
+    npy_intp ng = PyArray_DIM(gs, 0);
+    const npy_int64 *sizes = (const npy_int64 *)PyArray_DATA(gs);
+    npy_int64 total = 0;
+    for (npy_intp i = 0; i < ng; i++) {
+        if (sizes[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "'group_sizes' has a negative entry");
+            return NULL;
+        }
+        total += sizes[i];
+    }
+    if (ng < 1 || m < 1 || tm < 1 || m % tm != 0 || total > m || m > INT32_MAX ||
+        start_group < 0 || num_nonzero < 0 || start_group + num_nonzero > ng) {
+        PyErr_SetString(PyExc_ValueError, "invalid make_group_metadata arguments");
+        return NULL;
+    }
+    npy_intp len_off = ng + 1, len_ids = m / tm + ng - 1;
+    PyArrayObject *offsets = (PyArrayObject *)PyArray_EMPTY(1, &len_off, NPY_INT32, 0);
+    PyArrayObject *ids = (PyArrayObject *)PyArray_EMPTY(1, &len_ids, NPY_INT32, 0);
+    PyArrayObject *tiles = (PyArrayObject *)PyArray_EMPTY(1, &len_ids, NPY_INT32, 0);
+    if (offsets == NULL || ids == NULL || tiles == NULL)
+        goto error;
+    long long num_tiles;
+    Py_BEGIN_ALLOW_THREADS
+    num_tiles = rd_make_group_metadata((const rd_int *)sizes, ng, m, tm, start_group,
+                                       num_nonzero, visit_empty,
+                                       (int *)PyArray_DATA(offsets), (int *)PyArray_DATA(ids),
+                                       (int *)PyArray_DATA(tiles));
+    Py_END_ALLOW_THREADS
+    if (num_tiles < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    return Py_BuildValue("(NNN)L", (PyObject *)offsets, (PyObject *)ids,
+                         (PyObject *)tiles, num_tiles);
+error:
+    Py_XDECREF(offsets);
+    Py_XDECREF(ids);
+    Py_XDECREF(tiles);
+    return NULL;
+}
+
+/* ------------------------------------------------------ configuration */
+
+static PyObject *
+rd_py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > 4096) {
+        PyErr_Format(PyExc_ValueError, "number of threads must be in [1, 4096], got %ld", n);
+        return NULL;
+    }
+    rd_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rd_py_get_num_threads(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(rd_get_num_threads());
+}
+
+static PyObject *
+rd_py_set_kernel(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    const char *previous = rd_context()->name;
+    int rc = rd_set_kernel(name);
+    if (rc == -1) {
+        PyErr_Format(PyExc_ValueError, "unknown kernel %R (compiled: see build_info()['simd'], or 'auto')", arg);
+        return NULL;
+    }
+    if (rc == -2) {
+        PyErr_Format(PyExc_RuntimeError, "this CPU cannot run the %R kernel", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(previous);
+}
+
+static PyObject *
+rd_py_get_kernel(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(rd_context()->name);
+}
+
+static PyObject *
+rd_blocking_tuple(int mr, int nr, const rd_blocking_t *b)
+{
+    return Py_BuildValue("{s:i,s:i,s:n,s:n,s:n}", "MR", mr, "NR", nr,
+                         "MC", (Py_ssize_t)b->mc, "KC", (Py_ssize_t)b->kc,
+                         "NC", (Py_ssize_t)b->nc);
+}
+
+static PyObject *
+rd_py_build_info(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *simd = PyList_New(0), *info = NULL, *b32 = NULL, *b64 = NULL;
+    if (simd == NULL)
+        return NULL;
+    for (const char *const *k = rd_compiled_kernels(); *k != NULL; k++) {
+        PyObject *s = PyUnicode_FromString(*k);
+        if (s == NULL || PyList_Append(simd, s) != 0) {
+            Py_XDECREF(s);
+            goto error;
+        }
+        Py_DECREF(s);
+    }
+    const rd_context_t *ctx = rd_context();
+    b32 = rd_blocking_tuple(RD_S_MR, RD_S_NR, &ctx->sblk);
+    b64 = rd_blocking_tuple(RD_D_MR, RD_D_NR, &ctx->dblk);
+    if (b32 == NULL || b64 == NULL)
+        goto error;
+    info = Py_BuildValue("{s:O,s:O,s:s,s:O,s:i,s:{s:N,s:N}}",
+                         "openmp", rd_have_openmp() ? Py_True : Py_False,
+                         "simd", simd,
+                         "kernel", ctx->name,
+                         "cpu_avx2", rd_cpu_has_avx2() ? Py_True : Py_False,
+                         "num_threads", rd_get_num_threads(),
+                         "blocking", "float32", b32, "float64", b64);
+    b32 = b64 = NULL;
+error:
+    Py_DECREF(simd);
+    Py_XDECREF(b32);
+    Py_XDECREF(b64);
+    return info;
+}
+
+PyDoc_STRVAR(fma_peak_doc,
+"fma_peak(threads, seconds) -> GFLOP/s\n\n"
+"Sustained float32 AVX2 FMA throughput of `threads` threads running 12\n"
+"independent FMA chains each for about `seconds`; 0.0 without AVX2.");
+
+static PyObject *
+rd_py_fma_peak(PyObject *self, PyObject *args)
+{
+    int threads;
+    double seconds;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "id", &threads, &seconds))
+        return NULL;
+    if (threads < 1 || seconds <= 0.0 || seconds > 60.0) {
+        PyErr_SetString(PyExc_ValueError, "fma_peak needs threads >= 1 and 0 < seconds <= 60");
+        return NULL;
+    }
+    double total = 0.0;
+#ifdef RD_HAVE_AVX2_BUILD
+    if (rd_cpu_has_avx2()) {
+        Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+#endif
+        total += rd_fma_peak_avx2(seconds);
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    return PyFloat_FromDouble(total);
+}
+
+static PyMethodDef rd_methods[] = {
+    {"ragged_rows", rd_py_ragged_rows, METH_VARARGS, ragged_rows_doc},
+    {"ragged_contract", rd_py_ragged_contract, METH_VARARGS, ragged_contract_doc},
+    {"make_group_metadata", rd_py_make_group_metadata, METH_VARARGS, make_group_metadata_doc},
+    {"set_num_threads", rd_py_set_num_threads, METH_O, "set_num_threads(n)"},
+    {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"set_kernel", rd_py_set_kernel, METH_O,
+     "set_kernel(name) -> previous name; name in build_info()['simd'] or 'auto'"},
+    {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
+    {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
+    {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef rd_module = {
+    PyModuleDef_HEAD_INIT, "_core",
+    "raggeddot's compiled kernels (grouped GEMM, tile metadata).", -1, rd_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    import_array();
+    return PyModule_Create(&rd_module);
+}

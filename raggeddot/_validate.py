@@ -1,0 +1,151 @@
+"""Argument checking shared by the public functions.
+
+Every check raises with the name of the argument and what was received, and
+every conversion copies only when the C kernels cannot read the array as it is
+(a different dtype, misaligned or byte-swapped memory). Strided, transposed and
+negative-stride views are passed through without a copy.
+"""
+import operator
+
+import numpy as np
+
+__all__ = []
+
+_PRECISIONS = {"default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "fastest"}
+
+
+def _dtype_name(dtype):
+    return getattr(dtype, "name", str(dtype))
+
+
+def is_bfloat16(dtype):
+    return _dtype_name(dtype) == "bfloat16"
+
+
+def float_dtype(arr, name, fn):
+    """The dtype of a float operand, or TypeError naming `name`."""
+    dt = arr.dtype
+    if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
+        return dt
+    raise TypeError(
+        f"{fn}: unsupported dtype for '{name}': {_dtype_name(dt)} "
+        "(supported: float16, bfloat16, float32, float64)"
+    )
+
+
+def _rank(dt):
+    return 2 if dt.itemsize == 2 else dt.itemsize
+
+
+def promote(a, b, fn):
+    """JAX's promotion of two float dtypes: the wider one wins; float16 with
+    bfloat16 has no common type."""
+    if a == b:
+        return a
+    if _rank(a) == _rank(b):
+        raise TypeError(
+            f"{fn}: 'lhs' ({_dtype_name(a)}) and 'rhs' ({_dtype_name(b)}) have no common "
+            "float type; cast one of them first"
+        )
+    return a if _rank(a) > _rank(b) else b
+
+
+def output_dtype(preferred_element_type, promoted, fn):
+    if preferred_element_type is None:
+        return promoted
+    try:
+        dt = np.dtype(preferred_element_type)
+    except TypeError:
+        raise TypeError(
+            f"{fn}: 'preferred_element_type' must be a float dtype, got {preferred_element_type!r}"
+        ) from None
+    if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
+        return dt
+    raise TypeError(
+        f"{fn}: 'preferred_element_type' must be a float dtype "
+        f"(float16, bfloat16, float32, float64), got {_dtype_name(dt)}"
+    )
+
+
+def compute_dtype(*dtypes):
+    """float64 when any participant is float64, else float32 (at least float32
+    accumulation for half-precision inputs)."""
+    return np.dtype(np.float64) if any(np.dtype(d).itemsize == 8 for d in dtypes) else np.dtype(np.float32)
+
+
+def operand(arr, dtype):
+    """`arr` as an array of `dtype` that the kernels can read through its strides."""
+    if arr.dtype != dtype:
+        return arr.astype(dtype)
+    if not arr.flags.aligned or not arr.dtype.isnative:
+        return np.array(arr, dtype=dtype.newbyteorder("="))
+    return arr
+
+
+def as_array(x, name, fn, ndim=None, shape_doc=""):
+    """np.asarray(x) with a readable error; object arrays are refused."""
+    try:
+        arr = np.asarray(x)
+    except Exception as e:  # ragged nested lists and similar
+        raise TypeError(f"{fn}: '{name}' could not be converted to an array: {e}") from None
+    if arr.dtype == object:
+        raise TypeError(f"{fn}: '{name}' has dtype object; expected a numeric array")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(
+            f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {arr.ndim}-D array of shape {arr.shape}"
+        )
+    return arr
+
+
+def index(value, name, fn):
+    """A Python int from an int, a NumPy integer or a 0-d/1-element integer array."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: '{name}' must be an integer, got {value!r}")
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__") and not isinstance(value, int):
+        arr = np.asarray(value)
+        if arr.size != 1 or arr.dtype.kind not in "iu":
+            raise TypeError(f"{fn}: '{name}' must be an integer scalar, got an array {arr.dtype} {arr.shape}")
+        return int(arr.reshape(()))
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: '{name}' must be an integer, got {type(value).__name__} {value!r}") from None
+
+
+def group_sizes_array(group_sizes, fn, limit=None, limit_doc="lhs.shape[0]"):
+    """group_sizes as int64 [g], checked: 1-D, integer, non-negative, sum <= limit."""
+    gs = as_array(group_sizes, "group_sizes", fn, ndim=1, shape_doc=" [g]")
+    if gs.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: 'group_sizes' must have an integer dtype, got {_dtype_name(gs.dtype)}")
+    if gs.dtype.kind == "i":
+        neg = np.flatnonzero(gs < 0)
+        if neg.size:
+            i = int(neg[0])
+            raise ValueError(f"{fn}: 'group_sizes' has a negative entry: group_sizes[{i}]={int(gs[i])}")
+    if gs.size:
+        top = int(gs.max())
+        total = int(np.sum(gs, dtype=object)) if top > 2**40 else int(gs.sum(dtype=np.int64))
+    else:
+        total = 0
+    if limit is not None and total > limit:
+        raise ValueError(f"{fn}: sum(group_sizes)={total} exceeds {limit_doc}={limit}")
+    return np.ascontiguousarray(gs, dtype=np.int64), total
+
+
+def check_precision(precision, fn):
+    """Accept what jax.lax accepts for `precision`; the CPU computes in at least
+    float32 whatever is asked."""
+    if precision is None:
+        return
+    if isinstance(precision, (tuple, list)):
+        if len(precision) != 2:
+            raise ValueError(f"{fn}: 'precision' as a sequence must have two entries, got {precision!r}")
+        for p in precision:
+            check_precision(p, fn)
+        return
+    name = getattr(precision, "name", precision)
+    if isinstance(name, str) and name.lower() in _PRECISIONS:
+        return
+    raise ValueError(
+        f"{fn}: 'precision' must be None, 'default', 'high', 'highest' or a jax.lax.Precision, got {precision!r}"
+    )

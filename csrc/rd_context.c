@@ -17,21 +17,30 @@
 #endif
 
 static const rd_context_t rd_ctx_ref = {
-    "ref", rd_sgemm_ref_6x16, rd_dgemm_ref_6x8,
-    {144, 256, 4080}, {72, 256, 4080},
+    "ref",
+    {rd_sgemm_ref_6x16, 6, 16, 144, 256, 4080},
+    {rd_dgemm_ref_6x8, 6, 8, 72, 256, 4080},
 };
 
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
 static const rd_context_t rd_ctx_avx2 = {
-    "avx2", rd_sgemm_avx2_6x16, rd_dgemm_avx2_6x8,
-    {144, 256, 4080}, {72, 256, 4080},
+    "avx2",
+    {rd_sgemm_avx2_6x16, 6, 16, 144, 256, 4080},
+    {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080},
+};
+
+static const rd_context_t rd_ctx_avx512 = {
+    "avx512",
+    {rd_sgemm_avx512_12x32, 12, 32, 144, 256, 4080},
+    {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080},
 };
 #endif
 
 static const char *const rd_kernel_names[] = {
     "ref",
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
     "avx2",
+    "avx512",
 #endif
     NULL,
 };
@@ -41,9 +50,20 @@ static const rd_context_t *rd_current = NULL;
 int
 rd_cpu_has_avx2(void)
 {
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+int
+rd_cpu_has_avx512(void)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
 #else
     return 0;
 #endif
@@ -52,7 +72,9 @@ rd_cpu_has_avx2(void)
 static const rd_context_t *
 rd_best_context(void)
 {
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
+    if (rd_cpu_has_avx512())
+        return &rd_ctx_avx512;
     if (rd_cpu_has_avx2())
         return &rd_ctx_avx2;
 #endif
@@ -78,11 +100,17 @@ rd_set_kernel(const char *name)
         rd_current = &rd_ctx_ref;
         return 0;
     }
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
     if (strcmp(name, "avx2") == 0) {
         if (!rd_cpu_has_avx2())
             return -2;
         rd_current = &rd_ctx_avx2;
+        return 0;
+    }
+    if (strcmp(name, "avx512") == 0) {
+        if (!rd_cpu_has_avx512())
+            return -2;
+        rd_current = &rd_ctx_avx512;
         return 0;
     }
 #endif

@@ -128,7 +128,7 @@ rd_cmp_rank(const void *pa, const void *pb)
  */
 static int
 rd_make_tiling(rd_tiling_t *tl, const rd_shape_t *sh, rd_int ng, rd_int n,
-               const rd_blocking_t *blk, rd_int mr, rd_int nr)
+               rd_int mc, rd_int nc, rd_int mr, rd_int nr)
 {
     double work = 0.0;
     for (rd_int g = 0; g < ng; g++) {
@@ -140,7 +140,7 @@ rd_make_tiling(rd_tiling_t *tl, const rd_shape_t *sh, rd_int ng, rd_int n,
     if (work < 262144.0)   /* ~0.5 MFLOP: a thread team costs more than it saves */
         nthreads = 1;
 
-    rd_int tm = rd_round_up(4 * blk->mc, mr), tn = rd_round_up(blk->nc, nr);
+    rd_int tm = rd_round_up(4 * mc, mr), tn = rd_round_up(nc, nr);
     const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(128, nr);
     const rd_int want = 4 * (rd_int)nthreads;
     rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
@@ -215,36 +215,24 @@ rd_free_tiling(rd_tiling_t *tl)
 }
 
 #define RD_T float
-#define RD_MR RD_S_MR
-#define RD_NR RD_S_NR
 #define RD_FN(x) rd_s_##x
-#define RD_UKR sgemm
-#define RD_BLK sblk
+#define RD_CFG s
 #include "rd_gemm_impl.h"
 #undef RD_T
-#undef RD_MR
-#undef RD_NR
 #undef RD_FN
-#undef RD_UKR
-#undef RD_BLK
+#undef RD_CFG
 
 #define RD_T double
-#define RD_MR RD_D_MR
-#define RD_NR RD_D_NR
 #define RD_FN(x) rd_d_##x
-#define RD_UKR dgemm
-#define RD_BLK dblk
+#define RD_CFG d
 #include "rd_gemm_impl.h"
 #undef RD_T
-#undef RD_MR
-#undef RD_NR
 #undef RD_FN
-#undef RD_UKR
-#undef RD_BLK
+#undef RD_CFG
 
 /* ------------------------------------------------------------ public API */
 
-#define RD_DEFINE_ROWS(NAME, T, PFX, MR, NR, BLK)                            \
+#define RD_DEFINE_ROWS(NAME, T, PFX, CFG)                            \
 int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
          const T *lhs, rd_int lhs_rs, rd_int lhs_cs,                        \
          const T *rhs, rd_int rhs_gs, rd_int rhs_rs, rd_int rhs_cs,         \
@@ -253,16 +241,17 @@ int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
     const rd_context_t *ctx = rd_context();                                 \
     rd_shape_t sh = {RD_MODE_ROWS, bounds, 0, k};                           \
     rd_tiling_t tl;                                                         \
-    if (rd_make_tiling(&tl, &sh, ng, n, &ctx->BLK, MR, NR) != 0)            \
+    if (rd_make_tiling(&tl, &sh, ng, n, ctx->CFG.mc, ctx->CFG.nc,          \
+                       ctx->CFG.mr, ctx->CFG.nr) != 0)                      \
         return -1;                                                          \
-    int rc = PFX##run_tiles(ctx, &tl, RD_MODE_ROWS, n, bounds,              \
+    int rc = PFX##run_tiles(ctx, &tl, RD_MODE_ROWS, bounds,                  \
                             lhs, lhs_rs, lhs_cs, rhs, rhs_gs, rhs_rs, rhs_cs, \
                             out, 0, out_rs, out_cs, k, accumulate);         \
     rd_free_tiling(&tl);                                                    \
     return rc;                                                              \
 }
 
-#define RD_DEFINE_CONTRACT(NAME, T, PFX, MR, NR, BLK)                        \
+#define RD_DEFINE_CONTRACT(NAME, T, PFX, CFG)                        \
 int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
          const T *lhs, rd_int lhs_rs, rd_int lhs_cs,                        \
          const T *rhs, rd_int rhs_rs, rd_int rhs_cs,                        \
@@ -272,16 +261,17 @@ int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
     const rd_context_t *ctx = rd_context();                                 \
     rd_shape_t sh = {RD_MODE_CONTRACT, bounds, k, 0};                       \
     rd_tiling_t tl;                                                         \
-    if (rd_make_tiling(&tl, &sh, ng, n, &ctx->BLK, MR, NR) != 0)            \
+    if (rd_make_tiling(&tl, &sh, ng, n, ctx->CFG.mc, ctx->CFG.nc,          \
+                       ctx->CFG.mr, ctx->CFG.nr) != 0)                      \
         return -1;                                                          \
-    int rc = PFX##run_tiles(ctx, &tl, RD_MODE_CONTRACT, n, bounds,          \
+    int rc = PFX##run_tiles(ctx, &tl, RD_MODE_CONTRACT, bounds,              \
                             lhs, lhs_rs, lhs_cs, rhs, 0, rhs_rs, rhs_cs,    \
                             out, out_gs, out_rs, out_cs, 0, accumulate);    \
     rd_free_tiling(&tl);                                                    \
     return rc;                                                              \
 }
 
-RD_DEFINE_ROWS(rd_sgemm_ragged_rows, float, rd_s_, RD_S_MR, RD_S_NR, sblk)
-RD_DEFINE_ROWS(rd_dgemm_ragged_rows, double, rd_d_, RD_D_MR, RD_D_NR, dblk)
-RD_DEFINE_CONTRACT(rd_sgemm_ragged_contract, float, rd_s_, RD_S_MR, RD_S_NR, sblk)
-RD_DEFINE_CONTRACT(rd_dgemm_ragged_contract, double, rd_d_, RD_D_MR, RD_D_NR, dblk)
+RD_DEFINE_ROWS(rd_sgemm_ragged_rows, float, rd_s_, s)
+RD_DEFINE_ROWS(rd_dgemm_ragged_rows, double, rd_d_, d)
+RD_DEFINE_CONTRACT(rd_sgemm_ragged_contract, float, rd_s_, s)
+RD_DEFINE_CONTRACT(rd_dgemm_ragged_contract, double, rd_d_, d)

@@ -2,81 +2,121 @@
  * Packing and the blocked GEMM loops for one dtype.  Included by rd_gemm.c
  * once per dtype with these macros defined:
  *   RD_T       element type (float, double)
- *   RD_MR      register block rows
- *   RD_NR      register block columns
  *   RD_FN(x)   name mangler, e.g. rd_s_##x
- *   RD_UKR     field of rd_context_t holding the micro-kernel (sgemm, dgemm)
- *   RD_BLK     field of rd_context_t holding the blocking (sblk, dblk)
+ *   RD_CFG     field of rd_context_t holding the kernel configuration (s, d)
  */
 
-/* Pack the mc x kc block A[i][p] = a[i*rs + p*cs] into MR-row micro-panels:
- * panel q holds rows q*MR .. q*MR+MR-1 as dst[q*MR*kc + p*MR + i], the rows
+/* Copy one row of a packed panel; `w` is a compile-time constant at every
+ * call below, so each case compiles to a few vector moves. */
+static inline __attribute__((always_inline)) void
+RD_FN(copy_w)(RD_T *restrict dst, const RD_T *restrict src, int w)
+{
+    for (int j = 0; j < w; j++)
+        dst[j] = src[j];
+}
+
+/* Pack the mc x kc block A[i][p] = a[i*rs + p*cs] into mr-row micro-panels:
+ * panel q holds rows q*mr .. q*mr+mr-1 as dst[q*mr*kc + p*mr + i], the rows
  * past mc zero. */
 static void
 RD_FN(pack_a)(rd_int mc, rd_int kc, const RD_T *a, rd_int rs, rd_int cs,
-              RD_T *restrict dst)
+              int mr, RD_T *restrict dst)
 {
-    for (rd_int i0 = 0; i0 < mc; i0 += RD_MR) {
+    for (rd_int i0 = 0; i0 < mc; i0 += mr) {
         const RD_T *src = a + i0 * rs;
-        rd_int mr = mc - i0 < RD_MR ? mc - i0 : RD_MR;
-        if (mr == RD_MR && cs == 1) {
-            for (rd_int p = 0; p < kc; p++)
-                for (int i = 0; i < RD_MR; i++)
-                    dst[p * RD_MR + i] = src[i * rs + p];
+        rd_int rows = mc - i0 < mr ? mc - i0 : mr;
+        if (rows == mr && rs == 1) {
+            /* column-major A (a transposed operand): columns are contiguous */
+            switch (mr) {
+            case 6:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * 6, src + p * cs, 6);
+                break;
+            case 12:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * 12, src + p * cs, 12);
+                break;
+            default:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * mr, src + p * cs, mr);
+            }
         }
-        else if (mr == RD_MR && rs == 1) {
-            for (rd_int p = 0; p < kc; p++)
-                for (int i = 0; i < RD_MR; i++)
-                    dst[p * RD_MR + i] = src[i + p * cs];
+        else if (rows == mr && cs == 1) {
+            /* row-major A: read each row sequentially, scatter into the panel */
+            for (rd_int i = 0; i < mr; i++) {
+                const RD_T *row = src + i * rs;
+                RD_T *col = dst + i;
+                for (rd_int p = 0; p < kc; p++)
+                    col[p * mr] = row[p];
+            }
         }
         else {
             for (rd_int p = 0; p < kc; p++) {
-                for (rd_int i = 0; i < mr; i++)
-                    dst[p * RD_MR + i] = src[i * rs + p * cs];
-                for (rd_int i = mr; i < RD_MR; i++)
-                    dst[p * RD_MR + i] = 0;
+                for (rd_int i = 0; i < rows; i++)
+                    dst[p * mr + i] = src[i * rs + p * cs];
+                for (rd_int i = rows; i < mr; i++)
+                    dst[p * mr + i] = 0;
             }
         }
-        dst += RD_MR * kc;
+        dst += (rd_int)mr * kc;
     }
 }
 
-/* Pack the kc x nc panel B[p][j] = b[p*rs + j*cs] into NR-column
- * micro-panels: panel q holds columns q*NR .. q*NR+NR-1 as
- * dst[q*NR*kc + p*NR + j], the columns past nc zero. */
+/* Pack the kc x nc panel B[p][j] = b[p*rs + j*cs] into nr-column
+ * micro-panels: panel q holds columns q*nr .. q*nr+nr-1 as
+ * dst[q*nr*kc + p*nr + j], the columns past nc zero. */
 static void
 RD_FN(pack_b)(rd_int kc, rd_int nc, const RD_T *b, rd_int rs, rd_int cs,
-              RD_T *restrict dst)
+              int nr, RD_T *restrict dst)
 {
-    for (rd_int j0 = 0; j0 < nc; j0 += RD_NR) {
+    for (rd_int j0 = 0; j0 < nc; j0 += nr) {
         const RD_T *src = b + j0 * cs;
-        rd_int nr = nc - j0 < RD_NR ? nc - j0 : RD_NR;
-        if (nr == RD_NR && cs == 1) {
-            for (rd_int p = 0; p < kc; p++)
-                for (int j = 0; j < RD_NR; j++)
-                    dst[p * RD_NR + j] = src[p * rs + j];
-        }
-        else if (nr == RD_NR && rs == 1) {
-            for (int j = 0; j < RD_NR; j++)
+        rd_int cols = nc - j0 < nr ? nc - j0 : nr;
+        if (cols == nr && cs == 1) {
+            switch (nr) {
+            case 8:
                 for (rd_int p = 0; p < kc; p++)
-                    dst[p * RD_NR + j] = src[j * cs + p];
+                    RD_FN(copy_w)(dst + p * 8, src + p * rs, 8);
+                break;
+            case 16:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * 16, src + p * rs, 16);
+                break;
+            case 32:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * 32, src + p * rs, 32);
+                break;
+            default:
+                for (rd_int p = 0; p < kc; p++)
+                    RD_FN(copy_w)(dst + p * nr, src + p * rs, nr);
+            }
+        }
+        else if (cols == nr && rs == 1) {
+            /* transposed B: each column is contiguous along p */
+            for (rd_int j = 0; j < nr; j++) {
+                const RD_T *col = src + j * cs;
+                RD_T *d = dst + j;
+                for (rd_int p = 0; p < kc; p++)
+                    d[p * nr] = col[p];
+            }
         }
         else {
             for (rd_int p = 0; p < kc; p++) {
-                for (rd_int j = 0; j < nr; j++)
-                    dst[p * RD_NR + j] = src[p * rs + j * cs];
-                for (rd_int j = nr; j < RD_NR; j++)
-                    dst[p * RD_NR + j] = 0;
+                for (rd_int j = 0; j < cols; j++)
+                    dst[p * nr + j] = src[p * rs + j * cs];
+                for (rd_int j = cols; j < nr; j++)
+                    dst[p * nr + j] = 0;
             }
         }
-        dst += RD_NR * kc;
+        dst += (rd_int)nr * kc;
     }
 }
 
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
- * NR x MR micro-tiles.  apack holds MC*KC elements, bpack KC*roundup(NC,NR).
- * K == 0 writes zeros (or leaves C unchanged when accumulating). */
+ * NR x MR micro-tiles.  apack holds roundup(MC,MR)*KC elements, bpack
+ * KC*roundup(min(N,NC),NR).  K == 0 writes zeros (or leaves C unchanged
+ * when accumulating). */
 static void
 RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
                   const RD_T *a, rd_int a_rs, rd_int a_cs,
@@ -84,7 +124,8 @@ RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
                   RD_T *c, rd_int c_rs, rd_int c_cs, int accumulate,
                   RD_T *apack, RD_T *bpack)
 {
-    const rd_int MC = ctx->RD_BLK.mc, KC = ctx->RD_BLK.kc, NC = ctx->RD_BLK.nc;
+    const rd_int MC = ctx->RD_CFG.mc, KC = ctx->RD_CFG.kc, NC = ctx->RD_CFG.nc;
+    const int MR = ctx->RD_CFG.mr, NR = ctx->RD_CFG.nr;
     if (K == 0) {
         if (!accumulate)
             for (rd_int i = 0; i < M; i++)
@@ -97,18 +138,18 @@ RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
         for (rd_int pc = 0; pc < K; pc += KC) {
             rd_int kc = K - pc < KC ? K - pc : KC;
             int acc = accumulate || pc > 0;
-            RD_FN(pack_b)(kc, nc, b + pc * b_rs + jc * b_cs, b_rs, b_cs, bpack);
+            RD_FN(pack_b)(kc, nc, b + pc * b_rs + jc * b_cs, b_rs, b_cs, NR, bpack);
             for (rd_int ic = 0; ic < M; ic += MC) {
                 rd_int mc = M - ic < MC ? M - ic : MC;
-                RD_FN(pack_a)(mc, kc, a + ic * a_rs + pc * a_cs, a_rs, a_cs, apack);
-                for (rd_int jr = 0; jr < nc; jr += RD_NR) {
-                    int nr = (int)(nc - jr < RD_NR ? nc - jr : RD_NR);
+                RD_FN(pack_a)(mc, kc, a + ic * a_rs + pc * a_cs, a_rs, a_cs, MR, apack);
+                for (rd_int jr = 0; jr < nc; jr += NR) {
+                    int nr = (int)(nc - jr < NR ? nc - jr : NR);
                     const RD_T *bp = bpack + jr * kc;
                     RD_T *cj = c + ic * c_rs + (jc + jr) * c_cs;
-                    for (rd_int ir = 0; ir < mc; ir += RD_MR) {
-                        int mr = (int)(mc - ir < RD_MR ? mc - ir : RD_MR);
-                        ctx->RD_UKR(kc, apack + ir * kc, bp, cj + ir * c_rs,
-                                    c_rs, c_cs, mr, nr, acc);
+                    for (rd_int ir = 0; ir < mc; ir += MR) {
+                        int mr = (int)(mc - ir < MR ? mc - ir : MR);
+                        ctx->RD_CFG.ukr(kc, apack + ir * kc, bp, cj + ir * c_rs,
+                                        c_rs, c_cs, mr, nr, acc);
                     }
                 }
             }
@@ -121,18 +162,18 @@ RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
  * RD_MODE_CONTRACT (ragged contraction). */
 static int
 RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
-                 rd_int n, const rd_int *bounds,
+                 const rd_int *bounds,
                  const RD_T *lhs, rd_int lhs_rs, rd_int lhs_cs,
                  const RD_T *rhs, rd_int rhs_gs, rd_int rhs_rs, rd_int rhs_cs,
                  RD_T *out, rd_int out_gs, rd_int out_rs, rd_int out_cs,
                  rd_int k, int accumulate)
 {
-    const rd_int MC = ctx->RD_BLK.mc, KC = ctx->RD_BLK.kc, NC = ctx->RD_BLK.nc;
-    const rd_int nc_max = rd_round_up(tl->tn < NC ? tl->tn : NC, RD_NR);
-    const size_t a_bytes = (size_t)rd_round_up(MC, RD_MR) * (size_t)KC * sizeof(RD_T);
+    const rd_int MC = ctx->RD_CFG.mc, KC = ctx->RD_CFG.kc, NC = ctx->RD_CFG.nc;
+    const int MR = ctx->RD_CFG.mr, NR = ctx->RD_CFG.nr;
+    const rd_int nc_max = rd_round_up(tl->tn < NC ? tl->tn : NC, NR);
+    const size_t a_bytes = (size_t)rd_round_up(MC, MR) * (size_t)KC * sizeof(RD_T);
     const size_t b_bytes = (size_t)nc_max * (size_t)KC * sizeof(RD_T);
     int failed = 0;
-    (void)n;
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(tl->nthreads) if (tl->nthreads > 1)

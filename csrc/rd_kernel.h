@@ -16,18 +16,12 @@
 
 typedef ptrdiff_t rd_int;
 
-/* Register block shapes.  Every micro-kernel of a dtype uses the same shape,
- * so the packed layout does not depend on which kernel runs. */
-#define RD_S_MR 6
-#define RD_S_NR 16
-#define RD_D_MR 6
-#define RD_D_NR 8
-
 /* Alignment of the packing buffers, in bytes. */
 #define RD_ALIGN 64
 
 /*
- * Micro-kernel contract (BLIS style).
+ * Micro-kernel contract (BLIS style).  A kernel has a fixed register block
+ * of MR x NR (its configuration below says which).
  *
  *   a : packed A micro-panel, MR x kc, column after column:  A[i][p] = a[p*MR + i]
  *   b : packed B micro-panel, kc x NR, row after row:         B[p][j] = b[p*NR + j]
@@ -38,8 +32,8 @@ typedef ptrdiff_t rd_int;
  *   accumulate != 0 :  C += A B
  *
  * The product is accumulated in registers in the order p = 0, 1, ..., kc-1
- * (one fused multiply-add per step) starting from zero, and is added to C
- * once at the end.  Padding rows/columns of the packed panels are zero.
+ * (one fused or unfused multiply-add per step) starting from zero, and is
+ * added to C once at the end.  Padding rows/columns of the panels are zero.
  */
 typedef void (*rd_sgemm_ukr_t)(rd_int kc, const float *a, const float *b,
                                float *c, rd_int rs_c, rd_int cs_c,
@@ -54,38 +48,53 @@ void rd_sgemm_ref_6x16(rd_int kc, const float *a, const float *b, float *c,
 void rd_dgemm_ref_6x8(rd_int kc, const double *a, const double *b, double *c,
                       rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
 
-/* AVX2/FMA micro-kernels (rd_ukernel_avx2.c); present when RD_HAVE_AVX2_BUILD. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define RD_HAVE_AVX2_BUILD 1
+#define RD_HAVE_X86_KERNELS 1
+/* AVX2/FMA micro-kernels (rd_ukernel_avx2.c). */
 void rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
                         rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
 void rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
                        rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
-/* Sustained FMA throughput of one thread, GFLOP/s, measured for ~seconds. */
+/* AVX-512F micro-kernels (rd_ukernel_avx512.c). */
+void rd_sgemm_avx512_12x32(rd_int kc, const float *a, const float *b, float *c,
+                           rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+void rd_dgemm_avx512_12x16(rd_int kc, const double *a, const double *b, double *c,
+                           rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);
+/* Sustained FMA throughput of one thread, GFLOP/s, measured for ~seconds
+ * with 256-bit (avx2) or 512-bit (avx512) float32 FMAs. */
 double rd_fma_peak_avx2(double seconds);
+double rd_fma_peak_avx512(double seconds);
 #endif
 
-/* Cache blocking of one dtype: MC x KC block of A, KC x NC panel of B. */
+/* A micro-kernel with its register block and cache blocking:
+ * MC x KC block of A (L2), KC x NC panel of B (L3), KC x NR micro-panel (L1). */
 typedef struct {
+    rd_sgemm_ukr_t ukr;
+    int mr, nr;
     rd_int mc, kc, nc;
-} rd_blocking_t;
+} rd_sconfig_t;
+
+typedef struct {
+    rd_dgemm_ukr_t ukr;
+    int mr, nr;
+    rd_int mc, kc, nc;
+} rd_dconfig_t;
 
 /* The kernel configuration in force (rd_context.c). */
 typedef struct {
-    const char *name;          /* "ref" or "avx2" */
-    rd_sgemm_ukr_t sgemm;
-    rd_dgemm_ukr_t dgemm;
-    rd_blocking_t sblk;
-    rd_blocking_t dblk;
+    const char *name;          /* "ref", "avx2" or "avx512" */
+    rd_sconfig_t s;
+    rd_dconfig_t d;
 } rd_context_t;
 
 const rd_context_t *rd_context(void);
-/* Select a kernel by name ("ref", "avx2", "auto").  Returns 0 on success,
- * -1 for an unknown name, -2 when the CPU cannot run it. */
+/* Select a kernel by name ("ref", "avx2", "avx512", "auto").  Returns 0 on
+ * success, -1 for an unknown name, -2 when the CPU cannot run it. */
 int rd_set_kernel(const char *name);
 /* Names of the kernels compiled into this build, NULL-terminated. */
 const char *const *rd_compiled_kernels(void);
 int rd_cpu_has_avx2(void);
+int rd_cpu_has_avx512(void);
 
 /* Threads. */
 int rd_get_num_threads(void);

@@ -13,6 +13,8 @@
 
 #include "rd_kernel.h"
 
+#include <string.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -330,11 +332,11 @@ rd_py_get_kernel(PyObject *self, PyObject *unused)
 }
 
 static PyObject *
-rd_blocking_tuple(int mr, int nr, const rd_blocking_t *b)
+rd_blocking_dict(int mr, int nr, rd_int mc, rd_int kc, rd_int nc)
 {
     return Py_BuildValue("{s:i,s:i,s:n,s:n,s:n}", "MR", mr, "NR", nr,
-                         "MC", (Py_ssize_t)b->mc, "KC", (Py_ssize_t)b->kc,
-                         "NC", (Py_ssize_t)b->nc);
+                         "MC", (Py_ssize_t)mc, "KC", (Py_ssize_t)kc,
+                         "NC", (Py_ssize_t)nc);
 }
 
 static PyObject *
@@ -354,15 +356,16 @@ rd_py_build_info(PyObject *self, PyObject *unused)
         Py_DECREF(s);
     }
     const rd_context_t *ctx = rd_context();
-    b32 = rd_blocking_tuple(RD_S_MR, RD_S_NR, &ctx->sblk);
-    b64 = rd_blocking_tuple(RD_D_MR, RD_D_NR, &ctx->dblk);
+    b32 = rd_blocking_dict(ctx->s.mr, ctx->s.nr, ctx->s.mc, ctx->s.kc, ctx->s.nc);
+    b64 = rd_blocking_dict(ctx->d.mr, ctx->d.nr, ctx->d.mc, ctx->d.kc, ctx->d.nc);
     if (b32 == NULL || b64 == NULL)
         goto error;
-    info = Py_BuildValue("{s:O,s:O,s:s,s:O,s:i,s:{s:N,s:N}}",
+    info = Py_BuildValue("{s:O,s:O,s:s,s:O,s:O,s:i,s:{s:N,s:N}}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
                          "simd", simd,
                          "kernel", ctx->name,
                          "cpu_avx2", rd_cpu_has_avx2() ? Py_True : Py_False,
+                         "cpu_avx512", rd_cpu_has_avx512() ? Py_True : Py_False,
                          "num_threads", rd_get_num_threads(),
                          "blocking", "float32", b32, "float64", b64);
     b32 = b64 = NULL;
@@ -374,30 +377,37 @@ error:
 }
 
 PyDoc_STRVAR(fma_peak_doc,
-"fma_peak(threads, seconds) -> GFLOP/s\n\n"
-"Sustained float32 AVX2 FMA throughput of `threads` threads running 12\n"
-"independent FMA chains each for about `seconds`; 0.0 without AVX2.");
+"fma_peak(threads, seconds, isa='avx2') -> GFLOP/s\n\n"
+"Sustained float32 FMA throughput of `threads` threads, each running\n"
+"independent FMA chains for about `seconds`: 256-bit FMAs for isa='avx2',\n"
+"512-bit for isa='avx512'.  0.0 when the CPU lacks that instruction set.");
 
 static PyObject *
 rd_py_fma_peak(PyObject *self, PyObject *args)
 {
     int threads;
     double seconds;
+    const char *isa = "avx2";
     (void)self;
-    if (!PyArg_ParseTuple(args, "id", &threads, &seconds))
+    if (!PyArg_ParseTuple(args, "id|s", &threads, &seconds, &isa))
         return NULL;
+    int wide = strcmp(isa, "avx512") == 0;
+    if (!wide && strcmp(isa, "avx2") != 0) {
+        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2' or 'avx512', got '%s'", isa);
+        return NULL;
+    }
     if (threads < 1 || seconds <= 0.0 || seconds > 60.0) {
         PyErr_SetString(PyExc_ValueError, "fma_peak needs threads >= 1 and 0 < seconds <= 60");
         return NULL;
     }
     double total = 0.0;
-#ifdef RD_HAVE_AVX2_BUILD
-    if (rd_cpu_has_avx2()) {
+#ifdef RD_HAVE_X86_KERNELS
+    if (wide ? rd_cpu_has_avx512() : rd_cpu_has_avx2()) {
         Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : total)
 #endif
-        total += rd_fma_peak_avx2(seconds);
+        total += wide ? rd_fma_peak_avx512(seconds) : rd_fma_peak_avx2(seconds);
         Py_END_ALLOW_THREADS
     }
 #endif

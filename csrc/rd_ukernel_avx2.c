@@ -13,7 +13,7 @@
  */
 #include "rd_kernel.h"
 
-#ifdef RD_HAVE_AVX2_BUILD
+#ifdef RD_HAVE_X86_KERNELS
 
 #include <immintrin.h>
 #include <time.h>
@@ -63,25 +63,15 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
     __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
     __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
 
-    rd_int p = 0;
-    for (; p + 4 <= kc; p += 4) {
-        _mm_prefetch((const char *)(a + 6 * 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 16 * 8), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 16 * 10), _MM_HINT_T0);
-        S_STEP(0, 0);
-        S_STEP(6, 16);
-        S_STEP(12, 32);
-        S_STEP(18, 48);
-        a += 24;
-        b += 64;
-    }
-    for (; p < kc; p++) {
+    /* One step per iteration: unrolling by hand makes gcc interleave the
+     * steps and spill accumulators; this form keeps all twelve in registers. */
+    for (rd_int p = 0; p < kc; p++) {
         S_STEP(0, 0);
         a += 6;
         b += 16;
     }
 
-    if (m == RD_S_MR && n == RD_S_NR && cs_c == 1) {
+    if (m == 6 && n == 16 && cs_c == 1) {
         s_store_row(c + 0 * rs_c, c00, c01, accumulate);
         s_store_row(c + 1 * rs_c, c10, c11, accumulate);
         s_store_row(c + 2 * rs_c, c20, c21, accumulate);
@@ -90,7 +80,7 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
         s_store_row(c + 5 * rs_c, c50, c51, accumulate);
         return;
     }
-    float buf[RD_S_MR * RD_S_NR] __attribute__((aligned(32)));
+    float buf[6 * 16] __attribute__((aligned(32)));
     _mm256_store_ps(buf + 0, c00);  _mm256_store_ps(buf + 8, c01);
     _mm256_store_ps(buf + 16, c10); _mm256_store_ps(buf + 24, c11);
     _mm256_store_ps(buf + 32, c20); _mm256_store_ps(buf + 40, c21);
@@ -99,7 +89,7 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
     _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);
     for (int i = 0; i < m; i++) {
         float *ci = c + i * rs_c;
-        const float *bi = buf + i * RD_S_NR;
+        const float *bi = buf + i * 16;
         if (accumulate)
             for (int j = 0; j < n; j++)
                 ci[j * cs_c] += bi[j];
@@ -152,24 +142,13 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
     __m256d c40 = _mm256_setzero_pd(), c41 = _mm256_setzero_pd();
     __m256d c50 = _mm256_setzero_pd(), c51 = _mm256_setzero_pd();
 
-    rd_int p = 0;
-    for (; p + 4 <= kc; p += 4) {
-        _mm_prefetch((const char *)(a + 6 * 8), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 8 * 8), _MM_HINT_T0);
-        D_STEP(0, 0);
-        D_STEP(6, 8);
-        D_STEP(12, 16);
-        D_STEP(18, 24);
-        a += 24;
-        b += 32;
-    }
-    for (; p < kc; p++) {
+    for (rd_int p = 0; p < kc; p++) {
         D_STEP(0, 0);
         a += 6;
         b += 8;
     }
 
-    if (m == RD_D_MR && n == RD_D_NR && cs_c == 1) {
+    if (m == 6 && n == 8 && cs_c == 1) {
         d_store_row(c + 0 * rs_c, c00, c01, accumulate);
         d_store_row(c + 1 * rs_c, c10, c11, accumulate);
         d_store_row(c + 2 * rs_c, c20, c21, accumulate);
@@ -178,7 +157,7 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
         d_store_row(c + 5 * rs_c, c50, c51, accumulate);
         return;
     }
-    double buf[RD_D_MR * RD_D_NR] __attribute__((aligned(32)));
+    double buf[6 * 8] __attribute__((aligned(32)));
     _mm256_store_pd(buf + 0, c00);  _mm256_store_pd(buf + 4, c01);
     _mm256_store_pd(buf + 8, c10);  _mm256_store_pd(buf + 12, c11);
     _mm256_store_pd(buf + 16, c20); _mm256_store_pd(buf + 20, c21);
@@ -187,7 +166,7 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
     _mm256_store_pd(buf + 40, c50); _mm256_store_pd(buf + 44, c51);
     for (int i = 0; i < m; i++) {
         double *ci = c + i * rs_c;
-        const double *bi = buf + i * RD_D_NR;
+        const double *bi = buf + i * 8;
         if (accumulate)
             for (int j = 0; j < n; j++)
                 ci[j * cs_c] += bi[j];
@@ -242,4 +221,4 @@ rd_fma_peak_avx2(double seconds)
     return (double)iters * 12.0 * 16.0 / (t1 - t0) / 1e9;
 }
 
-#endif /* RD_HAVE_AVX2_BUILD */
+#endif /* RD_HAVE_X86_KERNELS */

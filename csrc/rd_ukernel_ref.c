@@ -32,5 +32,5 @@ void NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c,             \
     }                                                                       \
 }
 
-RD_REF_UKR(rd_sgemm_ref_6x16, float, RD_S_MR, RD_S_NR)
-RD_REF_UKR(rd_dgemm_ref_6x8, double, RD_D_MR, RD_D_NR)
+RD_REF_UKR(rd_sgemm_ref_6x16, float, 6, 16)
+RD_REF_UKR(rd_dgemm_ref_6x8, double, 6, 8)

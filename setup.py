@@ -67,6 +67,7 @@ setup(
             sources=sorted(glob("csrc/*.c")),
             depends=sorted(glob("csrc/*.h")),
             include_dirs=["csrc", numpy.get_include()],
+            libraries=["m"],
         )
     ],
     cmdclass={"build_ext": BuildExt},

@@ -149,4 +149,69 @@ long long rd_make_group_metadata(const rd_int *group_sizes, rd_int ng, rd_int m,
                                  int *group_offsets, int *group_ids,
                                  int *m_tile_ids);
 
+
+/* ------------------------------------------------------------------- MoE
+ * The pieces of a Mixture-of-Experts layer around the grouped matmuls
+ * (rd_moe.c).  Arrays are C-contiguous unless a row stride is given.
+ */
+enum { RD_SCORE_SOFTMAX = 0, RD_SCORE_SIGMOID = 1 };
+enum { RD_ACT_SILU = 0, RD_ACT_GELU = 1, RD_ACT_GELU_TANH = 2, RD_ACT_RELU = 3,
+       RD_ACT_SWIGLU_OAI = 4 };
+
+/* Router: scores = softmax/sigmoid(logits [T, E]); selection = scores
+ * (+ selection_bias [E]); with n_groups > 1 only the topk_groups groups of
+ * E/n_groups experts whose two best selection values sum highest stay
+ * eligible; the top_k eligible experts by selection (ties to the lower
+ * index) are chosen; weights are their scores, divided by their sum when
+ * norm_topk_prob (+1e-20 for sigmoid), times scaling.
+ * Outputs: scores [T, E], topk_idx [T, top_k] (int64), topk_w [T, top_k].
+ * Returns 0, or -1 when out of memory. */
+int rd_s_moe_route(rd_int T, rd_int E, const float *logits, int score_func,
+                   const float *selection_bias, rd_int n_groups, rd_int topk_groups,
+                   rd_int top_k, int norm_topk_prob, double scaling,
+                   float *scores, long long *topk_idx, float *topk_w);
+int rd_d_moe_route(rd_int T, rd_int E, const double *logits, int score_func,
+                   const double *selection_bias, rd_int n_groups, rd_int topk_groups,
+                   rd_int top_k, int norm_topk_prob, double scaling,
+                   double *scores, long long *topk_idx, double *topk_w);
+
+/* Counting sort of the T*k assignments (token-major, then choice order) by
+ * expert, stable.  capacity < 0: keep all; otherwise an expert keeps its
+ * first `capacity` assignments in that order.  Outputs: slot_of [T*k] (the
+ * assignment's position in expert order, or -1 when dropped),
+ * token_of_slot [kept], group_sizes [E].  Returns the number kept, or -1
+ * when out of memory. */
+rd_int rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
+                   rd_int capacity, long long *slot_of, long long *token_of_slot,
+                   long long *group_sizes);
+
+/* ragged_gather: out[i, :] = x[src[i], :] (times scale[i] when given).
+ * x rows have stride x_rs; out is [n, d] contiguous. */
+void rd_s_gather_rows(rd_int n, rd_int d, const float *x, rd_int x_rs,
+                      const long long *src, const float *scale, float *out);
+void rd_d_gather_rows(rd_int n, rd_int d, const double *x, rd_int x_rs,
+                      const long long *src, const double *scale, double *out);
+
+/* ragged_gather_reduce: out[t, :] = sum_j w[t, j] * y[slots[t, j], :] for
+ * j = 0..k-1 in that order (w == NULL: weight 1; slot -1: skipped).
+ * Deterministic whatever the thread count: one thread owns a token. */
+void rd_s_gather_reduce(rd_int T, rd_int k, rd_int d, const float *y, rd_int y_rs,
+                        const long long *slots, const float *w, float *out);
+void rd_d_gather_reduce(rd_int T, rd_int k, rd_int d, const double *y, rd_int y_rs,
+                        const long long *slots, const double *w, double *out);
+
+/* Gated activations, elementwise over n contiguous values:
+ *   out = act(gate) * up              (silu, gelu, gelu_tanh, relu)
+ *   out = g * sigmoid(1.702 g) * (u + 1),  g = min(gate, limit),
+ *         u = clip(up, -limit, limit)  (swiglu_oai)
+ * and the backward: d_gate, d_up from d_out. */
+void rd_s_gated_act(rd_int n, int kind, double limit, const float *gate,
+                    const float *up, float *out);
+void rd_d_gated_act(rd_int n, int kind, double limit, const double *gate,
+                    const double *up, double *out);
+void rd_s_gated_act_grad(rd_int n, int kind, double limit, const float *gate,
+                         const float *up, const float *d_out, float *d_gate, float *d_up);
+void rd_d_gated_act_grad(rd_int n, int kind, double limit, const double *gate,
+                         const double *up, const double *d_out, double *d_gate, double *d_up);
+
 #endif /* RD_KERNEL_H */

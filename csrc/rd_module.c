@@ -278,6 +278,332 @@ error:
     return NULL;
 }
 
+
+/* ------------------------------------------------------------------- MoE */
+
+/* A C-contiguous array of `type_num` with `ndim` dims, or NULL + exception. */
+static PyArrayObject *
+rd_contig(PyObject *obj, const char *name, int ndim, int type_num)
+{
+    PyArrayObject *arr;
+    if (rd_check_operand(obj, name, ndim, type_num, 0, &arr) != 0)
+        return NULL;
+    if (!PyArray_IS_C_CONTIGUOUS(arr)) {
+        PyErr_Format(PyExc_ValueError, "'%s' must be C-contiguous", name);
+        return NULL;
+    }
+    return arr;
+}
+
+/* Every index in [lo, hi); -1 allowed when allow_neg. */
+static int
+rd_check_indices(PyArrayObject *idx, const char *name, npy_int64 hi, int allow_neg)
+{
+    const npy_int64 *v = (const npy_int64 *)PyArray_DATA(idx);
+    npy_intp n = PyArray_SIZE(idx);
+    for (npy_intp i = 0; i < n; i++) {
+        if (v[i] >= hi || v[i] < (allow_neg ? -1 : 0)) {
+            PyErr_Format(PyExc_ValueError, "'%s' holds index %lld outside [0, %lld)",
+                         name, (long long)v[i], (long long)hi);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+rd_py_moe_route(PyObject *self, PyObject *args)
+{
+    PyObject *ologits, *obias;
+    int score_func, norm;
+    Py_ssize_t n_groups, topk_groups, top_k;
+    double scaling;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OiOnnnpd", &ologits, &score_func, &obias, &n_groups,
+                          &topk_groups, &top_k, &norm, &scaling))
+        return NULL;
+    PyArrayObject *logits = rd_contig(ologits, "logits", 2, -1), *bias = NULL;
+    if (logits == NULL)
+        return NULL;
+    int t = rd_float_type(logits);
+    if (t < 0)
+        return NULL;
+    npy_intp T = PyArray_DIM(logits, 0), E = PyArray_DIM(logits, 1);
+    if (obias != Py_None) {
+        bias = rd_contig(obias, "selection_bias", 1, t);
+        if (bias == NULL)
+            return NULL;
+        if (PyArray_DIM(bias, 0) != E) {
+            PyErr_SetString(PyExc_ValueError, "'selection_bias' must have E entries");
+            return NULL;
+        }
+    }
+    if (E < 1 || top_k < 1 || top_k > E || (score_func != RD_SCORE_SOFTMAX && score_func != RD_SCORE_SIGMOID) ||
+        (n_groups > 1 && (E % n_groups != 0 || topk_groups < 1 || topk_groups > n_groups ||
+                          topk_groups * (E / n_groups) < top_k))) {
+        PyErr_SetString(PyExc_ValueError, "invalid routing configuration");
+        return NULL;
+    }
+    npy_intp dims_s[2] = {T, E}, dims_k[2] = {T, top_k};
+    PyArrayObject *scores = (PyArrayObject *)PyArray_EMPTY(2, dims_s, t, 0);
+    PyArrayObject *idx = (PyArrayObject *)PyArray_EMPTY(2, dims_k, NPY_INT64, 0);
+    PyArrayObject *w = (PyArrayObject *)PyArray_EMPTY(2, dims_k, t, 0);
+    if (scores == NULL || idx == NULL || w == NULL)
+        goto error;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rc = rd_s_moe_route(T, E, (const float *)PyArray_DATA(logits), score_func,
+                            bias ? (const float *)PyArray_DATA(bias) : NULL, n_groups, topk_groups,
+                            top_k, norm, scaling, (float *)PyArray_DATA(scores),
+                            (long long *)PyArray_DATA(idx), (float *)PyArray_DATA(w));
+    else
+        rc = rd_d_moe_route(T, E, (const double *)PyArray_DATA(logits), score_func,
+                            bias ? (const double *)PyArray_DATA(bias) : NULL, n_groups, topk_groups,
+                            top_k, norm, scaling, (double *)PyArray_DATA(scores),
+                            (long long *)PyArray_DATA(idx), (double *)PyArray_DATA(w));
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    return Py_BuildValue("NNN", (PyObject *)scores, (PyObject *)idx, (PyObject *)w);
+error:
+    Py_XDECREF(scores);
+    Py_XDECREF(idx);
+    Py_XDECREF(w);
+    return NULL;
+}
+
+static PyObject *
+rd_py_moe_sort(PyObject *self, PyObject *args)
+{
+    PyObject *oidx;
+    Py_ssize_t E, capacity;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Onn", &oidx, &E, &capacity))
+        return NULL;
+    PyArrayObject *idx = rd_contig(oidx, "topk_idx", 2, NPY_INT64);
+    if (idx == NULL || E < 1 || rd_check_indices(idx, "topk_idx", E, 0) != 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "number of experts must be positive");
+        return NULL;
+    }
+    npy_intp T = PyArray_DIM(idx, 0), k = PyArray_DIM(idx, 1), n = T * k, e = E;
+    PyArrayObject *slot_of = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(idx), NPY_INT64, 0);
+    PyArrayObject *tok = (PyArrayObject *)PyArray_EMPTY(1, &n, NPY_INT64, 0);
+    PyArrayObject *gs = (PyArrayObject *)PyArray_EMPTY(1, &e, NPY_INT64, 0);
+    if (slot_of == NULL || tok == NULL || gs == NULL)
+        goto error;
+    rd_int kept;
+    Py_BEGIN_ALLOW_THREADS
+    kept = rd_moe_sort(T, k, E, (const long long *)PyArray_DATA(idx), capacity,
+                       (long long *)PyArray_DATA(slot_of), (long long *)PyArray_DATA(tok),
+                       (long long *)PyArray_DATA(gs));
+    Py_END_ALLOW_THREADS
+    if (kept < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    PyObject *tok_kept = PySequence_GetSlice((PyObject *)tok, 0, kept);
+    Py_DECREF(tok);
+    tok = NULL;
+    if (tok_kept == NULL)
+        goto error;
+    return Py_BuildValue("NNN", (PyObject *)slot_of, tok_kept, (PyObject *)gs);
+error:
+    Py_XDECREF(slot_of);
+    Py_XDECREF(tok);
+    Py_XDECREF(gs);
+    return NULL;
+}
+
+/* Rows of a 2-D float array whose columns are contiguous. */
+static PyArrayObject *
+rd_rows(PyObject *obj, const char *name, int type_num)
+{
+    PyArrayObject *arr;
+    if (rd_check_operand(obj, name, 2, type_num, 0, &arr) != 0)
+        return NULL;
+    if (PyArray_DIM(arr, 1) > 1 && PyArray_STRIDE(arr, 1) != PyArray_ITEMSIZE(arr)) {
+        PyErr_Format(PyExc_ValueError, "'%s' must have contiguous rows", name);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *
+rd_py_gather_rows(PyObject *self, PyObject *args)
+{
+    PyObject *ox, *osrc, *oscale;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &osrc, &oscale))
+        return NULL;
+    PyArrayObject *x = rd_rows(ox, "x", -1), *src, *scale = NULL;
+    if (x == NULL)
+        return NULL;
+    int t = rd_float_type(x);
+    if (t < 0 || (src = rd_contig(osrc, "indices", 1, NPY_INT64)) == NULL ||
+        rd_check_indices(src, "indices", PyArray_DIM(x, 0), 0) != 0)
+        return NULL;
+    npy_intp n = PyArray_DIM(src, 0), d = PyArray_DIM(x, 1);
+    if (oscale != Py_None) {
+        if ((scale = rd_contig(oscale, "scale", 1, t)) == NULL)
+            return NULL;
+        if (PyArray_DIM(scale, 0) != n) {
+            PyErr_SetString(PyExc_ValueError, "'scale' must have one entry per index");
+            return NULL;
+        }
+    }
+    npy_intp dims[2] = {n, d};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, t, 0);
+    if (out == NULL)
+        return NULL;
+    rd_int rs = d > 0 ? rd_stride(x, 0) : 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rd_s_gather_rows(n, d, (const float *)PyArray_DATA(x), rs, (const long long *)PyArray_DATA(src),
+                         scale ? (const float *)PyArray_DATA(scale) : NULL, (float *)PyArray_DATA(out));
+    else
+        rd_d_gather_rows(n, d, (const double *)PyArray_DATA(x), rs, (const long long *)PyArray_DATA(src),
+                         scale ? (const double *)PyArray_DATA(scale) : NULL, (double *)PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+static PyObject *
+rd_py_gather_reduce(PyObject *self, PyObject *args)
+{
+    PyObject *oy, *oslots, *ow;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &oy, &oslots, &ow))
+        return NULL;
+    PyArrayObject *y = rd_rows(oy, "y", -1), *slots, *w = NULL;
+    if (y == NULL)
+        return NULL;
+    int t = rd_float_type(y);
+    if (t < 0 || (slots = rd_contig(oslots, "indices", 2, NPY_INT64)) == NULL ||
+        rd_check_indices(slots, "indices", PyArray_DIM(y, 0), 1) != 0)
+        return NULL;
+    npy_intp T = PyArray_DIM(slots, 0), k = PyArray_DIM(slots, 1), d = PyArray_DIM(y, 1);
+    if (ow != Py_None) {
+        if ((w = rd_contig(ow, "weights", 2, t)) == NULL)
+            return NULL;
+        if (PyArray_DIM(w, 0) != T || PyArray_DIM(w, 1) != k) {
+            PyErr_SetString(PyExc_ValueError, "'weights' must have the shape of 'indices'");
+            return NULL;
+        }
+    }
+    npy_intp dims[2] = {T, d};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, t, 0);
+    if (out == NULL)
+        return NULL;
+    rd_int rs = d > 0 ? rd_stride(y, 0) : 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rd_s_gather_reduce(T, k, d, (const float *)PyArray_DATA(y), rs, (const long long *)PyArray_DATA(slots),
+                           w ? (const float *)PyArray_DATA(w) : NULL, (float *)PyArray_DATA(out));
+    else
+        rd_d_gather_reduce(T, k, d, (const double *)PyArray_DATA(y), rs, (const long long *)PyArray_DATA(slots),
+                           w ? (const double *)PyArray_DATA(w) : NULL, (double *)PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+/* gate and up: same shape, contiguous, one float dtype. */
+static int
+rd_pair(PyObject *og, PyObject *ou, PyArrayObject **g, PyArrayObject **u, int *t)
+{
+    if (rd_check_operand(og, "gate", PyArray_Check(og) ? PyArray_NDIM((PyArrayObject *)og) : 1, -1, 0, g) != 0)
+        return -1;
+    if ((*t = rd_float_type(*g)) < 0)
+        return -1;
+    if (rd_check_operand(ou, "up", PyArray_NDIM(*g), *t, 0, u) != 0)
+        return -1;
+    if (!PyArray_IS_C_CONTIGUOUS(*g) || !PyArray_IS_C_CONTIGUOUS(*u) ||
+        !PyArray_SAMESHAPE(*g, *u)) {
+        PyErr_SetString(PyExc_ValueError, "'gate' and 'up' must be C-contiguous with one shape");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+rd_py_gated_act(PyObject *self, PyObject *args)
+{
+    PyObject *og, *ou;
+    int kind;
+    double limit;
+    PyArrayObject *g, *u;
+    int t;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOid", &og, &ou, &kind, &limit))
+        return NULL;
+    if (rd_pair(og, ou, &g, &u, &t) != 0)
+        return NULL;
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_SetString(PyExc_ValueError, "unknown activation");
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(PyArray_NDIM(g), PyArray_DIMS(g), t, 0);
+    if (out == NULL)
+        return NULL;
+    npy_intp n = PyArray_SIZE(g);
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rd_s_gated_act(n, kind, limit, (const float *)PyArray_DATA(g), (const float *)PyArray_DATA(u),
+                       (float *)PyArray_DATA(out));
+    else
+        rd_d_gated_act(n, kind, limit, (const double *)PyArray_DATA(g), (const double *)PyArray_DATA(u),
+                       (double *)PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+static PyObject *
+rd_py_gated_act_grad(PyObject *self, PyObject *args)
+{
+    PyObject *og, *ou, *odo;
+    int kind;
+    double limit;
+    PyArrayObject *g, *u, *dout;
+    int t;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOid", &og, &ou, &odo, &kind, &limit))
+        return NULL;
+    if (rd_pair(og, ou, &g, &u, &t) != 0)
+        return NULL;
+    if (rd_check_operand(odo, "d_out", PyArray_NDIM(g), t, 0, &dout) != 0)
+        return NULL;
+    if (!PyArray_IS_C_CONTIGUOUS(dout) || !PyArray_SAMESHAPE(g, dout)) {
+        PyErr_SetString(PyExc_ValueError, "'d_out' must be C-contiguous with the shape of 'gate'");
+        return NULL;
+    }
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_SetString(PyExc_ValueError, "unknown activation");
+        return NULL;
+    }
+    PyArrayObject *dg = (PyArrayObject *)PyArray_EMPTY(PyArray_NDIM(g), PyArray_DIMS(g), t, 0);
+    PyArrayObject *du = (PyArrayObject *)PyArray_EMPTY(PyArray_NDIM(g), PyArray_DIMS(g), t, 0);
+    if (dg == NULL || du == NULL) {
+        Py_XDECREF(dg);
+        Py_XDECREF(du);
+        return NULL;
+    }
+    npy_intp n = PyArray_SIZE(g);
+    Py_BEGIN_ALLOW_THREADS
+    if (t == NPY_FLOAT32)
+        rd_s_gated_act_grad(n, kind, limit, (const float *)PyArray_DATA(g), (const float *)PyArray_DATA(u),
+                            (const float *)PyArray_DATA(dout), (float *)PyArray_DATA(dg),
+                            (float *)PyArray_DATA(du));
+    else
+        rd_d_gated_act_grad(n, kind, limit, (const double *)PyArray_DATA(g), (const double *)PyArray_DATA(u),
+                            (const double *)PyArray_DATA(dout), (double *)PyArray_DATA(dg),
+                            (double *)PyArray_DATA(du));
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("NN", (PyObject *)dg, (PyObject *)du);
+}
+
 /* ------------------------------------------------------ configuration */
 
 static PyObject *
@@ -425,6 +751,20 @@ static PyMethodDef rd_methods[] = {
     {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
     {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
     {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
+    {"moe_route", rd_py_moe_route, METH_VARARGS,
+     "moe_route(logits, score_func, selection_bias, n_groups, topk_groups, top_k, norm_topk_prob, scaling)"
+     " -> (scores [T, E], topk_idx [T, k] int64, topk_weights [T, k])"},
+    {"moe_sort", rd_py_moe_sort, METH_VARARGS,
+     "moe_sort(topk_idx [T, k] int64, E, capacity) -> (slot_of [T, k], token_of_slot [kept], group_sizes [E]);"
+     " capacity < 0 keeps every assignment, dropped ones get slot -1"},
+    {"gather_rows", rd_py_gather_rows, METH_VARARGS,
+     "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]]"},
+    {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
+     "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
+     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped)"},
+    {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit) -> out"},
+    {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
+     "gated_act_grad(gate, up, d_out, kind, limit) -> (d_gate, d_up)"},
     {NULL, NULL, 0, NULL},
 };
 

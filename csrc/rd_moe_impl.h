@@ -1,0 +1,265 @@
+/*
+ * MoE routing, gathers and gated activations for one dtype.  Included by
+ * rd_moe.c with RD_T (float, double), RD_FN(x) (name mangler) and the math
+ * functions RD_EXP, RD_ERF, RD_TANH defined.
+ */
+
+/* Index of the largest v[i] over i in [0, n) with eligible[i]; ties go to
+ * the lower index, NaN never wins over a number.  -1 if none is eligible. */
+static rd_int
+RD_FN(argmax_eligible)(const RD_T *v, const unsigned char *eligible, rd_int n)
+{
+    rd_int best = -1;
+    for (rd_int i = 0; i < n; i++) {
+        if (!eligible[i])
+            continue;
+        if (best < 0 || v[i] > v[best] || (v[best] != v[best] && v[i] == v[i]))
+            best = i;
+    }
+    return best;
+}
+
+int
+RD_FN(moe_route)(rd_int T, rd_int E, const RD_T *logits, int score_func,
+                 const RD_T *selection_bias, rd_int n_groups, rd_int topk_groups,
+                 rd_int top_k, int norm_topk_prob, double scaling,
+                 RD_T *scores, long long *topk_idx, RD_T *topk_w)
+{
+    int failed = 0;
+    const rd_int per_group = n_groups > 1 ? E / n_groups : E;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(rd_get_num_threads()) if (T * E > 32768)
+#endif
+    {
+        RD_T *sel = (RD_T *)malloc(sizeof(RD_T) * (size_t)E);
+        RD_T *gscore = (RD_T *)malloc(sizeof(RD_T) * (size_t)(n_groups > 1 ? n_groups : 1));
+        unsigned char *ok = (unsigned char *)malloc((size_t)E);
+        unsigned char *gok = (unsigned char *)malloc((size_t)(n_groups > 1 ? n_groups : 1));
+        int have = sel != NULL && gscore != NULL && ok != NULL && gok != NULL;
+        if (!have) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (rd_int t = 0; t < T; t++) {
+            if (!have)
+                continue;
+            const RD_T *lg = logits + t * E;
+            RD_T *sc = scores + t * E;
+            if (score_func == RD_SCORE_SOFTMAX) {
+                RD_T mx = lg[0];
+                for (rd_int e = 1; e < E; e++)
+                    mx = lg[e] > mx ? lg[e] : mx;
+                RD_T sum = 0;
+                for (rd_int e = 0; e < E; e++) {
+                    sc[e] = RD_EXP(lg[e] - mx);
+                    sum += sc[e];
+                }
+                for (rd_int e = 0; e < E; e++)
+                    sc[e] /= sum;
+            }
+            else {
+                for (rd_int e = 0; e < E; e++)
+                    sc[e] = (RD_T)1 / ((RD_T)1 + RD_EXP(-lg[e]));
+            }
+            for (rd_int e = 0; e < E; e++) {
+                sel[e] = selection_bias ? sc[e] + selection_bias[e] : sc[e];
+                ok[e] = 1;
+            }
+            if (n_groups > 1 && topk_groups < n_groups) {
+                /* group score: the sum of its two best selection values */
+                for (rd_int q = 0; q < n_groups; q++) {
+                    const RD_T *v = sel + q * per_group;
+                    rd_int i1 = RD_FN(argmax_eligible)(v, ok + q * per_group, per_group);
+                    RD_T s = v[i1];
+                    if (per_group > 1) {
+                        ok[q * per_group + i1] = 0;
+                        rd_int i2 = RD_FN(argmax_eligible)(v, ok + q * per_group, per_group);
+                        ok[q * per_group + i1] = 1;
+                        s += v[i2];
+                    }
+                    gscore[q] = s;
+                    gok[q] = 1;
+                }
+                unsigned char *keep = (unsigned char *)ok;   /* reuse as expert mask */
+                for (rd_int e = 0; e < E; e++)
+                    keep[e] = 0;
+                for (rd_int r = 0; r < topk_groups; r++) {
+                    rd_int q = RD_FN(argmax_eligible)(gscore, gok, n_groups);
+                    gok[q] = 0;
+                    for (rd_int e = q * per_group; e < (q + 1) * per_group; e++)
+                        keep[e] = 1;
+                }
+            }
+            long long *idx = topk_idx + t * top_k;
+            RD_T *w = topk_w + t * top_k;
+            RD_T wsum = 0;
+            for (rd_int j = 0; j < top_k; j++) {
+                rd_int e = RD_FN(argmax_eligible)(sel, ok, E);
+                ok[e] = 0;
+                idx[j] = e;
+                w[j] = sc[e];
+                wsum += sc[e];
+            }
+            if (norm_topk_prob) {
+                RD_T denom = score_func == RD_SCORE_SIGMOID ? wsum + (RD_T)1e-20 : wsum;
+                for (rd_int j = 0; j < top_k; j++)
+                    w[j] /= denom;
+            }
+            for (rd_int j = 0; j < top_k; j++)
+                w[j] = (RD_T)(w[j] * scaling);
+        }
+        free(sel);
+        free(gscore);
+        free(ok);
+        free(gok);
+    }
+    return failed ? -1 : 0;
+}
+
+void
+RD_FN(gather_rows)(rd_int n, rd_int d, const RD_T *x, rd_int x_rs,
+                   const long long *src, const RD_T *scale, RD_T *out)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n * d > 65536)
+#endif
+    for (rd_int i = 0; i < n; i++) {
+        const RD_T *row = x + (rd_int)src[i] * x_rs;
+        RD_T *o = out + i * d;
+        if (scale) {
+            const RD_T s = scale[i];
+            for (rd_int c = 0; c < d; c++)
+                o[c] = s * row[c];
+        }
+        else {
+            memcpy(o, row, sizeof(RD_T) * (size_t)d);
+        }
+    }
+}
+
+void
+RD_FN(gather_reduce)(rd_int T, rd_int k, rd_int d, const RD_T *y, rd_int y_rs,
+                     const long long *slots, const RD_T *w, RD_T *out)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
+#endif
+    for (rd_int t = 0; t < T; t++) {
+        RD_T *o = out + t * d;
+        for (rd_int c = 0; c < d; c++)
+            o[c] = 0;
+        for (rd_int j = 0; j < k; j++) {
+            long long s = slots[t * k + j];
+            if (s < 0)
+                continue;
+            const RD_T *row = y + (rd_int)s * y_rs;
+            const RD_T wt = w ? w[t * k + j] : (RD_T)1;
+            for (rd_int c = 0; c < d; c++)
+                o[c] += wt * row[c];
+        }
+    }
+}
+
+static inline RD_T
+RD_FN(sigmoid)(RD_T x)
+{
+    return (RD_T)1 / ((RD_T)1 + RD_EXP(-x));
+}
+
+#define RD_SQRT1_2 0.70710678118654752440
+#define RD_SQRT2_PI 0.79788456080286535588   /* sqrt(2/pi) */
+#define RD_INV_SQRT_2PI 0.39894228040143267794
+
+void
+RD_FN(gated_act)(rd_int n, int kind, double limit, const RD_T *gate,
+                 const RD_T *up, RD_T *out)
+{
+    const RD_T lim = (RD_T)limit;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
+#endif
+    for (rd_int i = 0; i < n; i++) {
+        const RD_T g = gate[i], u = up[i];
+        RD_T a;
+        switch (kind) {
+        case RD_ACT_SILU:
+            a = g * RD_FN(sigmoid)(g) * u;
+            break;
+        case RD_ACT_GELU:
+            a = (RD_T)0.5 * g * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2)) * u;
+            break;
+        case RD_ACT_GELU_TANH: {
+            RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
+            a = (RD_T)0.5 * g * ((RD_T)1 + RD_TANH(z)) * u;
+            break;
+        }
+        case RD_ACT_RELU:
+            a = (g > 0 ? g : (g != g ? g : (RD_T)0)) * u;
+            break;
+        default: { /* RD_ACT_SWIGLU_OAI */
+            RD_T gc = g > lim ? lim : g;
+            RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
+            a = gc * RD_FN(sigmoid)((RD_T)1.702 * gc) * (uc + (RD_T)1);
+        }
+        }
+        out[i] = a;
+    }
+}
+
+void
+RD_FN(gated_act_grad)(rd_int n, int kind, double limit, const RD_T *gate,
+                      const RD_T *up, const RD_T *d_out, RD_T *d_gate, RD_T *d_up)
+{
+    const RD_T lim = (RD_T)limit;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
+#endif
+    for (rd_int i = 0; i < n; i++) {
+        const RD_T g = gate[i], u = up[i], dy = d_out[i];
+        RD_T act, dact;
+        switch (kind) {
+        case RD_ACT_SILU: {
+            RD_T s = RD_FN(sigmoid)(g);
+            act = g * s;
+            dact = s * ((RD_T)1 + g * ((RD_T)1 - s));
+            break;
+        }
+        case RD_ACT_GELU: {
+            RD_T cdf = (RD_T)0.5 * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2));
+            act = g * cdf;
+            dact = cdf + g * (RD_T)RD_INV_SQRT_2PI * RD_EXP((RD_T)-0.5 * g * g);
+            break;
+        }
+        case RD_ACT_GELU_TANH: {
+            RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
+            RD_T th = RD_TANH(z);
+            act = (RD_T)0.5 * g * ((RD_T)1 + th);
+            dact = (RD_T)0.5 * ((RD_T)1 + th)
+                   + (RD_T)0.5 * g * ((RD_T)1 - th * th) * (RD_T)RD_SQRT2_PI
+                     * ((RD_T)1 + (RD_T)3 * (RD_T)0.044715 * g * g);
+            break;
+        }
+        case RD_ACT_RELU:
+            act = g > 0 ? g : (g != g ? g : (RD_T)0);
+            dact = g > 0 ? (RD_T)1 : (g != g ? g : (RD_T)0);
+            break;
+        default: { /* RD_ACT_SWIGLU_OAI: clip passes the gradient inside the limits */
+            RD_T gc = g > lim ? lim : g;
+            RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
+            RD_T s = RD_FN(sigmoid)((RD_T)1.702 * gc);
+            RD_T glu = gc * s;
+            RD_T dglu = g > lim ? (RD_T)0 : s * ((RD_T)1 + (RD_T)1.702 * gc * ((RD_T)1 - s));
+            d_gate[i] = dy * dglu * (uc + (RD_T)1);
+            d_up[i] = (u > lim || u < -lim) ? (RD_T)0 : dy * glu;
+            continue;
+        }
+        }
+        d_gate[i] = dy * dact * u;
+        d_up[i] = dy * act;
+    }
+}

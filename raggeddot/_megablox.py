@@ -1,0 +1,145 @@
+"""megablox's grouped matmuls, gmm and tgmm, on the same C kernels as ragged_dot."""
+import numpy as np
+
+from . import _core
+from . import _validate as v
+from ._ops import _group_bounds
+
+__all__ = ["gmm", "tgmm"]
+
+
+def _check_tiling(tiling, m, k, n, fn):
+    """megablox's `tiling`: (tm, tk, tn) or a callable (m, k, n) -> (tm, tk, tn).
+
+    The CPU kernels choose their own cache blocking (see build_info()), so the
+    value is only checked: three positive integers."""
+    if tiling is None:
+        return None
+    if callable(tiling):
+        tiling = tiling(m, k, n)
+        if tiling is None:
+            raise ValueError(f"{fn}: no tuned tiling found for (m, k, n) = ({m}, {k}, {n})")
+    try:
+        parts = tuple(v.index(t, "tiling", fn) for t in tiling)
+    except TypeError:
+        raise TypeError(f"{fn}: 'tiling' must be a 3-tuple of ints or a callable, got {tiling!r}") from None
+    if len(parts) != 3 or min(parts) < 1:
+        raise ValueError(f"{fn}: 'tiling' must be three positive ints (tm, tk, tn), got {tiling!r}")
+    return parts
+
+
+def _existing(existing_out, shape, dtype, name, fn):
+    arr = v.as_array(existing_out, name, fn)
+    v.float_dtype(arr, name, fn)
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{fn}: '{name}' must have shape {tuple(shape)}, got {arr.shape}")
+    return np.array(arr, dtype=dtype, order="C")  # a fresh buffer: the input is never written
+
+
+def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
+        existing_out=None, transpose_rhs=False):
+    """Grouped matmul (megablox ``gmm``): ``lhs[s_i:s_i+size_i] @ rhs[i]`` for each group i.
+
+    Args:
+      lhs: ``[m, k]``.
+      rhs: ``[g_local, k, n]``, or ``[g_local, n, k]`` when ``transpose_rhs``
+        (read through strides, never copied).
+      group_sizes: ``[g]`` integers, ``sum <= m``; ``g == g_local`` unless
+        ``group_offset`` is given.
+      preferred_element_type: output dtype; default the promoted input type.
+      tiling: megablox's ``(tm, tk, tn)`` or a callable; checked and otherwise
+        unused (the CPU kernel's blocking is in ``build_info()``).
+      group_offset: rhs holds groups ``[group_offset, group_offset + g_local)``;
+        only rows of those groups are computed.
+      existing_out: ``[m, n]``; rows not computed keep its values (otherwise
+        they are 0). Computed rows are overwritten, as megablox does.
+      transpose_rhs: use ``rhs[i].T`` (rhs given as ``[g_local, n, k]``).
+
+    Returns:
+      ``[m, n]``: ``out[r] = lhs[r] @ rhs[i - group_offset]`` for rows r of a
+      local group i; other rows from ``existing_out`` or 0.
+    """
+    fn = "gmm"
+    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
+    lt = v.float_dtype(lhs, "lhs", fn)
+    rt = v.float_dtype(rhs, "rhs", fn)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
+    w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
+    m, k = lhs.shape
+    if w.shape[1] != k:
+        axis = 2 if transpose_rhs else 1
+        raise ValueError(
+            f"{fn}: contracting dimensions differ: 'lhs' has k={k} (shape {lhs.shape}) but 'rhs' "
+            f"has {w.shape[1]} on axis {axis} (shape {rhs.shape}, transpose_rhs={bool(transpose_rhs)})"
+        )
+    n = w.shape[2]
+    _check_tiling(tiling, m, k, n, fn)
+    gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
+    bounds = _group_bounds(gs, group_offset, w.shape[0], fn)
+    ct = v.compute_dtype(lt, rt, out_dtype)
+    if existing_out is not None:
+        out = _existing(existing_out, (m, n), ct, "existing_out", fn)
+    else:
+        out = np.zeros((m, n), dtype=ct)
+    if bounds[-1] > bounds[0] and n > 0:
+        _core.ragged_rows(v.operand(lhs, ct), v.operand(w, ct), bounds, out, False)
+    return out if out.dtype == out_dtype else out.astype(out_dtype)
+
+
+def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
+         num_actual_groups=None, existing_out=None):
+    """Transposed grouped matmul (megablox ``tgmm``), the weight gradient of gmm.
+
+    ``out[j] = lhs[:, rows] @ rhs[rows, :]`` where ``rows`` are the rows of group
+    ``group_offset + j``; an empty group gives zeros.
+
+    Args:
+      lhs: ``[k, m]`` (e.g. ``x.T``, read through strides).
+      rhs: ``[m, n]``.
+      group_sizes: ``[g]`` integers, ``sum <= m``.
+      preferred_element_type: output dtype; default the promoted input type.
+      tiling: megablox's ``(tm, tk, tn)`` or a callable; checked, otherwise unused.
+      group_offset: first group computed (default 0).
+      num_actual_groups: number of groups computed (default ``g - group_offset``).
+      existing_out: ``[num_actual_groups, k, n]``, added to the result.
+
+    Returns:
+      ``[num_actual_groups, k, n]``. Each thread owns whole output tiles, so no
+      reduction across threads is needed.
+    """
+    fn = "tgmm"
+    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
+    rhs = v.as_array(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
+    lt = v.float_dtype(lhs, "lhs", fn)
+    rt = v.float_dtype(rhs, "rhs", fn)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
+    k, m = lhs.shape
+    if rhs.shape[0] != m:
+        raise ValueError(
+            f"{fn}: ragged dimensions differ: 'lhs' [k, m] has m={m} (shape {lhs.shape}) "
+            f"but 'rhs' [m, n] has m={rhs.shape[0]} (shape {rhs.shape})"
+        )
+    n = rhs.shape[1]
+    _check_tiling(tiling, m, k, n, fn)
+    gs, _ = v.group_sizes_array(group_sizes, fn, limit=m, limit_doc="lhs.shape[1]")
+    g = gs.shape[0]
+    start = 0 if group_offset is None else v.index(group_offset, "group_offset", fn)
+    if not 0 <= start <= g:
+        raise ValueError(f"{fn}: 'group_offset'={start} must be in [0, len(group_sizes)={g}]")
+    count = g - start if num_actual_groups is None else v.index(num_actual_groups, "num_actual_groups", fn)
+    if count < 0 or start + count > g:
+        raise ValueError(
+            f"{fn}: 'num_actual_groups'={count} with group_offset={start} exceeds len(group_sizes)={g}"
+        )
+    bounds = _group_bounds(gs, start, count, fn)
+    ct = v.compute_dtype(lt, rt, out_dtype)
+    shape = (count, k, n)
+    if existing_out is not None:
+        out = _existing(existing_out, shape, ct, "existing_out", fn)
+    else:
+        out = np.empty(shape, dtype=ct)
+    if count and k and n:
+        _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, out,
+                              existing_out is not None)
+    return out if out.dtype == out_dtype else out.astype(out_dtype)

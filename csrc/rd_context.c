@@ -45,7 +45,16 @@ static const char *const rd_kernel_names[] = {
     NULL,
 };
 
-static const rd_context_t *rd_current = NULL;
+/* The configuration in force: a copy of one of the tables above, so that
+ * set_blocking can tune it and set_kernel restores the table's values. */
+static rd_context_t rd_active;
+static int rd_active_ready = 0;
+
+static rd_int
+rd_round_up_int(rd_int x, rd_int unit)
+{
+    return (x + unit - 1) / unit * unit;
+}
 
 int
 rd_cpu_has_avx2(void)
@@ -81,40 +90,69 @@ rd_best_context(void)
     return &rd_ctx_ref;
 }
 
+static void
+rd_activate(const rd_context_t *table)
+{
+    rd_active = *table;
+    rd_active_ready = 1;
+}
+
 const rd_context_t *
 rd_context(void)
 {
-    if (rd_current == NULL)
-        rd_current = rd_best_context();
-    return rd_current;
+    if (!rd_active_ready)
+        rd_activate(rd_best_context());
+    return &rd_active;
 }
 
 int
 rd_set_kernel(const char *name)
 {
     if (strcmp(name, "auto") == 0) {
-        rd_current = rd_best_context();
+        rd_activate(rd_best_context());
         return 0;
     }
     if (strcmp(name, "ref") == 0) {
-        rd_current = &rd_ctx_ref;
+        rd_activate(&rd_ctx_ref);
         return 0;
     }
 #ifdef RD_HAVE_X86_KERNELS
     if (strcmp(name, "avx2") == 0) {
         if (!rd_cpu_has_avx2())
             return -2;
-        rd_current = &rd_ctx_avx2;
+        rd_activate(&rd_ctx_avx2);
         return 0;
     }
     if (strcmp(name, "avx512") == 0) {
         if (!rd_cpu_has_avx512())
             return -2;
-        rd_current = &rd_ctx_avx512;
+        rd_activate(&rd_ctx_avx512);
         return 0;
     }
 #endif
     return -1;
+}
+
+int
+rd_set_blocking(int dtype_bytes, rd_int mc, rd_int kc, rd_int nc)
+{
+    rd_context_t *ctx = &rd_active;
+    rd_context();
+    if (mc < 1 || kc < 1 || nc < 1)
+        return -1;
+    if (dtype_bytes == 4) {
+        ctx->s.mc = rd_round_up_int(mc, ctx->s.mr);
+        ctx->s.kc = kc;
+        ctx->s.nc = rd_round_up_int(nc, ctx->s.nr);
+    }
+    else if (dtype_bytes == 8) {
+        ctx->d.mc = rd_round_up_int(mc, ctx->d.mr);
+        ctx->d.kc = kc;
+        ctx->d.nc = rd_round_up_int(nc, ctx->d.nr);
+    }
+    else
+        return -1;
+    return 0;
 }
 
 const char *const *

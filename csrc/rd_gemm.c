@@ -32,21 +32,27 @@ rd_round_up(rd_int x, rd_int unit)
     return (x + unit - 1) / unit * unit;
 }
 
-static void *
-rd_aligned_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (bytes == 0)
-        bytes = RD_ALIGN;
-    if (posix_memalign(&p, RD_ALIGN, bytes) != 0)
-        return NULL;
-    return p;
-}
+/*
+ * Packing buffers, one pair per thread, kept from call to call: allocating
+ * megabytes afresh on every call costs page faults (the kernel zeroing new
+ * pages) comparable to the packing itself.  They grow to the largest size
+ * asked for and stay: O(threads x cache blocks) of memory.
+ */
+static __thread void *rd_scratch_buf[2] = {NULL, NULL};
+static __thread size_t rd_scratch_cap[2] = {0, 0};
 
-static void
-rd_aligned_free(void *p)
+static void *
+rd_scratch(int which, size_t bytes)
 {
-    free(p);
+    if (bytes > rd_scratch_cap[which]) {
+        void *p = NULL;
+        if (posix_memalign(&p, RD_ALIGN, bytes) != 0)
+            return NULL;
+        free(rd_scratch_buf[which]);
+        rd_scratch_buf[which] = p;
+        rd_scratch_cap[which] = bytes;
+    }
+    return rd_scratch_buf[which];
 }
 
 /* Split [0, extent) into the fewest pieces of at most `most` (a multiple of
@@ -213,6 +219,10 @@ rd_free_tiling(rd_tiling_t *tl)
     free(tl->tiles);
     free(tl->order);
 }
+
+/* Keep gcc from turning the short fixed-width copies of the packing loops
+ * into calls to memmove. */
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
 
 #define RD_T float
 #define RD_FN(x) rd_s_##x

@@ -7,7 +7,8 @@
  */
 
 /* Copy one row of a packed panel; `w` is a compile-time constant at every
- * call below, so each case compiles to a few vector moves. */
+ * call below, so each case compiles to a few vector moves (not a call to
+ * memmove, which gcc would otherwise substitute for the loop). */
 static inline __attribute__((always_inline)) void
 RD_FN(copy_w)(RD_T *restrict dst, const RD_T *restrict src, int w)
 {
@@ -73,23 +74,12 @@ RD_FN(pack_b)(rd_int kc, rd_int nc, const RD_T *b, rd_int rs, rd_int cs,
         const RD_T *src = b + j0 * cs;
         rd_int cols = nc - j0 < nr ? nc - j0 : nr;
         if (cols == nr && cs == 1) {
-            switch (nr) {
-            case 8:
-                for (rd_int p = 0; p < kc; p++)
-                    RD_FN(copy_w)(dst + p * 8, src + p * rs, 8);
-                break;
-            case 16:
-                for (rd_int p = 0; p < kc; p++)
-                    RD_FN(copy_w)(dst + p * 16, src + p * rs, 16);
-                break;
-            case 32:
-                for (rd_int p = 0; p < kc; p++)
-                    RD_FN(copy_w)(dst + p * 32, src + p * rs, 32);
-                break;
-            default:
-                for (rd_int p = 0; p < kc; p++)
-                    RD_FN(copy_w)(dst + p * nr, src + p * rs, nr);
-            }
+            /* row-major B: one short contiguous piece of each row (written
+             * to the panel sequentially; a row-streaming order would scatter
+             * the stores over panels a power of two apart, all in one cache
+             * set).  libc's memcpy picks the widest vector moves the CPU has. */
+            for (rd_int p = 0; p < kc; p++)
+                memcpy(dst + p * nr, src + p * rs, sizeof(RD_T) * (size_t)nr);
         }
         else if (cols == nr && rs == 1) {
             /* transposed B: each column is contiguous along p */
@@ -179,8 +169,8 @@ RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
 #pragma omp parallel num_threads(tl->nthreads) if (tl->nthreads > 1)
 #endif
     {
-        RD_T *apack = (RD_T *)rd_aligned_alloc(a_bytes);
-        RD_T *bpack = (RD_T *)rd_aligned_alloc(b_bytes);
+        RD_T *apack = (RD_T *)rd_scratch(0, a_bytes);
+        RD_T *bpack = (RD_T *)rd_scratch(1, b_bytes);
         int ok = apack != NULL && bpack != NULL;
         if (!ok) {
 #ifdef _OPENMP
@@ -216,8 +206,6 @@ RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
                                   out_rs, out_cs, accumulate, apack, bpack);
             }
         }
-        rd_aligned_free(apack);
-        rd_aligned_free(bpack);
     }
     return failed ? -1 : 0;
 }

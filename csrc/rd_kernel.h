@@ -91,6 +91,9 @@ const rd_context_t *rd_context(void);
 /* Select a kernel by name ("ref", "avx2", "avx512", "auto").  Returns 0 on
  * success, -1 for an unknown name, -2 when the CPU cannot run it. */
 int rd_set_kernel(const char *name);
+/* Change the cache blocking of the kernel in force (dtype_bytes 4 or 8);
+ * MC and NC are rounded up to multiples of MR and NR.  For tuning. */
+int rd_set_blocking(int dtype_bytes, rd_int mc, rd_int kc, rd_int nc);
 /* Names of the kernels compiled into this build, NULL-terminated. */
 const char *const *rd_compiled_kernels(void);
 int rd_cpu_has_avx2(void);

@@ -650,6 +650,22 @@ rd_py_set_kernel(PyObject *self, PyObject *arg)
 }
 
 static PyObject *
+rd_py_set_blocking(PyObject *self, PyObject *args)
+{
+    const char *dtype;
+    Py_ssize_t mc, kc, nc;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "snnn", &dtype, &mc, &kc, &nc))
+        return NULL;
+    int bytes = strcmp(dtype, "float32") == 0 ? 4 : strcmp(dtype, "float64") == 0 ? 8 : 0;
+    if (bytes == 0 || rd_set_blocking(bytes, mc, kc, nc) != 0) {
+        PyErr_SetString(PyExc_ValueError, "set_blocking(dtype in {'float32', 'float64'}, mc, kc, nc >= 1)");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 rd_py_get_kernel(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -748,6 +764,9 @@ static PyMethodDef rd_methods[] = {
     {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"set_kernel", rd_py_set_kernel, METH_O,
      "set_kernel(name) -> previous name; name in build_info()['simd'] or 'auto'"},
+    {"set_blocking", rd_py_set_blocking, METH_VARARGS,
+     "set_blocking(dtype, mc, kc, nc): cache blocking of the kernel in force (for tuning);"
+     " set_kernel(name) restores the defaults of that kernel"},
     {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
     {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
     {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},

@@ -30,6 +30,13 @@ rd_sgemm_avx512_12x32(rd_int kc, const float *a, const float *b, float *c,
 #define DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
     ROWS12(DECL)
 #undef DECL
+    /* Bring the C tile in while the contraction runs (two lines per row). */
+    if (cs_c == 1) {
+        for (int i = 0; i < m; i++) {
+            _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * rs_c + 31), _MM_HINT_T0);
+        }
+    }
     for (rd_int p = 0; p < kc; p++) {
         const __m512 b0 = _mm512_load_ps(b);
         const __m512 b1 = _mm512_load_ps(b + 16);
@@ -88,6 +95,12 @@ rd_dgemm_avx512_12x16(rd_int kc, const double *a, const double *b, double *c,
 #define DECL(i) __m512d c##i##0 = _mm512_setzero_pd(), c##i##1 = _mm512_setzero_pd();
     ROWS12(DECL)
 #undef DECL
+    if (cs_c == 1) {
+        for (int i = 0; i < m; i++) {
+            _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * rs_c + 15), _MM_HINT_T0);
+        }
+    }
     for (rd_int p = 0; p < kc; p++) {
         const __m512d b0 = _mm512_load_pd(b);
         const __m512d b1 = _mm512_load_pd(b + 8);

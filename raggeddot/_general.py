@@ -1,0 +1,437 @@
+"""ragged_dot_general: jax.lax.ragged_dot_general's three modes on the C kernels.
+
+Every mode is mapped onto ``_core.ragged_rows`` or ``_core.ragged_contract`` by
+permuting and reshaping views of the operands (the kernels read any strides):
+no dense group masks and no per-group copies. A reshape copies only when the
+operand's memory layout cannot be viewed with the merged dimensions.
+"""
+import dataclasses
+import math
+import operator
+
+import numpy as np
+
+from . import _core
+from . import _validate as v
+
+__all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
+
+_FN = "ragged_dot_general"
+
+
+def _int_tuple(dims, name):
+    """`dims` (any sequence of integers) as a tuple of Python ints."""
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+        raise TypeError(f"RaggedDotDimensionNumbers: '{name}' must be a sequence of ints, got {dims!r}")
+    try:
+        return tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise TypeError(f"RaggedDotDimensionNumbers: '{name}' must be a sequence of ints, got {dims!r}") from None
+
+
+def _pair(value, name):
+    try:
+        first, second = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"RaggedDotDimensionNumbers: '{name}' must be a pair (lhs dims, rhs dims), got {value!r}"
+        ) from None
+    return first, second
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDotDimensionNumbers:
+    """Dimension numbers of ragged_dot_general, as ``jax.lax.RaggedDotDimensionNumbers``.
+
+    Attributes:
+      dot_dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))``.
+      lhs_ragged_dimensions: the lhs ragged dimension, ``(r,)`` (exactly one).
+      rhs_group_dimensions: ``(d,)`` in the ragged non-contracting mode, ``()`` otherwise.
+
+    Any sequences of integers are accepted and stored as tuples of ints.
+    """
+    dot_dimension_numbers: tuple
+    lhs_ragged_dimensions: tuple
+    rhs_group_dimensions: tuple
+
+    def __post_init__(self):
+        contract, batch = _pair(self.dot_dimension_numbers, "dot_dimension_numbers")
+        lc, rc = _pair(contract, "dot_dimension_numbers[0]")
+        lb, rb = _pair(batch, "dot_dimension_numbers[1]")
+        dnums = ((_int_tuple(lc, "lhs contracting dimensions"), _int_tuple(rc, "rhs contracting dimensions")),
+                 (_int_tuple(lb, "lhs batch dimensions"), _int_tuple(rb, "rhs batch dimensions")))
+        object.__setattr__(self, "dot_dimension_numbers", dnums)
+        object.__setattr__(self, "lhs_ragged_dimensions",
+                           _int_tuple(self.lhs_ragged_dimensions, "lhs_ragged_dimensions"))
+        object.__setattr__(self, "rhs_group_dimensions",
+                           _int_tuple(self.rhs_group_dimensions, "rhs_group_dimensions"))
+
+
+def _dimension_numbers(dnums):
+    """Our RaggedDotDimensionNumbers from ours or any object with the same
+    three attributes (jax's among them)."""
+    if isinstance(dnums, RaggedDotDimensionNumbers):
+        return dnums
+    names = ("dot_dimension_numbers", "lhs_ragged_dimensions", "rhs_group_dimensions")
+    if not all(hasattr(dnums, a) for a in names):
+        raise TypeError(
+            f"{_FN}: 'ragged_dot_dimension_numbers' must be a RaggedDotDimensionNumbers (or an object "
+            f"with attributes {', '.join(names)}), got {type(dnums).__name__}"
+        )
+    return RaggedDotDimensionNumbers(*(getattr(dnums, a) for a in names))
+
+
+def _size(shape):
+    return math.prod(shape)
+
+
+def _view(arr, shape):
+    """`arr` reshaped to `shape` without copying, or None when that needs a copy."""
+    try:
+        return np.reshape(arr, shape, copy=False)
+    except ValueError:
+        return None
+    except TypeError:  # numpy < 2.1 has no copy argument
+        out = arr.view()
+        try:
+            out.shape = shape
+        except AttributeError:
+            return None
+        return out
+
+
+def _check_dims(dims, rank, what, arg):
+    for d in dims:
+        if not 0 <= d < rank:
+            raise ValueError(
+                f"{_FN}: {what} {d} is out of range for '{arg}' of rank {rank} "
+                "(dimension numbers must be in [0, rank))"
+            )
+
+
+def _check_distinct(dims, arg, what):
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"{_FN}: the {what} of '{arg}' repeat a dimension: {list(dims)}")
+
+
+def _group_sizes(group_sizes, prefix_shape, prefix_doc, ragged_size, r):
+    """group_sizes checked and as int64 of shape [g] or prefix_shape + (g,)."""
+    gs = v.as_array(group_sizes, "group_sizes", _FN)
+    if gs.dtype.kind not in "iu":
+        raise TypeError(f"{_FN}: 'group_sizes' must have an integer dtype, got {gs.dtype}")
+    if gs.ndim == 0:
+        raise ValueError(f"{_FN}: 'group_sizes' must be at least 1-D [g], got a scalar")
+    if gs.ndim > 1 and gs.shape != prefix_shape + gs.shape[-1:]:
+        raise ValueError(
+            f"{_FN}: 'group_sizes' must have shape [g] or {prefix_shape + gs.shape[-1:]} "
+            f"(lhs.shape at {prefix_doc} + (g,)), got {gs.shape}"
+        )
+    if gs.size == 0:
+        return gs.astype(np.int64)
+    if gs.dtype.kind == "i" and gs.min() < 0:
+        i = tuple(int(j) for j in np.argwhere(gs < 0)[0])
+        raise ValueError(f"{_FN}: 'group_sizes' has a negative entry: group_sizes[{', '.join(map(str, i))}]={gs[i]}")
+    if int(gs.max()) > 2**40:  # sums could overflow int64: add exactly
+        totals = gs.astype(object).sum(axis=-1)
+    else:
+        totals = gs.sum(axis=-1, dtype=np.int64)
+    over = np.asarray(totals > ragged_size)
+    if over.any():
+        where = tuple(int(j) for j in np.argwhere(over)[0]) if over.ndim else ()
+        at = f" at group_sizes[{', '.join(map(str, where))}, :]" if where else ""
+        raise ValueError(
+            f"{_FN}: sum(group_sizes)={int(np.asarray(totals)[where])} exceeds lhs.shape[{r}]={ragged_size} "
+            f"(the lhs ragged dimension){at}"
+        )
+    return gs.astype(np.int64)
+
+
+def _offsets(gs):
+    """[..., g + 1] group start offsets along the last axis: 0, cumsum(gs)."""
+    out = np.zeros(gs.shape[:-1] + (gs.shape[-1] + 1,), dtype=np.int64)
+    np.cumsum(gs, axis=-1, out=out[..., 1:])
+    return out
+
+
+def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
+                       preferred_element_type=None, group_offset=None):
+    """Ragged dot with general dimension numbers, as ``jax.lax.ragged_dot_general``.
+
+    ``lhs`` has exactly one ragged dimension ``r`` (``lhs_ragged_dimensions``);
+    ``group_sizes[..., i]`` consecutive positions along it form group ``i`` and
+    positions past ``sum(group_sizes)`` belong to no group. Writing ``b`` for the
+    batch dims, ``m`` for lhs's other dims, ``k`` for the contracting dims and
+    ``n`` for rhs's other dims, the kind of dimension ``r`` picks the mode:
+
+    1. ragged non-contracting (``r`` among ``m``; the MoE forward)::
+
+           [b..., m..., k...] x [g, b..., k..., n...] -> [b..., m..., n...]
+
+       rhs has exactly one group dimension (not batch, not contracting) of
+       size g; a position of ``r`` in group i is multiplied by rhs's group i.
+       Positions in no group give exact zeros.
+    2. ragged contracting (``r`` among ``k``; the weight gradient, "tgmm")::
+
+           [b..., m..., k...] x [b..., k..., n...] -> [g, b..., m..., n...]
+
+       rhs has no group dimension; ``out[i]`` contracts only the positions of
+       group i (all of the other contracting dims). Empty groups give zeros.
+    3. ragged batch (``r`` among ``b``)::
+
+           [b..., m..., k...] x [b..., k..., n...] -> [b..., m..., n...]
+
+       a plain batched dot; group_sizes is validated but does not change the
+       result.
+
+    The output dims are ordered as jax orders them: (g,) in mode 2, then the
+    batch dims (in the order listed), lhs's free dims, rhs's free dims (both in
+    increasing dimension order).
+
+    Args:
+      lhs, rhs: float arrays (float16, bfloat16, float32 or float64).
+      group_sizes: integers, non-negative, shape ``[g]`` (the same groups
+        everywhere) or ``lhs.shape[prefix] + (g,)``, where the prefix dims are
+        the batch dims (listed order) followed by the lhs dims of r's kind outer
+        to r: free dims before r (mode 1, increasing order), contracting dims
+        listed before r (mode 2), or the batch dims listed before r (mode 3,
+        then without the batch dims themselves). Each row must sum to at most
+        ``lhs.shape[r]``.
+      ragged_dot_dimension_numbers: a ``RaggedDotDimensionNumbers`` (this
+        module's or jax's).
+      precision: accepted for compatibility with jax; the CPU always
+        accumulates in at least float32.
+      preferred_element_type: dtype of the result; default is the promoted
+        type of lhs and rhs.
+      group_offset: mode 1 only, megablox's meaning as in ``ragged_dot``: rhs's
+        group dimension holds groups ``[group_offset, group_offset + size)`` of
+        the g groups; positions of other groups are 0. NotImplementedError in
+        modes 2 and 3 (jax raises it in every mode).
+
+    Returns:
+      The result, accumulated in float32 (float64 when an input or the output
+      is float64) and cast once at the end.
+    """
+    dn = _dimension_numbers(ragged_dot_dimension_numbers)
+    lhs = v.as_array(lhs, "lhs", _FN)
+    rhs = v.as_array(rhs, "rhs", _FN)
+    lt = v.float_dtype(lhs, "lhs", _FN)
+    rt = v.float_dtype(rhs, "rhs", _FN)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
+    v.check_precision(precision, _FN)
+
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
+    if len(lc) != len(rc):
+        raise ValueError(
+            f"{_FN}: 'lhs' and 'rhs' list different numbers of contracting dimensions: {list(lc)} vs {list(rc)}"
+        )
+    if len(lb) != len(rb):
+        raise ValueError(f"{_FN}: 'lhs' and 'rhs' list different numbers of batch dimensions: {list(lb)} vs {list(rb)}")
+    _check_dims(lc + lb, lhs.ndim, "contracting/batch dimension", "lhs")
+    _check_dims(rc + rb, rhs.ndim, "contracting/batch dimension", "rhs")
+    _check_distinct(lc + lb, "lhs", "contracting and batch dimensions")
+    _check_distinct(rc + rb, "rhs", "contracting and batch dimensions")
+    for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
+        for a, b in zip(ld, rd):
+            if lhs.shape[a] != rhs.shape[b]:
+                raise ValueError(
+                    f"{_FN}: {what} dimensions differ: lhs.shape[{a}]={lhs.shape[a]} (lhs shape {lhs.shape}) "
+                    f"but rhs.shape[{b}]={rhs.shape[b]} (rhs shape {rhs.shape})"
+                )
+
+    if len(dn.lhs_ragged_dimensions) != 1:
+        raise ValueError(
+            f"{_FN}: 'lhs_ragged_dimensions' must hold exactly one dimension, got {list(dn.lhs_ragged_dimensions)}"
+        )
+    r = dn.lhs_ragged_dimensions[0]
+    _check_dims((r,), lhs.ndim, "ragged dimension", "lhs")
+    lf = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
+    groups = dn.rhs_group_dimensions
+    if r in lf:
+        if len(groups) != 1:
+            raise ValueError(
+                f"{_FN}: 'rhs_group_dimensions' must hold exactly one dimension when the lhs ragged "
+                f"dimension {r} is non-contracting, got {list(groups)}"
+            )
+        _check_dims(groups, rhs.ndim, "group dimension", "rhs")
+        if groups[0] in rc or groups[0] in rb:
+            raise ValueError(
+                f"{_FN}: the rhs group dimension {groups[0]} must not be a contracting or batch dimension "
+                f"of 'rhs' (contracting {list(rc)}, batch {list(rb)})"
+            )
+    elif groups:
+        kind = "contracting" if r in lc else "batch"
+        raise ValueError(
+            f"{_FN}: 'rhs_group_dimensions' must be empty when the lhs ragged dimension {r} is {kind}, "
+            f"got {list(groups)}"
+        )
+    rf = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb and d not in groups)
+
+    ct = v.compute_dtype(lt, rt, out_dtype)
+    lhs = v.operand(lhs, ct)
+    rhs = v.operand(rhs, ct)
+    if r in lf:
+        out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
+    elif r in lc:
+        out = _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
+    else:
+        out = _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
+    return out if out.dtype == out_dtype else out.astype(out_dtype)
+
+
+def _shape(arr, dims):
+    return tuple(arr.shape[d] for d in dims)
+
+
+def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset):
+    """Mode 1: one ragged_rows call per batch x outer-free index.
+
+    lhs -> [B..., X..., R*I, K] (X, I: the free dims before / after r), rhs ->
+    [g, B..., K, N], out -> [B..., X..., R*I, N]; group bounds scale by I.
+    """
+    p = lf.index(r)
+    prefix_dims = lb + lf[:p]
+    prefix_shape = _shape(lhs, prefix_dims)
+    ragged_size = lhs.shape[r]
+    inner = _size(_shape(lhs, lf[p + 1:]))
+    gs = _group_sizes(group_sizes, prefix_shape, f"batch + free dims before {r}: {list(prefix_dims)}",
+                      ragged_size, r)
+    g = gs.shape[-1]
+    local = rhs.shape[rg]
+    if group_offset is None:
+        if local != g:
+            raise ValueError(
+                f"{_FN}: the rhs group dimension {rg} has size rhs.shape[{rg}]={local} but 'group_sizes' "
+                f"holds g={g} groups"
+            )
+        start = 0
+    else:
+        start = v.index(group_offset, "group_offset", _FN)
+        if start < 0 or start + local > g:
+            raise ValueError(
+                f"{_FN}: 'group_offset'={start} with rhs.shape[{rg}]={local} local groups must satisfy "
+                f"0 <= group_offset and group_offset + rhs.shape[{rg}] <= g={g}"
+            )
+
+    b_shape = _shape(lhs, lb)
+    k_size = _size(_shape(lhs, lc))
+    n_shape = _shape(rhs, rf)
+    n_size = _size(n_shape)
+    rows = ragged_size * inner
+    out = np.empty(prefix_shape + _shape(lhs, lf[p:]) + n_shape, dtype=lhs.dtype)
+    if out.size == 0:
+        return out
+    out3 = out.reshape(prefix_shape + (rows, n_size))
+    lhs3 = lhs.transpose(prefix_dims + lf[p:] + lc).reshape(prefix_shape + (rows, k_size))
+    rhs3 = rhs.transpose((rg,) + rb + rc + rf).reshape((local,) + b_shape + (k_size, n_size))
+    bounds = np.broadcast_to(_offsets(gs)[..., start:start + local + 1] * inner, prefix_shape + (local + 1,))
+    for idx in np.ndindex(*prefix_shape):
+        o = out3[idx]
+        bd = np.ascontiguousarray(bounds[idx])
+        first, last = int(bd[0]), int(bd[-1])
+        o[:first] = 0
+        o[last:] = 0
+        if last > first:
+            _core.ragged_rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o, False)
+    return out
+
+
+def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
+    """Mode 2: one ragged_contract call per batch x varying-outer-contracting index.
+
+    The contracting dims along which group_sizes varies (V, listed before r)
+    are looped over with accumulate=True; all others are flattened behind r,
+    so group i is the contiguous range [start_i * W, end_i * W) with W the
+    product of their sizes. lhs -> [B..., V..., M, R*W], rhs -> [B..., V...,
+    R*W, N], out[:, b] -> [g, M, N].
+    """
+    if group_offset is not None:
+        raise NotImplementedError(
+            f"{_FN}: 'group_offset' is implemented only for a ragged non-contracting dimension "
+            "(jax implements it in no mode)"
+        )
+    p = lc.index(r)
+    prefix_dims = lb + lc[:p]
+    prefix_shape = _shape(lhs, prefix_dims)
+    ragged_size = lhs.shape[r]
+    gs = _group_sizes(group_sizes, prefix_shape,
+                      f"batch + contracting dims listed before {r}: {list(prefix_dims)}", ragged_size, r)
+    g = gs.shape[-1]
+    nb = len(lb)
+    b_shape = _shape(lhs, lb)
+    m_shape = _shape(lhs, lf)
+    n_shape = _shape(rhs, rf)
+    out = np.empty((g,) + b_shape + m_shape + n_shape, dtype=lhs.dtype)
+    if out.size == 0:
+        return out
+    if _size(_shape(lhs, lc)) == 0:
+        out[...] = 0
+        return out
+
+    # Outer contracting positions (of lc) along which group_sizes really varies.
+    varying = []
+    if gs.ndim > 1:
+        for j in range(p):
+            axis = nb + j
+            if gs.shape[axis] > 1 and not (gs == gs.take([0], axis=axis)).all():
+                varying.append(j)
+    rest = [j for j in range(len(lc)) if j != p and j not in varying]
+    l_v = tuple(lc[j] for j in varying)
+    r_v = tuple(rc[j] for j in varying)
+    l_w = (r,) + tuple(lc[j] for j in rest)
+    r_w = (rc[p],) + tuple(rc[j] for j in rest)
+    v_shape = _shape(lhs, l_v)
+    w_size = _size(_shape(lhs, l_w[1:]))
+    rows = ragged_size * w_size
+    m_size, n_size = _size(m_shape), _size(n_shape)
+
+    lhs4 = lhs.transpose(lb + l_v + lf + l_w).reshape(b_shape + v_shape + (m_size, rows))
+    rhs4 = rhs.transpose(rb + r_v + r_w + rf).reshape(b_shape + v_shape + (rows, n_size))
+    out4 = out.reshape((g,) + b_shape + (m_size, n_size))
+    offsets = _offsets(gs)
+    if gs.ndim > 1:  # keep the batch and varying axes, take index 0 of the constant ones
+        keep = set(range(nb)) | {nb + j for j in varying}
+        offsets = offsets[tuple(slice(None) if a in keep else 0 for a in range(gs.ndim - 1))]
+    bounds = np.broadcast_to(offsets * w_size, b_shape + v_shape + (g + 1,))
+    for bi in np.ndindex(*b_shape):
+        o = out4[(slice(None),) + bi]
+        for j, vi in enumerate(np.ndindex(*v_shape)):
+            idx = bi + vi
+            _core.ragged_contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, j > 0)
+    return out
+
+
+def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
+    """Mode 3: a batched dot. One ragged_rows call whose groups are the batch
+    elements (lhs -> [B*M, K], rhs -> [B, K, N], bounds [0, M, 2M, ...]) when
+    lhs can be viewed that way, else one single-group call per batch element.
+    """
+    if group_offset is not None:
+        raise NotImplementedError(
+            f"{_FN}: 'group_offset' is implemented only for a ragged non-contracting dimension "
+            "(jax implements it in no mode)"
+        )
+    q = lb.index(r)
+    prefix_dims = lb[:q]
+    _group_sizes(group_sizes, _shape(lhs, prefix_dims), f"batch dims listed before {r}: {list(prefix_dims)}",
+                 lhs.shape[r], r)
+    b_shape = _shape(lhs, lb)
+    m_shape = _shape(lhs, lf)
+    n_shape = _shape(rhs, rf)
+    b_size, m_size = _size(b_shape), _size(m_shape)
+    k_size, n_size = _size(_shape(lhs, lc)), _size(n_shape)
+    out = np.empty(b_shape + m_shape + n_shape, dtype=lhs.dtype)
+    if out.size == 0:
+        return out
+    lhs_t = lhs.transpose(lb + lf + lc)
+    rhs3 = rhs.transpose(rb + rc + rf).reshape((b_size, k_size, n_size))
+    lhs2 = _view(lhs_t, (b_size * m_size, k_size))
+    if lhs2 is not None:
+        bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
+        _core.ragged_rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), False)
+        return out
+    lhs3 = lhs_t.reshape(b_shape + (m_size, k_size))
+    out3 = out.reshape(b_shape + (m_size, n_size))
+    bounds = np.array([0, m_size], dtype=np.int64)
+    for i, bi in enumerate(np.ndindex(*b_shape)):
+        _core.ragged_rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi], False)
+    return out

@@ -28,12 +28,29 @@ def _check_tiling(tiling, m, k, n, fn):
     return parts
 
 
-def _existing(existing_out, shape, dtype, name, fn):
-    arr = v.as_array(existing_out, name, fn)
-    v.float_dtype(arr, name, fn)
+def _existing_array(existing_out, shape, fn):
+    if existing_out is None:
+        return None
+    arr = v.as_array(existing_out, "existing_out", fn)
+    v.float_dtype(arr, "existing_out", fn)
     if arr.shape != tuple(shape):
-        raise ValueError(f"{fn}: '{name}' must have shape {tuple(shape)}, got {arr.shape}")
-    return np.array(arr, dtype=dtype, order="C")  # a fresh buffer: the input is never written
+        raise ValueError(f"{fn}: 'existing_out' must have shape {tuple(shape)}, got {arr.shape}")
+    return arr
+
+
+def _out_dtype(preferred_element_type, lt, rt, existing, fn):
+    """megablox's output dtype: preferred_element_type (existing_out must then
+    have it), else existing_out's dtype, else float32 (float64 when an input is
+    float64: the CPU has no reason to round a float64 problem)."""
+    if preferred_element_type is not None:
+        dt = v.output_dtype(preferred_element_type, None, fn)
+        if existing is not None and existing.dtype != dt:
+            raise ValueError(f"{fn}: 'existing_out' has dtype {existing.dtype} but "
+                             f"preferred_element_type is {dt}; they must match")
+        return dt
+    if existing is not None:
+        return existing.dtype
+    return v.compute_dtype(v.promote(lt, rt, fn))
 
 
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -46,11 +63,13 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
         (read through strides, never copied).
       group_sizes: ``[g]`` integers, ``sum <= m``; ``g == g_local`` unless
         ``group_offset`` is given.
-      preferred_element_type: output dtype; default the promoted input type.
+      preferred_element_type: output dtype; default existing_out's dtype, else
+        float32 (float64 when an input is float64), as megablox.
       tiling: megablox's ``(tm, tk, tn)`` or a callable; checked and otherwise
         unused (the CPU kernel's blocking is in ``build_info()``).
-      group_offset: rhs holds groups ``[group_offset, group_offset + g_local)``;
-        only rows of those groups are computed.
+      group_offset: rhs holds groups ``[group_offset, group_offset + g_local)``
+        (None means 0; g_local may be less than g); only rows of those groups
+        are computed.
       existing_out: ``[m, n]``; rows not computed keep its values (otherwise
         they are 0). Computed rows are overwritten, as megablox does.
       transpose_rhs: use ``rhs[i].T`` (rhs given as ``[g_local, n, k]``).
@@ -64,7 +83,6 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
     lt = v.float_dtype(lhs, "lhs", fn)
     rt = v.float_dtype(rhs, "rhs", fn)
-    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
     if w.shape[1] != k:
@@ -75,11 +93,14 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
         )
     n = w.shape[2]
     _check_tiling(tiling, m, k, n, fn)
+    existing = _existing_array(existing_out, (m, n), fn)
+    out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
-    bounds = _group_bounds(gs, group_offset, w.shape[0], fn)
+    # megablox: group_offset None means 0, and rhs may hold fewer groups than group_sizes
+    bounds = _group_bounds(gs, 0 if group_offset is None else group_offset, w.shape[0], fn)
     ct = v.compute_dtype(lt, rt, out_dtype)
-    if existing_out is not None:
-        out = _existing(existing_out, (m, n), ct, "existing_out", fn)
+    if existing is not None:
+        out = np.array(existing, dtype=ct, order="C")  # a fresh buffer: inputs are never written
     else:
         out = np.zeros((m, n), dtype=ct)
     if bounds[-1] > bounds[0] and n > 0:
@@ -98,10 +119,12 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       lhs: ``[k, m]`` (e.g. ``x.T``, read through strides).
       rhs: ``[m, n]``.
       group_sizes: ``[g]`` integers, ``sum <= m``.
-      preferred_element_type: output dtype; default the promoted input type.
+      preferred_element_type: output dtype; default existing_out's dtype, else
+        float32 (float64 when an input is float64), as megablox.
       tiling: megablox's ``(tm, tk, tn)`` or a callable; checked, otherwise unused.
       group_offset: first group computed (default 0).
-      num_actual_groups: number of groups computed (default ``g - group_offset``).
+      num_actual_groups: number of groups computed (default ``len(group_sizes)``,
+        so it must be given with a group_offset).
       existing_out: ``[num_actual_groups, k, n]``, added to the result.
 
     Returns:
@@ -113,7 +136,6 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     rhs = v.as_array(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
     lt = v.float_dtype(lhs, "lhs", fn)
     rt = v.float_dtype(rhs, "rhs", fn)
-    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     k, m = lhs.shape
     if rhs.shape[0] != m:
         raise ValueError(
@@ -127,16 +149,22 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     start = 0 if group_offset is None else v.index(group_offset, "group_offset", fn)
     if not 0 <= start <= g:
         raise ValueError(f"{fn}: 'group_offset'={start} must be in [0, len(group_sizes)={g}]")
-    count = g - start if num_actual_groups is None else v.index(num_actual_groups, "num_actual_groups", fn)
+    # megablox: num_actual_groups defaults to len(group_sizes), so with a
+    # group_offset it must be given
+    count = g if num_actual_groups is None else v.index(num_actual_groups, "num_actual_groups", fn)
     if count < 0 or start + count > g:
         raise ValueError(
             f"{fn}: 'num_actual_groups'={count} with group_offset={start} exceeds len(group_sizes)={g}"
+            + (" (num_actual_groups defaults to len(group_sizes); pass it with group_offset)"
+               if num_actual_groups is None else "")
         )
     bounds = _group_bounds(gs, start, count, fn)
-    ct = v.compute_dtype(lt, rt, out_dtype)
     shape = (count, k, n)
-    if existing_out is not None:
-        out = _existing(existing_out, shape, ct, "existing_out", fn)
+    existing = _existing_array(existing_out, shape, fn)
+    out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
+    ct = v.compute_dtype(lt, rt, out_dtype)
+    if existing is not None:
+        out = np.array(existing, dtype=ct, order="C")  # a fresh buffer: inputs are never written
     else:
         out = np.empty(shape, dtype=ct)
     if count and k and n:

@@ -6,16 +6,31 @@ panels, SIMD micro-kernels and OpenMP threads. ``raggeddot.reference`` states
 the same math in plain NumPy.
 """
 from . import _core
+from ._autodiff import grad, jvp, vjp
+from ._general import RaggedDotDimensionNumbers, ragged_dot_general
+from ._megablox import gmm, tgmm
+from ._moe import moe_block, moe_block_vjp, ragged_gather, ragged_gather_reduce
 from ._ops import make_group_metadata, ragged_dot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ragged_dot",
+    "ragged_dot_general",
+    "RaggedDotDimensionNumbers",
     "make_group_metadata",
+    "gmm",
+    "tgmm",
+    "moe_block",
+    "moe_block_vjp",
+    "ragged_gather",
+    "ragged_gather_reduce",
     "set_num_threads",
     "get_num_threads",
     "build_info",
+    "vjp",
+    "jvp",
+    "grad",
 ]
 
 

@@ -1,0 +1,268 @@
+"""Numerical gradient checks for raggeddot's derivatives and for your own.
+
+:func:`check_grads` compares a function's vjp and jvp against central finite
+differences, in the spirit of ``jax.test_util.check_grads``.
+"""
+import numpy as np
+
+__all__ = ["check_grads"]
+
+# Defaults per the least precise dtype involved: (eps, rtol).
+_DEFAULTS = {
+    "float64": (1e-6, 1e-6),
+    "float32": (1e-2, 2e-3),
+    "float16": (1e-1, 5e-2),
+    "bfloat16": (2.5e-1, 1.5e-1),
+}
+# Per-element checks run when the differentiated inputs hold at most this many
+# elements in total (each element costs two evaluations of fun and one jvp).
+PER_ELEMENT_LIMIT = 512
+# Machine epsilon per output dtype: f(x + eps*d) - f(x - eps*d) is trusted only
+# down to _NOISE * epsilon * max|f(x)| per output element (rounding noise).
+_EPS_MACH = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+_NOISE = 8.0
+
+
+def _is_float(a):
+    return isinstance(a, np.ndarray) and (a.dtype.kind == "f" or a.dtype.name == "bfloat16")
+
+
+def _dtype_key(dtypes):
+    order = ["bfloat16", "float16", "float32", "float64"]
+    names = [np.dtype(d).name for d in dtypes]
+    for name in order:
+        if name in names:
+            return name
+    return "float64"
+
+
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+class _Checker:
+    def __init__(self, fun, args, argnums, rtol, atol, name):
+        self.fun, self.args, self.argnums = fun, args, argnums
+        self.rtol, self.atol, self.name = rtol, atol, name
+        self.worst = 0.0
+        self.worst_where = None
+
+    def compare(self, got, want, scale, where):
+        """Record |got - want| against rtol * scale (+ atol); raise on failure."""
+        got, want = _f64(got), _f64(want)
+        if got.shape != want.shape:
+            raise AssertionError(f"check_grads({self.name}): {where}: shape {got.shape} != {want.shape}")
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
+            raise AssertionError(f"check_grads({self.name}): {where}: non-finite values "
+                                 f"(analytic {got.ravel()[:4]}..., numeric {want.ravel()[:4]}...)")
+        diff = np.abs(got - want)
+        worst = float(diff.max()) if diff.size else 0.0
+        if scale > 0:
+            err = worst / scale
+        else:
+            err = 0.0 if worst == 0 else np.inf
+        if err > self.worst:
+            self.worst, self.worst_where = err, where
+        if worst > self.atol + self.rtol * scale:
+            idx = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+            raise AssertionError(
+                f"check_grads({self.name}): {where}: relative error {err:.3e} > rtol {self.rtol:.1e} "
+                f"(atol {self.atol:.1e}); worst |analytic - numeric| = {worst:.6e} "
+                f"at {tuple(map(int, idx))}: analytic {got[idx]!r}, numeric {want[idx]!r}, "
+                f"scale {scale:.6e}")
+
+    def perturb(self, direction, eps):
+        """f(x + eps d) - f(x - eps d) in float64, and the step actually taken
+        ((x + eps d) - (x - eps d) after rounding to each input's dtype)."""
+        plus, minus, steps = list(self.args), list(self.args), {}
+        for i, d in direction.items():
+            x = self.args[i]
+            xp = (_f64(x) + eps * d).astype(x.dtype)
+            xm = (_f64(x) - eps * d).astype(x.dtype)
+            plus[i], minus[i] = xp, xm
+            steps[i] = _f64(xp) - _f64(xm)
+        return _f64(self.fun(*plus)) - _f64(self.fun(*minus)), steps
+
+
+def _check_out(got, want, tol, name, what):
+    """The primal output of vjp/jvp must be fun(*args) (up to rounding)."""
+    got, want = _f64(got), _f64(want)
+    if got.shape != want.shape:
+        raise AssertionError(f"check_grads({name}): {what}'s out has shape {got.shape}, "
+                             f"fun(*args) has {want.shape}")
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    err = float(np.abs(got - want).max(initial=0.0)) / scale
+    if not err <= tol:
+        raise AssertionError(f"check_grads({name}): {what}'s out differs from fun(*args): "
+                             f"scaled error {err:.3e} > {tol:.1e}")
+
+
+def check_grads(fun, args, *, argnums=None, modes=("rev", "fwd"), eps=None, rtol=None, atol=None,
+                seed=0, vjp=None, jvp=None):
+    """Check the derivatives of ``fun`` against central finite differences.
+
+    With ``x`` the inputs in ``argnums`` and ``s`` the step actually taken
+    (``(x + eps*d) - (x - eps*d)`` after rounding to each input's dtype), the
+    finite difference ``f(x + eps*d) - f(x - eps*d) ~ J s`` is compared with:
+
+    - ``"rev"``: ``<u, J s>`` from ``vjp`` for a random cotangent ``u``;
+    - ``"fwd"``: ``J s`` from ``jvp`` (the whole output).
+
+    Directions ``d`` are (a) when the inputs hold at most ``PER_ELEMENT_LIMIT``
+    (512) elements in total, every unit vector (each element on its own: this
+    finds and names a wrong entry, e.g. a nonzero gradient where it must be
+    exactly 0) and (b) two random normal vectors over all inputs at once. A
+    comparison fails when ``|analytic - numeric| > atol + rtol * scale``, the
+    scale being the magnitude of the terms compared (``sum |u * J s|`` and
+    ``sum |vjp(u) * s|`` for rev, ``max |J s|`` for fwd), and at least
+    ``noise / rtol``, where ``noise = 8 * machine epsilon * max|fun(*args)|`` (of
+    the output's dtype, per output element) is the rounding noise of a finite
+    difference: differences at that level always pass. The relative error of a
+    comparison is ``|analytic - numeric| / scale``.
+
+    Args:
+      fun: ``fun(*args)`` returns an array. With the default ``vjp``/``jvp`` it
+        must be one of raggeddot's differentiable ops or a ``functools.partial``
+        of one (see ``raggeddot.vjp``).
+      args: tuple of positional arguments; the differentiated ones must be
+        float ndarrays.
+      argnums: indices of the arguments to differentiate (default: every float
+        ndarray in ``args``).
+      modes: any of ``"rev"`` and ``"fwd"``.
+      eps: finite-difference step (default by the least precise float dtype
+        among the inputs and the output: float64 1e-6, float32 1e-2, float16
+        0.1, bfloat16 0.25).
+      rtol: relative tolerance (default float64 1e-6, float32 2e-3, float16
+        5e-2, bfloat16 0.15).
+      atol: absolute tolerance (default 0).
+      seed: seed of the random directions and cotangents.
+      vjp: ``vjp(fun, *args) -> (out, vjp_fn)`` with ``vjp_fn(ct)`` returning
+        one gradient (or None) per argument; default ``raggeddot.vjp``.
+      jvp: ``jvp(fun, args, tangents) -> (out, tangent_out)``, tangents None
+        for arguments not in ``argnums``; default ``raggeddot.jvp``.
+
+    Returns:
+      The worst relative error found (a float).
+
+    Raises:
+      AssertionError with the comparison, the index of the worst element and
+      both values when a derivative is off, a gradient has the wrong shape, or
+      the ``out`` of vjp/jvp differs from ``fun(*args)``.
+
+    Example::
+
+        import numpy as np, raggeddot
+        from raggeddot.testing import check_grads
+
+        rng = np.random.default_rng(0)
+        lhs, rhs = rng.standard_normal((6, 3)), rng.standard_normal((2, 3, 4))
+        gs = np.array([2, 3])
+        check_grads(raggeddot.ragged_dot, (lhs, rhs, gs))           # float64: rtol 1e-6
+
+        # Your own composition, with a hand-written vjp:
+        def f(x, w):                        # sum of squares per row, grouped
+            return raggeddot.ragged_dot(x, w, gs) ** 2
+        def f_vjp(fun, x, w):
+            out, back = raggeddot.vjp(raggeddot.ragged_dot, x, w, gs)
+            return out ** 2, lambda ct: back(2 * out * ct)[:2]
+        check_grads(f, (lhs, rhs), modes=("rev",), vjp=f_vjp)
+    """
+    if vjp is None or jvp is None:
+        from . import _autodiff
+        vjp = _autodiff.vjp if vjp is None else vjp
+        jvp = _autodiff.jvp if jvp is None else jvp
+    args = tuple(args)
+    if argnums is None:
+        argnums = tuple(i for i, a in enumerate(args) if _is_float(a))
+    elif isinstance(argnums, (int, np.integer)):
+        argnums = (int(argnums),)
+    argnums = tuple(int(i) % len(args) for i in argnums)
+    for i in argnums:
+        if not _is_float(args[i]):
+            raise TypeError(f"check_grads: argument {i} is not a float ndarray: {type(args[i]).__name__}")
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    for mode in modes:
+        if mode not in ("rev", "fwd"):
+            raise ValueError(f"check_grads: modes must be 'rev' and/or 'fwd', got {mode!r}")
+    name = getattr(getattr(fun, "func", fun), "__name__", repr(fun))
+
+    out = np.asarray(fun(*args))
+    key = _dtype_key([args[i].dtype for i in argnums] + [out.dtype])
+    d_eps, d_rtol = _DEFAULTS[key]
+    eps = d_eps if eps is None else float(eps)
+    rtol = d_rtol if rtol is None else float(rtol)
+    atol = 0.0 if atol is None else float(atol)
+    chk = _Checker(fun, args, argnums, rtol, atol, name)
+    rng = np.random.default_rng(seed)
+    out_tol = 1e-12 if key == "float64" else 1e-5 if key == "float32" else 1e-2
+
+    grads = None
+    u = rng.standard_normal(out.shape)
+    if "rev" in modes:
+        out_v, vjp_fn = vjp(fun, *args)
+        _check_out(out_v, out, out_tol, name, "vjp")
+        grads = vjp_fn(u.astype(out.dtype))
+        if len(grads) != len(args):
+            raise AssertionError(f"check_grads({name}): vjp_fn returned {len(grads)} gradients "
+                                 f"for {len(args)} arguments")
+        for i in argnums:
+            if grads[i] is None or np.shape(grads[i]) != args[i].shape:
+                raise AssertionError(
+                    f"check_grads({name}): gradient of argument {i} has shape "
+                    f"{None if grads[i] is None else np.shape(grads[i])}, expected {args[i].shape}")
+        u = _f64(u.astype(out.dtype))  # the cotangent as vjp saw it
+
+    # Rounding noise of one finite difference, per output element; each scale
+    # below is at least noise / rtol, so differences at the noise level pass.
+    noise = _NOISE * _EPS_MACH[_dtype_key([out.dtype])] * float(np.abs(_f64(out)).max(initial=0.0))
+
+    def rev_check(numeric, steps, where):
+        analytic = sum(float(np.sum(_f64(grads[i]) * s)) for i, s in steps.items())
+        want = float(np.sum(u * numeric))
+        scale = max(float(np.sum(np.abs(u * numeric))),
+                    sum(float(np.sum(np.abs(_f64(grads[i]) * s))) for i, s in steps.items()),
+                    noise * float(np.sum(np.abs(u[numeric != 0]))) / rtol)
+        chk.compare(analytic, want, scale, where)
+
+    def fwd_check(numeric, steps, where):
+        tangents = [None] * len(args)
+        for i, s in steps.items():
+            tangents[i] = s.astype(args[i].dtype)
+        out_j, t_out = jvp(fun, args, tuple(tangents))
+        if np.shape(t_out) != out.shape:
+            raise AssertionError(f"check_grads({name}): jvp's tangent_out has shape "
+                                 f"{np.shape(t_out)}, expected {out.shape}")
+        t_out = _f64(t_out)
+        scale = max(float(np.abs(numeric).max(initial=0.0)), float(np.abs(t_out).max(initial=0.0)),
+                    noise / rtol)
+        chk.compare(t_out, numeric, scale, where)
+        return out_j
+
+    # (a) every element on its own, for small inputs (first: it
+    # names the element that is off).
+    total = sum(args[i].size for i in argnums)
+    if total <= PER_ELEMENT_LIMIT:
+        for i in argnums:
+            shape = args[i].shape
+            results = []
+            for flat in range(args[i].size):
+                d = np.zeros(args[i].size)
+                d[flat] = 1.0
+                numeric, steps = chk.perturb({i: d.reshape(shape)}, eps)
+                results.append((np.unravel_index(flat, shape), numeric, steps))
+            for mode in modes:
+                check = rev_check if mode == "rev" else fwd_check
+                for idx, numeric, steps in results:
+                    check(numeric, steps, f"{mode}, argument {i} element {tuple(int(j) for j in idx)}")
+    # (b) random directions over all inputs at once.
+    for trial in range(2):
+        direction = {i: rng.standard_normal(args[i].shape) for i in argnums}
+        numeric, steps = chk.perturb(direction, eps)
+        if "rev" in modes:
+            rev_check(numeric, steps, f"rev, random direction {trial}")
+        if "fwd" in modes:
+            out_j = fwd_check(numeric, steps, f"fwd, random direction {trial}")
+            if trial == 0:
+                _check_out(out_j, out, out_tol, name, "jvp")
+
+    return chk.worst

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from . import _core
+from . import _autodiff
 from . import _validate as v
 
 __all__ = ["moe_block", "moe_block_vjp", "ragged_gather", "ragged_gather_reduce"]
@@ -523,3 +524,16 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
         return grads
 
     return out.reshape(c.x_shape).astype(c.out_dtype, copy=False), vjp_fn
+
+
+def _moe_block_vjp_rule(args, wanted):
+    """raggeddot.vjp(moe_block, x, router_weights, w0, w1, wo) support."""
+    del wanted  # one backward pass yields every gradient
+    kwargs = dict(args)
+    primals = [kwargs.pop(name) for name in ("x", "router_weights", "w0", "w1", "wo")]
+    if kwargs.pop("return_aux"):
+        raise ValueError("vjp of moe_block: 'return_aux' must be False (aux is not differentiable)")
+    return moe_block_vjp(*primals, **kwargs)
+
+
+_autodiff.defvjp(moe_block, _moe_block_vjp_rule, ("x", "router_weights", "w0", "w1", "wo"))

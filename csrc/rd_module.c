@@ -425,7 +425,9 @@ rd_rows(PyObject *obj, const char *name, int type_num)
     PyArrayObject *arr;
     if (rd_check_operand(obj, name, 2, type_num, 0, &arr) != 0)
         return NULL;
-    if (PyArray_DIM(arr, 1) > 1 && PyArray_STRIDE(arr, 1) != PyArray_ITEMSIZE(arr)) {
+    /* an empty array has no rows to read, whatever strides NumPy gave it */
+    if (PyArray_DIM(arr, 0) > 0 && PyArray_DIM(arr, 1) > 1 &&
+        PyArray_STRIDE(arr, 1) != PyArray_ITEMSIZE(arr)) {
         PyErr_Format(PyExc_ValueError, "'%s' must have contiguous rows", name);
         return NULL;
     }

@@ -35,9 +35,30 @@ _SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
 def _rows_operand(arr, dtype):
     """A 2-D operand whose rows are contiguous (what the gather kernels read)."""
     arr = v.operand(arr, dtype)
-    if arr.shape[1] > 1 and arr.strides[1] != arr.itemsize:
+    if arr.shape[0] > 0 and arr.shape[1] > 1 and arr.strides[1] != arr.itemsize:
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+def _matmul(a, b, out=None, accumulate=False):
+    """a [m, k] @ b [k, n] on raggeddot's own kernel (one group of m rows).
+
+    moe_block keeps its dense products (router, shared experts, their
+    gradients) off NumPy's BLAS: OpenBLAS leaves its worker threads spinning
+    after each call, and they take the cores from the OpenMP threads of the
+    grouped kernels that run next."""
+    m, n = a.shape[0], b.shape[1]
+    if out is None:
+        out = np.empty((m, n), dtype=a.dtype)
+        accumulate = False
+    if m == 0 or n == 0:
+        return out
+    if a.shape[1] == 0:
+        if not accumulate:
+            out[...] = 0
+        return out
+    _core.ragged_rows(a, b[None], np.array([0, m], dtype=np.int64), out, accumulate)
+    return out
 
 
 def ragged_gather(x, indices, weights=None):
@@ -260,10 +281,9 @@ def _add_group_bias(h, bias, bounds):
 
 def _forward(c, save):
     ct = c.ct
-    logits = c.xf @ c.rw
+    logits = _matmul(c.xf, c.rw)
     if c.router_bias is not None:
         logits += c.router_bias
-    logits = np.ascontiguousarray(logits, dtype=ct)
     scores, idx, w = _core.moe_route(logits, _SCORE_FUNCS[c.score_func], c.selection_bias, c.n_groups,
                                      c.topk_groups, c.top_k, c.norm, c.scale)
     slot_of, tok, gs = _core.moe_sort(idx, c.E, c.capacity)
@@ -289,10 +309,9 @@ def _forward(c, save):
     hs = None
     if c.shared is not None:
         s0, s1, so = c.shared
-        hs0, hs1 = c.xf @ s0, c.xf @ s1
-        hs0, hs1 = np.ascontiguousarray(hs0), np.ascontiguousarray(hs1)
+        hs0, hs1 = _matmul(c.xf, s0), _matmul(c.xf, s1)
         as_ = _core.gated_act(hs0, hs1, c.act, c.limit)
-        out += as_ @ so
+        _matmul(as_, so, out=out, accumulate=True)
         hs = (hs0, hs1, as_)
 
     res = None
@@ -497,17 +516,18 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             dlogits = scores * (dscores - np.sum(dscores * scores, axis=1, keepdims=True))
         else:
             dlogits = dscores * scores * (1 - scores)
-        drw = c.xf.T @ dlogits
-        dx += dlogits @ c.rw.T
+        drw = _matmul(c.xf.T, dlogits)
+        _matmul(dlogits, c.rw.T, out=dx, accumulate=True)
         grads = {}
         if c.shared is not None:
             s0, s1, so = c.shared
             hs0, hs1, as_ = r["hs"]
-            dso = as_.T @ g
-            das = np.ascontiguousarray(g @ so.T)
+            dso = _matmul(as_.T, g)
+            das = _matmul(g, so.T)
             dhs0, dhs1 = _core.gated_act_grad(hs0, hs1, das, c.act, c.limit)
-            ds0, ds1 = c.xf.T @ dhs0, c.xf.T @ dhs1
-            dx += dhs0 @ s0.T + dhs1 @ s1.T
+            ds0, ds1 = _matmul(c.xf.T, dhs0), _matmul(c.xf.T, dhs1)
+            _matmul(dhs0, s0.T, out=dx, accumulate=True)
+            _matmul(dhs1, s1.T, out=dx, accumulate=True)
             sh = kw["shared_experts"]
             grads["shared_experts"] = tuple(
                 gr.astype(np.asarray(p).dtype, copy=False) for gr, p in zip((ds0, ds1, dso), sh))

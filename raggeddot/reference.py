@@ -29,6 +29,9 @@ __all__ = [
     "make_group_metadata",
     "gmm",
     "tgmm",
+    "moe_block",
+    "ragged_gather",
+    "ragged_gather_reduce",
 ]
 
 
@@ -632,3 +635,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     if existing_out is not None:
         out += existing_out.astype(acc_dtype)
     return out.astype(out_dtype)
+
+
+# The MoE layer's statement in plain NumPy lives in its own module (it too
+# imports only numpy); it is part of the oracle.
+from ._moe_reference import moe_block, ragged_gather, ragged_gather_reduce  # noqa: E402

@@ -1,0 +1,226 @@
+"""The Mixture-of-Experts layer and its gathers in plain NumPy (the oracle).
+
+``moe_block`` states the math of :func:`raggeddot.moe_block` as directly as
+possible, written independently of the C code: per token it computes the
+scores, picks the expert groups and the top-k experts with a stable argsort
+(ties go to the lower index), then loops over the experts, one matmul each,
+and adds every kept assignment's weighted output to its token. It imports only
+NumPy and math. Arithmetic is in float64 (the result is cast to the promoted
+dtype of the inputs once, at the end); speed is not a goal.
+
+The layer::
+
+    logits    = x @ router_weights (+ router_bias)                        [T, E]
+    scores    = softmax(logits) | sigmoid(logits)
+    selection = scores (+ selection_bias)        # steers the choice only
+    n_groups/topk_groups: keep the topk_groups groups whose two best selection
+              values sum highest (ties to the lower group), the rest -> -inf
+    chosen    = the top_k experts by selection (ties to the lower index)
+    weights   = scores[chosen] (/ (sum + 1e-20 for sigmoid) if norm_topk_prob)
+                * routed_scaling_factor
+    capacity  = ceil(T * top_k / E * capacity_factor) assignments per expert,
+                first come first served in token order (None: no limit)
+    out[t]    = sum over kept (t, e): weight * (act(x[t] @ w0[e] + b0[e])
+                * (x[t] @ w1[e] + b1[e])) @ wo[e] + bo[e])
+                (+ the shared experts' gated MLP of x[t])
+"""
+import math
+
+import numpy as np
+
+__all__ = ["moe_block", "ragged_gather", "ragged_gather_reduce"]
+
+
+# ------------------------------------------------------------------ gathers
+
+def ragged_gather(x, indices, weights=None):
+    """``out[i] = x[indices[i]] * weights[i]`` (weights default 1); x's dtype."""
+    x = np.asarray(x)
+    w = np.ones(len(indices)) if weights is None else np.asarray(weights, dtype=np.float64)
+    return (x.astype(np.float64)[np.asarray(indices, dtype=np.int64)] * w[:, None]).astype(x.dtype)
+
+
+def ragged_gather_reduce(y, indices, weights=None):
+    """``out[t] = sum_j weights[t, j] * y[indices[t, j]]`` over indices >= 0; y's dtype."""
+    y, idx = np.asarray(y), np.asarray(indices, dtype=np.int64)
+    w = np.ones(idx.shape) if weights is None else np.asarray(weights, dtype=np.float64)
+    rows = np.concatenate([y.astype(np.float64), np.zeros((1, y.shape[1]))])[np.where(idx < 0, -1, idx)]
+    return np.einsum("tk,tkd->td", np.where(idx < 0, 0.0, w), rows).astype(y.dtype)
+
+
+# -------------------------------------------------------------- elementwise
+
+def _sigmoid(z):
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gated(gate, up, activation, limit):
+    """act(gate) * up, or gpt-oss's clipped swiglu."""
+    if activation == "silu":
+        return gate * _sigmoid(gate) * up
+    if activation == "gelu":
+        return 0.5 * gate * (1.0 + _erf(gate / math.sqrt(2.0)).astype(np.float64)) * up
+    if activation == "gelu_tanh":
+        return 0.5 * gate * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate**3))) * up
+    if activation == "relu":
+        return np.maximum(gate, 0.0) * up
+    if activation == "swiglu_oai":
+        g = np.minimum(gate, limit)
+        u = np.clip(up, -limit, limit)
+        return g * _sigmoid(1.702 * g) * (u + 1.0)
+    raise ValueError(f"moe_block: unknown 'activation' {activation!r}")
+
+
+# ------------------------------------------------------------------ routing
+
+def _route_token(logits, score_func, selection_bias, n_groups, topk_groups, top_k,
+                 norm_topk_prob, scale):
+    """(scores [E], chosen experts [top_k], their weights [top_k]) of one token."""
+    E = logits.shape[0]
+    if score_func == "softmax":
+        scores = _softmax(logits)
+    elif score_func == "sigmoid":
+        scores = _sigmoid(logits)
+    else:
+        raise ValueError(f"moe_block: 'score_func' must be 'softmax' or 'sigmoid', got {score_func!r}")
+    selection = scores.copy() if selection_bias is None else scores + selection_bias
+    if n_groups is not None:
+        size = E // n_groups
+        groups = selection.reshape(n_groups, size)
+        group_score = np.array([np.sort(g)[::-1][:2].sum() for g in groups])
+        kept_groups = np.argsort(-group_score, kind="stable")[:topk_groups]
+        mask = np.full(n_groups, True)
+        mask[kept_groups] = False
+        selection = selection.copy()
+        selection.reshape(n_groups, size)[mask] = -np.inf
+    chosen = np.argsort(-selection, kind="stable")[:top_k]
+    weights = scores[chosen]
+    if norm_topk_prob:
+        weights = weights / (weights.sum() + (1e-20 if score_func == "sigmoid" else 0.0))
+    return scores, chosen, weights * scale
+
+
+def _expert_weights(w0, w1, wo, d, E, layout):
+    """w0, w1 as [E, d, f] and wo as [E, f, d], whatever the stored layout."""
+    if layout not in ("edf", "efd"):
+        raise ValueError(f"moe_block: 'weights_layout' must be 'edf' or 'efd', got {layout!r}")
+    for name, a in (("w0", w0), ("w1", w1), ("wo", wo)):
+        if a.ndim != 3:
+            raise ValueError(f"moe_block: expected 3-D '{name}', got shape {a.shape}")
+    if layout == "efd":
+        w0, w1, wo = w0.transpose(0, 2, 1), w1.transpose(0, 2, 1), wo.transpose(0, 2, 1)
+    f = w0.shape[2]
+    for name, a, want in (("w0", w0, (E, d, f)), ("w1", w1, (E, d, f)), ("wo", wo, (E, f, d))):
+        if a.shape != want:
+            raise ValueError(f"moe_block: '{name}' does not fit weights_layout={layout!r}: "
+                             f"got {a.shape} in [E, d, f]/[E, f, d] order, expected {want}")
+    return w0, w1, wo
+
+
+# ------------------------------------------------------------------ the layer
+
+def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", router_bias=None,
+              selection_bias=None, n_groups=None, topk_groups=None, norm_topk_prob=False,
+              routed_scaling_factor=1.0, activation="silu", w0_bias=None, w1_bias=None, wo_bias=None,
+              shared_experts=None, capacity_factor=None, weights_layout="edf", return_aux=False,
+              swiglu_limit=7.0):
+    """The MoE layer of :func:`raggeddot.moe_block`, same arguments and results."""
+    arrays = [np.asarray(a) for a in (x, router_weights, w0, w1, wo)]
+    out_dtype = np.result_type(*arrays)
+    x, rw, w0, w1, wo = (a.astype(np.float64) for a in arrays)
+    lead, d = x.shape[:-1], x.shape[-1]
+    xt = x.reshape(-1, d)
+    T, E = xt.shape[0], rw.shape[1]
+    if rw.shape[0] != d:
+        raise ValueError(f"moe_block: 'router_weights' has d={rw.shape[0]}, 'x' has d={d}")
+    if not 1 <= top_k <= E:
+        raise ValueError(f"moe_block: 'top_k' must be in [1, {E}], got {top_k}")
+    if n_groups is None and topk_groups is not None:
+        raise ValueError("moe_block: 'topk_groups' needs 'n_groups'")
+    if n_groups is not None:
+        if n_groups < 1 or E % n_groups:
+            raise ValueError(f"moe_block: 'n_groups'={n_groups} must divide E={E}")
+        topk_groups = n_groups if topk_groups is None else topk_groups
+        if not 1 <= topk_groups <= n_groups:
+            raise ValueError(f"moe_block: 'topk_groups'={topk_groups} not in [1, {n_groups}]")
+        if topk_groups * (E // n_groups) < top_k:
+            raise ValueError(f"moe_block: 'top_k'={top_k} exceeds the experts of the kept groups")
+    w0, w1, wo = _expert_weights(w0, w1, wo, d, E, weights_layout)
+    f = w0.shape[2]
+    f64 = lambda a: None if a is None else np.asarray(a, dtype=np.float64)  # noqa: E731
+    b0, b1, bo = f64(w0_bias), f64(w1_bias), f64(wo_bias)
+    sel_bias = f64(selection_bias)
+
+    # 1. routing, token by token
+    logits = xt @ rw
+    if router_bias is not None:
+        logits = logits + f64(router_bias)
+    scores = np.zeros((T, E))
+    chosen = np.zeros((T, top_k), dtype=np.int64)
+    weights = np.zeros((T, top_k))
+    for t in range(T):
+        scores[t], chosen[t], weights[t] = _route_token(
+            logits[t], score_func, sel_bias, n_groups, topk_groups, top_k, norm_topk_prob,
+            float(routed_scaling_factor))
+
+    # 2. capacity: each expert takes assignments in token order until it is full
+    capacity = math.inf if capacity_factor is None else math.ceil(T * top_k / E * capacity_factor)
+    load = np.zeros(E, dtype=np.int64)
+    kept = np.zeros((T, top_k), dtype=bool)
+    for t in range(T):
+        for j in range(top_k):
+            e = chosen[t, j]
+            if load[e] < capacity:
+                load[e] += 1
+                kept[t, j] = True
+
+    # 3. the experts, one matmul each over the tokens they kept
+    out = np.zeros((T, d))
+    for e in range(E):
+        tokens, slots = np.nonzero((chosen == e) & kept)
+        if tokens.size == 0:
+            continue
+        xe = xt[tokens]
+        gate = xe @ w0[e] + (0.0 if b0 is None else b0[e])
+        up = xe @ w1[e] + (0.0 if b1 is None else b1[e])
+        y = _gated(gate, up, activation, swiglu_limit) @ wo[e] + (0.0 if bo is None else bo[e])
+        for r, (t, j) in enumerate(zip(tokens, slots)):
+            out[t] += weights[t, j] * y[r]
+
+    # 4. the shared experts, on every token
+    if shared_experts is not None:
+        s0, s1, so = (f64(a) for a in shared_experts)
+        out += _gated(xt @ s0, xt @ s1, activation, swiglu_limit) @ so
+
+    out = out.reshape(lead + (d,)).astype(out_dtype)
+    if not return_aux:
+        return out
+
+    # 5. statistics: Switch load-balancing loss and DeepSeek's bias update direction
+    assigned = np.bincount(chosen.ravel(), minlength=E).astype(np.float64)
+    frac = assigned / max(1, T * top_k)
+    probs = np.array([_softmax(row) for row in logits]) if T else np.zeros((0, E))
+    mean_prob = probs.mean(axis=0) if T else np.zeros(E)
+    aux = {
+        "topk_indices": chosen.reshape(lead + (top_k,)),
+        "topk_weights": weights.reshape(lead + (top_k,)).astype(out_dtype),
+        "group_sizes": _kept_load(chosen, kept, E),
+        "load_balance_loss": float(E * np.sum(frac * mean_prob)),
+        "bias_updates": np.sign(assigned.mean() - assigned),
+        "dropped": int(np.sum(~kept)),
+    }
+    return out, aux
+
+
+def _kept_load(chosen, kept, E):
+    """Rows of each expert after capacity dropping (the grouped matmuls' group_sizes)."""
+    return np.bincount(chosen[kept], minlength=E).astype(np.int64)

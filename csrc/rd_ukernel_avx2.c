@@ -192,8 +192,12 @@ RD_AVX2 double
 rd_fma_peak_avx2(double seconds)
 {
     const long chunk = 1L << 20;
-    __m256 x0 = _mm256_set1_ps(1.0f), x1 = x0, x2 = x0, x3 = x0, x4 = x0,
-           x5 = x0, x6 = x0, x7 = x0, x8 = x0, x9 = x0, x10 = x0, x11 = x0;
+    /* Distinct starting values: identical chains would be merged into one
+     * by the compiler, and the probe would time a single chain. */
+    __m256 x0 = _mm256_set1_ps(1.00f), x1 = _mm256_set1_ps(1.01f), x2 = _mm256_set1_ps(1.02f),
+           x3 = _mm256_set1_ps(1.03f), x4 = _mm256_set1_ps(1.04f), x5 = _mm256_set1_ps(1.05f),
+           x6 = _mm256_set1_ps(1.06f), x7 = _mm256_set1_ps(1.07f), x8 = _mm256_set1_ps(1.08f),
+           x9 = _mm256_set1_ps(1.09f), x10 = _mm256_set1_ps(1.10f), x11 = _mm256_set1_ps(1.11f);
     const __m256 mul = _mm256_set1_ps(0.9999999f);
     const __m256 add = _mm256_set1_ps(1e-7f);
     long iters = 0;

@@ -165,7 +165,10 @@ RD_AVX512 double
 rd_fma_peak_avx512(double seconds)
 {
     const long chunk = 1L << 19;
-#define DECL(i) __m512 x##i##0 = _mm512_set1_ps(1.0f), x##i##1 = _mm512_set1_ps(1.0f);
+    /* Distinct starting values: identical chains would be merged into one
+     * by the compiler, and the probe would time a single chain. */
+#define DECL(i) __m512 x##i##0 = _mm512_set1_ps(1.0f + 0.01f * (i)), \
+                       x##i##1 = _mm512_set1_ps(1.5f + 0.01f * (i));
     ROWS12(DECL)
 #undef DECL
     const __m512 mul = _mm512_set1_ps(0.9999999f);

@@ -297,20 +297,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
                       ragged_size, r)
     g = gs.shape[-1]
     local = rhs.shape[rg]
-    if group_offset is None:
-        if local != g:
-            raise ValueError(
-                f"{_FN}: the rhs group dimension {rg} has size rhs.shape[{rg}]={local} but 'group_sizes' "
-                f"holds g={g} groups"
-            )
-        start = 0
-    else:
-        start = v.index(group_offset, "group_offset", _FN)
-        if start < 0 or start + local > g:
-            raise ValueError(
-                f"{_FN}: 'group_offset'={start} with rhs.shape[{rg}]={local} local groups must satisfy "
-                f"0 <= group_offset and group_offset + rhs.shape[{rg}] <= g={g}"
-            )
+    start = v.local_group_start(group_offset, g, local, _FN, local_doc=f"rhs.shape[{rg}]")
 
     b_shape = _shape(lhs, lb)
     k_size = _size(_shape(lhs, lc))

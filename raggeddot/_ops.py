@@ -10,20 +10,7 @@ __all__ = ["ragged_dot", "make_group_metadata"]
 def _group_bounds(gs, group_offset, num_local, fn):
     """Row boundaries [num_local + 1] of groups [group_offset, group_offset + num_local)."""
     g = gs.shape[0]
-    if group_offset is None:
-        if g != num_local:
-            raise ValueError(
-                f"{fn}: len(group_sizes)={g} does not match rhs.shape[0]={num_local} "
-                "(the number of groups in 'rhs')"
-            )
-        start = 0
-    else:
-        start = v.index(group_offset, "group_offset", fn)
-        if start < 0 or start + num_local > g:
-            raise ValueError(
-                f"{fn}: 'group_offset'={start} with rhs.shape[0]={num_local} local groups "
-                f"must satisfy 0 <= group_offset and group_offset + rhs.shape[0] <= len(group_sizes)={g}"
-            )
+    start = v.local_group_start(group_offset, g, num_local, fn)
     offsets = np.zeros(g + 1, dtype=np.int64)
     np.cumsum(gs, out=offsets[1:])
     return np.ascontiguousarray(offsets[start:start + num_local + 1])

@@ -149,3 +149,24 @@ def check_precision(precision, fn):
     raise ValueError(
         f"{fn}: 'precision' must be None, 'default', 'high', 'highest' or a jax.lax.Precision, got {precision!r}"
     )
+
+
+def local_group_start(group_offset, g, num_local, fn, local_doc="rhs.shape[0]"):
+    """First of the groups [start, start + num_local) that rhs holds.
+
+    group_offset None: rhs holds every group, so num_local must equal g (jax);
+    otherwise megablox's meaning: 0 <= group_offset <= g - num_local."""
+    if group_offset is None:
+        if num_local != g:
+            raise ValueError(
+                f"{fn}: len(group_sizes)={g} does not match {local_doc}={num_local} "
+                "(the number of groups in 'rhs')"
+            )
+        return 0
+    start = index(group_offset, "group_offset", fn)
+    if start < 0 or start + num_local > g:
+        raise ValueError(
+            f"{fn}: 'group_offset'={start} with {local_doc}={num_local} local groups must satisfy "
+            f"0 <= group_offset and group_offset + {local_doc} <= len(group_sizes)={g}"
+        )
+    return start

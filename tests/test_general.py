@@ -453,7 +453,7 @@ ERRORS = [
     (ValueError, r"sum\(group_sizes\)=3 exceeds lhs.shape\[0\]=2", _L3, _R3, np.array([1, 2]),
      _dn(contract=((2,), (1,)), batch=((0,), (0,)), ragged=(0,), group=()), {}),
     (ValueError, r"sum\(group_sizes\)=\d+ exceeds", _L, _R, np.array([2**62, 2**62], np.uint64), _dn(), {}),
-    (ValueError, r"rhs.shape\[0\]=2 but 'group_sizes' holds g=3", _L, _R, np.array([1, 1, 1]), _dn(), {}),
+    (ValueError, r"len\(group_sizes\)=3 does not match rhs.shape\[0\]=2", _L, _R, np.array([1, 1, 1]), _dn(), {}),
     (ValueError, "'group_offset'=2", _L, _R, np.array([1, 1, 1]), _dn(), dict(group_offset=2)),
     (TypeError, "'group_offset' must be an integer", _L, _R, _GS, _dn(), dict(group_offset=1.0)),
     (NotImplementedError, "group_offset", _L3, _R3, _GS,

@@ -42,6 +42,26 @@ typedef void (*rd_dgemm_ukr_t)(rd_int kc, const double *a, const double *b,
                                double *c, rd_int rs_c, rd_int cs_c,
                                int m, int n, int accumulate);
 
+/* The edge path shared by every micro-kernel: write (or add) the valid
+ * m x n corner of a register tile spilled to buf (row stride ldb) into C. */
+#define RD_DEFINE_STORE_EDGE(NAME, T)                                        \
+static inline void NAME(const T *buf, int ldb, T *c, rd_int rs_c,           \
+                        rd_int cs_c, int m, int n, int accumulate)          \
+{                                                                           \
+    for (int i = 0; i < m; i++) {                                           \
+        T *ci = c + i * rs_c;                                               \
+        const T *bi = buf + i * ldb;                                        \
+        if (accumulate)                                                     \
+            for (int j = 0; j < n; j++)                                     \
+                ci[j * cs_c] += bi[j];                                      \
+        else                                                                \
+            for (int j = 0; j < n; j++)                                     \
+                ci[j * cs_c] = bi[j];                                       \
+    }                                                                       \
+}
+RD_DEFINE_STORE_EDGE(rd_s_store_edge, float)
+RD_DEFINE_STORE_EDGE(rd_d_store_edge, double)
+
 /* Portable reference micro-kernels (rd_ukernel_ref.c). */
 void rd_sgemm_ref_6x16(rd_int kc, const float *a, const float *b, float *c,
                        rd_int rs_c, rd_int cs_c, int m, int n, int accumulate);

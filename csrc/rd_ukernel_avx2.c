@@ -87,16 +87,7 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
     _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);
     _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);
     _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);
-    for (int i = 0; i < m; i++) {
-        float *ci = c + i * rs_c;
-        const float *bi = buf + i * 16;
-        if (accumulate)
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] += bi[j];
-        else
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] = bi[j];
-    }
+    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);
 }
 
 /* ---------------------------------------------------------------- float64 */
@@ -164,16 +155,7 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
     _mm256_store_pd(buf + 24, c30); _mm256_store_pd(buf + 28, c31);
     _mm256_store_pd(buf + 32, c40); _mm256_store_pd(buf + 36, c41);
     _mm256_store_pd(buf + 40, c50); _mm256_store_pd(buf + 44, c51);
-    for (int i = 0; i < m; i++) {
-        double *ci = c + i * rs_c;
-        const double *bi = buf + i * 8;
-        if (accumulate)
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] += bi[j];
-        else
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] = bi[j];
-    }
+    rd_d_store_edge(buf, 8, c, rs_c, cs_c, m, n, accumulate);
 }
 
 /* ------------------------------------------------------------- peak probe */

@@ -74,16 +74,7 @@ rd_sgemm_avx512_12x32(rd_int kc, const float *a, const float *b, float *c,
     _mm512_store_ps(buf + (i) * 32 + 16, c##i##1);
     ROWS12(SPILL)
 #undef SPILL
-    for (int i = 0; i < m; i++) {
-        float *ci = c + i * rs_c;
-        const float *bi = buf + i * 32;
-        if (accumulate)
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] += bi[j];
-        else
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] = bi[j];
-    }
+    rd_s_store_edge(buf, 32, c, rs_c, cs_c, m, n, accumulate);
 }
 
 /* ---------------------------------------------------------------- float64 */
@@ -138,16 +129,7 @@ rd_dgemm_avx512_12x16(rd_int kc, const double *a, const double *b, double *c,
     _mm512_store_pd(buf + (i) * 16 + 8, c##i##1);
     ROWS12(SPILL)
 #undef SPILL
-    for (int i = 0; i < m; i++) {
-        double *ci = c + i * rs_c;
-        const double *bi = buf + i * 16;
-        if (accumulate)
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] += bi[j];
-        else
-            for (int j = 0; j < n; j++)
-                ci[j * cs_c] = bi[j];
-    }
+    rd_d_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);
 }
 
 /* ------------------------------------------------------------- peak probe */

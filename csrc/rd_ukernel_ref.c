@@ -6,7 +6,7 @@
  */
 #include "rd_kernel.h"
 
-#define RD_REF_UKR(NAME, T, MR, NR)                                          \
+#define RD_REF_UKR(NAME, T, MR, NR, STORE)                                          \
 void NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c,             \
           rd_int cs_c, int m, int n, int accumulate)                        \
 {                                                                           \
@@ -21,16 +21,8 @@ void NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c,             \
             for (int j = 0; j < NR; j++)                                    \
                 acc[i][j] += ap[i] * bp[j];                                 \
     }                                                                       \
-    for (int i = 0; i < m; i++) {                                           \
-        T *ci = c + i * rs_c;                                               \
-        if (accumulate)                                                     \
-            for (int j = 0; j < n; j++)                                     \
-                ci[j * cs_c] += acc[i][j];                                  \
-        else                                                                \
-            for (int j = 0; j < n; j++)                                     \
-                ci[j * cs_c] = acc[i][j];                                   \
-    }                                                                       \
+    STORE(&acc[0][0], NR, c, rs_c, cs_c, m, n, accumulate);                \
 }
 
-RD_REF_UKR(rd_sgemm_ref_6x16, float, 6, 16)
-RD_REF_UKR(rd_dgemm_ref_6x8, double, 6, 8)
+RD_REF_UKR(rd_sgemm_ref_6x16, float, 6, 16, rd_s_store_edge)
+RD_REF_UKR(rd_dgemm_ref_6x8, double, 6, 8, rd_d_store_edge)

@@ -142,3 +142,19 @@ def restore_runtime():
     finally:
         _core.set_kernel("auto")
         raggeddot.set_num_threads(saved_threads)
+
+
+def pytest_configure(config):
+    """In CI (RAGGEDDOT_REQUIRE_JAX=1) the conformance tests against jax must
+    run: a missing jax is an error there, not a reason to skip them."""
+    import os
+
+    if os.environ.get("RAGGEDDOT_REQUIRE_JAX") == "1":
+        try:
+            import jax  # noqa: F401
+            from jax.experimental.pallas.ops.tpu.megablox import gmm  # noqa: F401
+        except Exception as e:  # ImportError, or a broken install
+            raise pytest.UsageError(
+                f"RAGGEDDOT_REQUIRE_JAX=1 but jax (with megablox) cannot be imported: {e!r}; "
+                "install the test extra: pip install -e '.[test]'"
+            )

@@ -4,7 +4,7 @@
  *   rd_sgemm_avx512_12x32:  12 rows x 32 columns of float32
  *   rd_dgemm_avx512_12x16:  12 rows x 16 columns of float64
  *
- 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
+ * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
  * the A column, 24 FMAs.
  */
@@ -17,18 +17,17 @@
 
 #define RD_AVX512 __attribute__((target("avx512f")))
 
-#define ROWS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
 #define ROWS4(X) X(0) X(1) X(2) X(3)
 #define ROWS8(X) ROWS4(X) X(4) X(5) X(6) X(7)
+#define ROWS12(X) ROWS8(X) X(8) X(9) X(10) X(11)
 
 /*
  * One body per row count R in {4, 8, 12}, all reading the 12-row packed A
  * panel: a tile with at most 4 or 8 valid rows (the last rows of a small
  * group) runs only the FMAs of those rows instead of all twelve.
  *
- * Per dtype: V the vector type, W its lanes (NR = 2 W), SFX the intrinsic
- * suffix, PFX the function prefix.
+ * Per dtype: T the element type, V the vector type, W its lanes (NR = 2 W),
+ * and the intrinsics ZERO, SET1, FMA, LOAD_A, STORE_A.
  */
 #define RD_DECL(i) V c##i##0 = ZERO(), c##i##1 = ZERO();
 #define RD_STEP(i)                                                          \

@@ -16,6 +16,7 @@ The layer (MaxText's sparse path)::
 All of it runs in C (routing, counting sort, gathers, activations, the three
 grouped matmuls) with no Python loop over tokens or experts.
 """
+import inspect
 import math
 
 import numpy as np
@@ -434,29 +435,15 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     weights, the ragged-contraction kernel (tgmm) for weight gradients, and the
     gathers with their roles swapped.
     """
-    if kwargs.get("return_aux"):
+    try:  # the arguments and defaults of moe_block itself
+        bound = inspect.signature(moe_block).bind(x, router_weights, w0, w1, wo, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"moe_block_vjp: {e}") from None
+    bound.apply_defaults()
+    kw = dict(bound.arguments)
+    if kw.pop("return_aux"):
         raise ValueError("moe_block_vjp: 'return_aux' is not differentiable; call moe_block for aux")
-    kwargs = dict(kwargs)
-    kwargs.pop("return_aux", None)
-    names = ("top_k", "score_func", "router_bias", "selection_bias", "n_groups", "topk_groups",
-             "norm_topk_prob", "routed_scaling_factor", "activation", "w0_bias", "w1_bias", "wo_bias",
-             "shared_experts", "capacity_factor", "weights_layout", "swiglu_limit")
-    unknown = set(kwargs) - set(names)
-    if unknown:
-        raise TypeError(f"moe_block_vjp: unexpected keyword arguments {sorted(unknown)}")
-    if "top_k" not in kwargs:
-        raise TypeError("moe_block_vjp: missing required keyword argument 'top_k'")
-    defaults = dict(score_func="softmax", router_bias=None, selection_bias=None, n_groups=None,
-                    topk_groups=None, norm_topk_prob=False, routed_scaling_factor=1.0,
-                    activation="silu", w0_bias=None, w1_bias=None, wo_bias=None, shared_experts=None,
-                    capacity_factor=None, weights_layout="edf", swiglu_limit=7.0)
-    defaults.update(kwargs)
-    kw = defaults
-    c = _prepare(x, router_weights, w0, w1, wo, kw["top_k"], kw["score_func"], kw["router_bias"],
-                 kw["selection_bias"], kw["n_groups"], kw["topk_groups"], kw["norm_topk_prob"],
-                 kw["routed_scaling_factor"], kw["activation"], kw["w0_bias"], kw["w1_bias"],
-                 kw["wo_bias"], kw["shared_experts"], kw["capacity_factor"], kw["weights_layout"],
-                 kw["swiglu_limit"])
+    c = _prepare(**kw)
     out, _, r = _forward(c, save=True)
     input_dtypes = {"x": np.asarray(x).dtype, "router_weights": np.asarray(router_weights).dtype,
                     "w0": np.asarray(w0).dtype, "w1": np.asarray(w1).dtype, "wo": np.asarray(wo).dtype}

@@ -9,6 +9,7 @@ can report a missing build itself.
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import datetime
 import glob
 import json
@@ -353,3 +354,17 @@ def pyplot():
         return plt
     except ImportError:
         return None
+
+
+def select_scenarios(patterns: Sequence[str] | None, known: Sequence[str], default: Sequence[str]) -> list[str]:
+    """Names in `known` matching any of the glob `patterns` (in order, no repeats),
+    or `default` when no pattern is given; an unmatched pattern ends the run."""
+    if not patterns:
+        return list(default)
+    names: list[str] = []
+    for pat in patterns:
+        hits = [s for s in known if fnmatch.fnmatchcase(s, pat)]
+        if not hits:
+            sys.exit(f"unknown scenario {pat!r}; known: {', '.join(known)}")
+        names += [h for h in hits if h not in names]
+    return names

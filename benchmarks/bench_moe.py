@@ -46,7 +46,6 @@ Outputs: a table on stdout, <out>/bench_moe.json, then REACHED / MISSED per targ
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import gc
 import math
 import os
@@ -1013,18 +1012,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def select(args) -> list[str]:
-    if not args.scenario:
-        return list(SCENARIOS)
-    names = []
-    for pat in args.scenario:
-        hits = [s for s in SCENARIOS if fnmatch.fnmatchcase(s, pat)]
-        if not hits:
-            sys.exit(f"unknown scenario {pat!r}; known: {', '.join(SCENARIOS)}")
-        names += [h for h in hits if h not in names]
-    return names
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     mode = "quick" if args.quick else "full"
@@ -1033,7 +1020,7 @@ def main(argv=None) -> int:
             T = v.get("tokens", TOKENS)[mode]
             print(f"{k:12s} T={T:<5d} d={v['d']:<5d} f={v['f']:<4d} E={v['E']:<3d} k={v['top_k']}  {v['model']}")
         return 0
-    names = select(args)
+    names = C.select_scenarios(args.scenario, list(SCENARIOS), SCENARIOS)
     variants = [v for v in VARIANTS if v in args.variants]
     for must in ("raggeddot", "numpy"):
         if must not in variants:

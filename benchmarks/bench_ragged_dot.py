@@ -44,7 +44,6 @@ then a "targets" section (REACHED / MISSED with the measured figure).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import gc
 import math
 import os
@@ -825,25 +824,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def select(args) -> list[str]:
-    if args.scenario:
-        names = []
-        for pat in args.scenario:
-            hits = [s for s in SCENARIOS if fnmatch.fnmatchcase(s, pat)]
-            if not hits:
-                sys.exit(f"unknown scenario {pat!r}; known: {', '.join(SCENARIOS)}")
-            names += [h for h in hits if h not in names]
-        return names
-    return list(QUICK_SCENARIOS) if args.quick else list(SCENARIOS)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.list:
         for k, (m, kk, n, g, pat) in SCENARIOS.items():
             print(f"{k:34s} m={m:<6d} k={kk:<5d} n={n:<5d} g={g:<4d} {pat:9s} {category(k, g)}{'  (quick)' if k in QUICK_SCENARIOS else ''}")
         return 0
-    names = select(args)
+    names = C.select_scenarios(args.scenario, list(SCENARIOS), QUICK_SCENARIOS if args.quick else SCENARIOS)
     dtypes = [np.dtype(d) for d in args.dtype]
     mode = "quick" if args.quick else "full"
     target = args.target_time if args.target_time is not None else (0.2 if args.quick else 0.75)

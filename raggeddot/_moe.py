@@ -62,6 +62,28 @@ def _matmul(a, b, out=None, accumulate=False):
     return out
 
 
+def _gather_indices(indices, ndim, shape_doc, lo, hi, fn):
+    """The index argument of the gathers: integers in [lo, hi), as int64."""
+    idx = v.as_array(indices, "indices", fn, ndim=ndim, shape_doc=shape_doc)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: 'indices' must be integers, got {idx.dtype}")
+    if idx.size and (idx.min() < lo or idx.max() >= hi):
+        raise ValueError(f"{fn}: 'indices' must lie in [{lo}, {hi}), got values in "
+                         f"[{idx.min()}, {idx.max()}]")
+    return np.ascontiguousarray(idx, dtype=np.int64)
+
+
+def _gather_weights(weights, idx, shape_doc, dtype, fn):
+    """The optional weights of the gathers: floats shaped like the indices."""
+    if weights is None:
+        return None
+    w = v.as_array(weights, "weights", fn, ndim=idx.ndim, shape_doc=shape_doc)
+    v.float_dtype(w, "weights", fn)
+    if w.shape != idx.shape:
+        raise ValueError(f"{fn}: 'weights' must have shape {idx.shape}, got {w.shape}")
+    return np.ascontiguousarray(w, dtype=dtype)
+
+
 def ragged_gather(x, indices, weights=None):
     """Dispatch: ``out[i] = x[indices[i]]`` (times ``weights[i]`` when given).
 
@@ -78,20 +100,9 @@ def ragged_gather(x, indices, weights=None):
     fn = "ragged_gather"
     x = v.as_array(x, "x", fn, ndim=2, shape_doc=" [T, d]")
     ct = v.compute_dtype(v.float_dtype(x, "x", fn))
-    idx = v.as_array(indices, "indices", fn, ndim=1, shape_doc=" [N]")
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"{fn}: 'indices' must be integers, got {idx.dtype}")
-    if idx.size and (idx.min() < 0 or idx.max() >= x.shape[0]):
-        raise ValueError(f"{fn}: 'indices' must lie in [0, {x.shape[0]}), got values in "
-                         f"[{idx.min()}, {idx.max()}]")
-    scale = None
-    if weights is not None:
-        scale = v.as_array(weights, "weights", fn, ndim=1, shape_doc=" [N]")
-        v.float_dtype(scale, "weights", fn)
-        if scale.shape != idx.shape:
-            raise ValueError(f"{fn}: 'weights' must have shape {idx.shape}, got {scale.shape}")
-        scale = np.ascontiguousarray(scale, dtype=ct)
-    out = _core.gather_rows(_rows_operand(x, ct), np.ascontiguousarray(idx, dtype=np.int64), scale)
+    idx = _gather_indices(indices, 1, " [N]", 0, x.shape[0], fn)
+    scale = _gather_weights(weights, idx, " [N]", ct, fn)
+    out = _core.gather_rows(_rows_operand(x, ct), idx, scale)
     return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
@@ -114,20 +125,9 @@ def ragged_gather_reduce(y, indices, weights=None):
     fn = "ragged_gather_reduce"
     y = v.as_array(y, "y", fn, ndim=2, shape_doc=" [N, d]")
     ct = v.compute_dtype(v.float_dtype(y, "y", fn))
-    idx = v.as_array(indices, "indices", fn, ndim=2, shape_doc=" [T, k]")
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"{fn}: 'indices' must be integers, got {idx.dtype}")
-    if idx.size and (idx.min() < -1 or idx.max() >= y.shape[0]):
-        raise ValueError(f"{fn}: 'indices' must lie in [-1, {y.shape[0]}), got values in "
-                         f"[{idx.min()}, {idx.max()}]")
-    w = None
-    if weights is not None:
-        w = v.as_array(weights, "weights", fn, ndim=2, shape_doc=" [T, k]")
-        v.float_dtype(w, "weights", fn)
-        if w.shape != idx.shape:
-            raise ValueError(f"{fn}: 'weights' must have shape {idx.shape}, got {w.shape}")
-        w = np.ascontiguousarray(w, dtype=ct)
-    out = _core.gather_reduce(_rows_operand(y, ct), np.ascontiguousarray(idx, dtype=np.int64), w)
+    idx = _gather_indices(indices, 2, " [T, k]", -1, y.shape[0], fn)
+    w = _gather_weights(weights, idx, " [T, k]", ct, fn)
+    out = _core.gather_reduce(_rows_operand(y, ct), idx, w)
     return out if out.dtype == y.dtype else out.astype(y.dtype)
 
 

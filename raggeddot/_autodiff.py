@@ -329,12 +329,17 @@ def _sum_terms(terms, like):
     return total
 
 
+def _primal(op, a):
+    """Evaluate ``op`` at the bound arguments ``a``: (lhs, rhs, group_sizes, out,
+    compute dtype), lhs and rhs as arrays."""
+    lhs, rhs = np.asarray(a["lhs"]), np.asarray(a["rhs"])
+    out = op(**{**a, "lhs": lhs, "rhs": rhs})
+    return lhs, rhs, a["group_sizes"], out, _compute_dtype(lhs, rhs, out)
+
+
 def _ragged_dot_vjp(a, wanted):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
+    lhs, rhs, gs, out, cdt = _primal(ragged_dot, a)
     off = a["group_offset"]
-    out = ragged_dot(lhs, rhs, gs, precision=a["precision"],
-                     preferred_element_type=a["preferred_element_type"], group_offset=off)
-    cdt = _compute_dtype(lhs, rhs, out)
 
     def backward(ct):
         ct = ct.astype(cdt, copy=False)
@@ -351,10 +356,8 @@ def _ragged_dot_vjp(a, wanted):
 
 
 def _ragged_dot_jvp(a, t):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
+    lhs, rhs, gs, out, cdt = _primal(ragged_dot, a)
     kw = dict(precision=a["precision"], group_offset=a["group_offset"])
-    out = ragged_dot(lhs, rhs, gs, preferred_element_type=a["preferred_element_type"], **kw)
-    cdt = _compute_dtype(lhs, rhs, out)
     terms = []
     if t.get("lhs") is not None:
         terms.append(ragged_dot(t["lhs"], rhs, gs, preferred_element_type=cdt, **kw))
@@ -382,11 +385,8 @@ def _computed_rows(gs, off, num_local):
 
 
 def _gmm_vjp(a, wanted):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
-    off, tr, eo = a["group_offset"], bool(a["transpose_rhs"]), a["existing_out"]
-    out = gmm(lhs, rhs, gs, preferred_element_type=a["preferred_element_type"], tiling=a["tiling"],
-              group_offset=off, existing_out=eo, transpose_rhs=tr)
-    cdt = _compute_dtype(lhs, rhs, out)
+    lhs, rhs, gs, out, cdt = _primal(gmm, a)
+    off, tr = a["group_offset"], bool(a["transpose_rhs"])
     g_local = rhs.shape[0]
 
     def backward(ct):
@@ -413,11 +413,8 @@ def _gmm_vjp(a, wanted):
 
 
 def _gmm_jvp(a, t):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
-    off, tr, eo = a["group_offset"], bool(a["transpose_rhs"]), a["existing_out"]
-    out = gmm(lhs, rhs, gs, preferred_element_type=a["preferred_element_type"], tiling=a["tiling"],
-              group_offset=off, existing_out=eo, transpose_rhs=tr)
-    cdt = _compute_dtype(lhs, rhs, out)
+    lhs, rhs, gs, out, cdt = _primal(gmm, a)
+    off, tr = a["group_offset"], bool(a["transpose_rhs"])
     kw = dict(preferred_element_type=cdt, group_offset=off, transpose_rhs=tr)
     terms = []
     if t.get("lhs") is not None:
@@ -444,12 +441,7 @@ def _tgmm_start(a):
 
 
 def _tgmm_vjp(a, wanted):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
-    eo = a["existing_out"]
-    out = tgmm(lhs, rhs, gs, preferred_element_type=a["preferred_element_type"], tiling=a["tiling"],
-               group_offset=a["group_offset"], num_actual_groups=a["num_actual_groups"],
-               existing_out=eo)
-    cdt = _compute_dtype(lhs, rhs, out)
+    lhs, rhs, gs, out, cdt = _primal(tgmm, a)
     start = _tgmm_start(a)
 
     def backward(ct):
@@ -469,11 +461,7 @@ def _tgmm_vjp(a, wanted):
 
 
 def _tgmm_jvp(a, t):
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
-    out = tgmm(lhs, rhs, gs, preferred_element_type=a["preferred_element_type"], tiling=a["tiling"],
-               group_offset=a["group_offset"], num_actual_groups=a["num_actual_groups"],
-               existing_out=a["existing_out"])
-    cdt = _compute_dtype(lhs, rhs, out)
+    lhs, rhs, gs, out, cdt = _primal(tgmm, a)
     kw = dict(preferred_element_type=cdt, group_offset=a["group_offset"],
               num_actual_groups=out.shape[0])
     terms = []

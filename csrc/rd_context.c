@@ -155,6 +155,20 @@ rd_set_blocking(int dtype_bytes, rd_int mc, rd_int kc, rd_int nc)
     return 0;
 }
 
+static rd_int rd_stream_min = RD_STREAM_MIN_BYTES;
+
+rd_int
+rd_get_stream_min_bytes(void)
+{
+    return rd_stream_min;
+}
+
+void
+rd_set_stream_min_bytes(rd_int bytes)
+{
+    rd_stream_min = bytes;
+}
+
 const char *const *
 rd_compiled_kernels(void)
 {

@@ -242,6 +242,16 @@ rd_free_tiling(rd_tiling_t *tl)
 
 /* ------------------------------------------------------------ public API */
 
+/* Stream an output of `elems` elements of `size` bytes, written with
+ * unit column stride and not accumulated into? */
+static int
+rd_want_stream(rd_int elems, size_t size, rd_int out_cs, int accumulate)
+{
+    rd_int min = rd_get_stream_min_bytes();
+    return !accumulate && out_cs == 1 && min >= 0 && elems > 0
+           && (double)elems * (double)size >= (double)min;
+}
+
 #define RD_DEFINE_ROWS(NAME, T, PFX, CFG)                            \
 int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
          const T *lhs, rd_int lhs_rs, rd_int lhs_cs,                        \
@@ -256,7 +266,9 @@ int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
         return -1;                                                          \
     int rc = PFX##run_tiles(ctx, &tl, RD_MODE_ROWS, bounds,                  \
                             lhs, lhs_rs, lhs_cs, rhs, rhs_gs, rhs_rs, rhs_cs, \
-                            out, 0, out_rs, out_cs, k, accumulate);         \
+                            out, 0, out_rs, out_cs, k, accumulate,          \
+                            rd_want_stream((bounds[ng] - bounds[0]) * n,    \
+                                           sizeof(T), out_cs, accumulate)); \
     rd_free_tiling(&tl);                                                    \
     return rc;                                                              \
 }
@@ -276,7 +288,9 @@ int NAME(rd_int k, rd_int n, rd_int ng, const rd_int *bounds,               \
         return -1;                                                          \
     int rc = PFX##run_tiles(ctx, &tl, RD_MODE_CONTRACT, bounds,              \
                             lhs, lhs_rs, lhs_cs, rhs, 0, rhs_rs, rhs_cs,    \
-                            out, out_gs, out_rs, out_cs, 0, accumulate);    \
+                            out, out_gs, out_rs, out_cs, 0, accumulate,     \
+                            rd_want_stream(ng * k * n, sizeof(T), out_cs,   \
+                                           accumulate));                    \
     rd_free_tiling(&tl);                                                    \
     return rc;                                                              \
 }

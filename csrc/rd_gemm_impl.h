@@ -106,13 +106,14 @@ RD_FN(pack_b)(rd_int kc, rd_int nc, const RD_T *b, rd_int rs, rd_int cs,
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
  * NR x MR micro-tiles.  apack holds roundup(MC,MR)*KC elements, bpack
  * KC*roundup(min(N,NC),NR).  K == 0 writes zeros (or leaves C unchanged
- * when accumulating). */
+ * when accumulating).  With `stream`, a C that one KC block completes (it
+ * is written once, never read back here) gets non-temporal stores. */
 static void
 RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
                   const RD_T *a, rd_int a_rs, rd_int a_cs,
                   const RD_T *b, rd_int b_rs, rd_int b_cs,
                   RD_T *c, rd_int c_rs, rd_int c_cs, int accumulate,
-                  RD_T *apack, RD_T *bpack)
+                  int stream, RD_T *apack, RD_T *bpack)
 {
     const rd_int MC = ctx->RD_CFG.mc, KC = ctx->RD_CFG.kc, NC = ctx->RD_CFG.nc;
     const int MR = ctx->RD_CFG.mr, NR = ctx->RD_CFG.nr;
@@ -127,7 +128,8 @@ RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
         rd_int nc = N - jc < NC ? N - jc : NC;
         for (rd_int pc = 0; pc < K; pc += KC) {
             rd_int kc = K - pc < KC ? K - pc : KC;
-            int acc = accumulate || pc > 0;
+            int acc = accumulate || pc > 0 ? RD_ADD
+                      : stream && K <= KC ? RD_STREAM : RD_STORE;
             RD_FN(pack_b)(kc, nc, b + pc * b_rs + jc * b_cs, b_rs, b_cs, NR, bpack);
             for (rd_int ic = 0; ic < M; ic += MC) {
                 rd_int mc = M - ic < MC ? M - ic : MC;
@@ -149,14 +151,14 @@ RD_FN(gemm_block)(const rd_context_t *ctx, rd_int M, rd_int N, rd_int K,
 
 /* Run every tile of the list, each owned by one thread.  The geometry of a
  * tile is resolved by `mode`: RD_MODE_ROWS (ragged rows of lhs) or
- * RD_MODE_CONTRACT (ragged contraction). */
+ * RD_MODE_CONTRACT (ragged contraction).  `stream`: see gemm_block. */
 static int
 RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
                  const rd_int *bounds,
                  const RD_T *lhs, rd_int lhs_rs, rd_int lhs_cs,
                  const RD_T *rhs, rd_int rhs_gs, rd_int rhs_rs, rd_int rhs_cs,
                  RD_T *out, rd_int out_gs, rd_int out_rs, rd_int out_cs,
-                 rd_int k, int accumulate)
+                 rd_int k, int accumulate, int stream)
 {
     const rd_int MC = ctx->RD_CFG.mc, KC = ctx->RD_CFG.kc, NC = ctx->RD_CFG.nc;
     const int MR = ctx->RD_CFG.mr, NR = ctx->RD_CFG.nr;
@@ -193,7 +195,7 @@ RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
                                   lhs + tile->r0 * lhs_rs, lhs_rs, lhs_cs,
                                   rhs + g * rhs_gs + tile->c0 * rhs_cs, rhs_rs, rhs_cs,
                                   out + tile->r0 * out_rs + tile->c0 * out_cs,
-                                  out_rs, out_cs, accumulate, apack, bpack);
+                                  out_rs, out_cs, accumulate, stream, apack, bpack);
             }
             else {
                 /* rows index lhs's first axis; the contraction runs over the
@@ -203,9 +205,11 @@ RD_FN(run_tiles)(const rd_context_t *ctx, const rd_tiling_t *tl, int mode,
                                   lhs + tile->r0 * lhs_rs + s * lhs_cs, lhs_rs, lhs_cs,
                                   rhs + s * rhs_rs + tile->c0 * rhs_cs, rhs_rs, rhs_cs,
                                   out + g * out_gs + tile->r0 * out_rs + tile->c0 * out_cs,
-                                  out_rs, out_cs, accumulate, apack, bpack);
+                                  out_rs, out_cs, accumulate, stream, apack, bpack);
             }
         }
+        if (stream)
+            rd_store_fence();  /* before the barrier that ends the region */
     }
     return failed ? -1 : 0;
 }

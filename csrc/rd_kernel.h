@@ -28,13 +28,39 @@ typedef ptrdiff_t rd_int;
  *   c : the C tile, C[i][j] = c[i*rs_c + j*cs_c], of which only the leading
  *       m x n corner (m <= MR, n <= NR) is valid and may be touched.
  *
- *   accumulate == 0 :  C  = A B
- *   accumulate != 0 :  C += A B
+ *   accumulate == RD_STORE  :  C  = A B
+ *   accumulate == RD_ADD    :  C += A B
+ *   accumulate == RD_STREAM :  C  = A B with non-temporal stores, which
+ *       write whole cache lines to memory without first reading them in
+ *       (for large outputs that are written once and not read back soon).
+ *       Only full tiles whose rows are 64-byte aligned are streamed; a
+ *       kernel treats any other tile, or the whole flag if it has no such
+ *       stores, as RD_STORE.  The caller fences (rd_store_fence) before
+ *       another thread reads the results.
  *
  * The product is accumulated in registers in the order p = 0, 1, ..., kc-1
  * (one fused or unfused multiply-add per step) starting from zero, and is
  * added to C once at the end.  Padding rows/columns of the panels are zero.
  */
+enum { RD_STORE = 0, RD_ADD = 1, RD_STREAM = 2 };
+
+/* Order the non-temporal stores of this thread before its later stores
+ * (a no-op where the kernels have none). */
+static inline void
+rd_store_fence(void)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__SSE__))
+    __builtin_ia32_sfence();
+#endif
+}
+
+/* Whether a C tile with rows of `row_bytes` apart starting at c can take
+ * 64-byte non-temporal stores. */
+static inline int
+rd_stream_aligned(const void *c, rd_int row_bytes)
+{
+    return (((size_t)c | (size_t)row_bytes) & 63) == 0;
+}
 typedef void (*rd_sgemm_ukr_t)(rd_int kc, const float *a, const float *b,
                                float *c, rd_int rs_c, rd_int cs_c,
                                int m, int n, int accumulate);
@@ -51,7 +77,7 @@ static inline void NAME(const T *buf, int ldb, T *c, rd_int rs_c,           \
     for (int i = 0; i < m; i++) {                                           \
         T *ci = c + i * rs_c;                                               \
         const T *bi = buf + i * ldb;                                        \
-        if (accumulate)                                                     \
+        if (accumulate == RD_ADD)                                           \
             for (int j = 0; j < n; j++)                                     \
                 ci[j * cs_c] += bi[j];                                      \
         else                                                                \
@@ -114,6 +140,14 @@ int rd_set_kernel(const char *name);
 /* Change the cache blocking of the kernel in force (dtype_bytes 4 or 8);
  * MC and NC are rounded up to multiples of MR and NR.  For tuning. */
 int rd_set_blocking(int dtype_bytes, rd_int mc, rd_int kc, rd_int nc);
+/* Outputs of at least this many bytes that a call writes once (no
+ * accumulation, the whole contraction in one KC block) are written with
+ * non-temporal stores; smaller ones stay in cache for their reader.
+ * Negative: never.  Default RD_STREAM_MIN_BYTES; settable for tuning and
+ * for testing that path on small problems. */
+#define RD_STREAM_MIN_BYTES ((rd_int)32 << 20)
+rd_int rd_get_stream_min_bytes(void);
+void rd_set_stream_min_bytes(rd_int bytes);
 /* Names of the kernels compiled into this build, NULL-terminated. */
 const char *const *rd_compiled_kernels(void);
 int rd_cpu_has_avx2(void);
@@ -161,6 +195,19 @@ int rd_dgemm_ragged_contract(rd_int k, rd_int n, rd_int ng, const rd_int *bounds
                              const double *rhs, rd_int rhs_rs, rd_int rhs_cs,
                              double *out, rd_int out_gs, rd_int out_rs, rd_int out_cs,
                              int accumulate);
+
+/* ----------------------------------------------------------- result buffers
+ * (rd_pool.c; callers hold the GIL.)  rd_buffer_take returns a block of at
+ * least `bytes` (its real size in *got), 64-byte aligned, 2 MiB aligned
+ * from 4 MiB on; NULL when out of memory.  rd_buffer_give takes it back:
+ * blocks of 4 MiB or more are kept idle for reuse while the idle total
+ * stays under the limit, the oldest dropped first.  rd_buffer_cache_limit
+ * sets the limit (SIZE_MAX: leave it) and returns the previous one. */
+#define RD_BUFFER_CACHE_DEFAULT ((size_t)2 << 30)
+void *rd_buffer_take(size_t bytes, size_t *got);
+void rd_buffer_give(void *p, size_t bytes);
+size_t rd_buffer_cache_limit(size_t limit);
+size_t rd_buffer_cache_idle(void);
 
 /* ------------------------------------------------------------ tile metadata
  * megablox make_group_metadata.  group_sizes [ng] (non-negative, validated),

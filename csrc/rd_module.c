@@ -13,6 +13,7 @@
 
 #include "rd_kernel.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -606,6 +607,94 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
     return Py_BuildValue("NN", (PyObject *)dg, (PyObject *)du);
 }
 
+/* ------------------------------------------------------ result buffers */
+
+static const char rd_buffer_name[] = "raggeddot.buffer";
+
+static void
+rd_buffer_release(PyObject *capsule)
+{
+    void *p = PyCapsule_GetPointer(capsule, rd_buffer_name);
+    rd_buffer_give(p, (size_t)(uintptr_t)PyCapsule_GetContext(capsule));
+}
+
+PyDoc_STRVAR(empty_doc,
+"empty(shape, dtype) -> uninitialised C-contiguous array, 64-byte aligned.\n\n"
+"Its memory comes from, and returns to, the cache of result buffers (see\n"
+"set_buffer_cache): a large block freed by an earlier result is reused\n"
+"with its pages already mapped.");
+
+static PyObject *
+rd_py_empty(PyObject *self, PyObject *args)
+{
+    PyObject *oshape;
+    PyArray_Descr *descr = NULL;
+    PyArray_Dims dims = {NULL, 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
+        return NULL;
+    if (!PyArray_IntpConverter(oshape, &dims)) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+#if NPY_ABI_VERSION >= 0x02000000
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+#else
+    size_t bytes = (size_t)descr->elsize;
+#endif
+    for (int d = 0; d < dims.len; d++) {
+        if (dims.ptr[d] < 0 || (dims.ptr[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)dims.ptr[d])) {
+            PyErr_SetString(PyExc_ValueError, "empty: negative or too large shape");
+            Py_DECREF(descr);
+            PyDimMem_FREE(dims.ptr);
+            return NULL;
+        }
+        bytes *= (size_t)dims.ptr[d];
+    }
+    size_t got = 0;
+    void *p = rd_buffer_take(bytes, &got);
+    if (p == NULL) {
+        Py_DECREF(descr);
+        PyDimMem_FREE(dims.ptr);
+        return PyErr_NoMemory();
+    }
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, dims.len, dims.ptr, NULL, p,
+                                         NPY_ARRAY_CARRAY, NULL);  /* steals descr */
+    PyDimMem_FREE(dims.ptr);
+    if (arr == NULL) {
+        rd_buffer_give(p, got);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(p, rd_buffer_name, rd_buffer_release);
+    if (capsule == NULL || PyCapsule_SetContext(capsule, (void *)(uintptr_t)got) != 0) {
+        if (capsule != NULL)
+            Py_DECREF(capsule);  /* gives the block back */
+        else
+            rd_buffer_give(p, got);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, capsule) != 0) {  /* steals capsule */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *
+rd_py_set_buffer_cache(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "set_buffer_cache: nbytes must be >= 0, got %zd", bytes);
+        return NULL;
+    }
+    return PyLong_FromSize_t(rd_buffer_cache_limit((size_t)bytes));
+}
+
 /* ------------------------------------------------------ configuration */
 
 static PyObject *
@@ -668,6 +757,18 @@ rd_py_set_blocking(PyObject *self, PyObject *args)
 }
 
 static PyObject *
+rd_py_set_stream_threshold(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes == -1 && PyErr_Occurred())
+        return NULL;
+    rd_int previous = rd_get_stream_min_bytes();
+    rd_set_stream_min_bytes(bytes < 0 ? -1 : bytes);
+    return PyLong_FromSsize_t(previous);
+}
+
+static PyObject *
 rd_py_get_kernel(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -704,14 +805,17 @@ rd_py_build_info(PyObject *self, PyObject *unused)
     b64 = rd_blocking_dict(ctx->d.mr, ctx->d.nr, ctx->d.mc, ctx->d.kc, ctx->d.nc);
     if (b32 == NULL || b64 == NULL)
         goto error;
-    info = Py_BuildValue("{s:O,s:O,s:s,s:O,s:O,s:i,s:{s:N,s:N}}",
+    info = Py_BuildValue("{s:O,s:O,s:s,s:O,s:O,s:i,s:{s:N,s:N},s:n,s:{s:n,s:n}}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
                          "simd", simd,
                          "kernel", ctx->name,
                          "cpu_avx2", rd_cpu_has_avx2() ? Py_True : Py_False,
                          "cpu_avx512", rd_cpu_has_avx512() ? Py_True : Py_False,
                          "num_threads", rd_get_num_threads(),
-                         "blocking", "float32", b32, "float64", b64);
+                         "blocking", "float32", b32, "float64", b64,
+                         "stream_threshold", (Py_ssize_t)rd_get_stream_min_bytes(),
+                         "buffer_cache", "limit", (Py_ssize_t)rd_buffer_cache_limit(SIZE_MAX),
+                         "idle", (Py_ssize_t)rd_buffer_cache_idle());
     b32 = b64 = NULL;
 error:
     Py_DECREF(simd);
@@ -770,6 +874,12 @@ static PyMethodDef rd_methods[] = {
      "set_blocking(dtype, mc, kc, nc): cache blocking of the kernel in force (for tuning);"
      " set_kernel(name) restores the defaults of that kernel"},
     {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
+    {"empty", rd_py_empty, METH_VARARGS, empty_doc},
+    {"set_buffer_cache", rd_py_set_buffer_cache, METH_O,
+     "set_buffer_cache(nbytes) -> previous limit on the idle result buffers kept for reuse (0: keep none)"},
+    {"set_stream_threshold", rd_py_set_stream_threshold, METH_O,
+     "set_stream_threshold(nbytes) -> previous: outputs of at least nbytes that a call writes once"
+     " get non-temporal stores (negative: never)"},
     {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
     {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
     {"moe_route", rd_py_moe_route, METH_VARARGS,

@@ -44,7 +44,12 @@
 RD_AVX2 static inline void
 s_store_row(float *c, __m256 lo, __m256 hi, int accumulate)
 {
-    if (accumulate) {
+    if (accumulate == RD_STREAM) {
+        _mm256_stream_ps(c, lo);
+        _mm256_stream_ps(c + 8, hi);
+        return;
+    }
+    if (accumulate == RD_ADD) {
         lo = _mm256_add_ps(_mm256_loadu_ps(c), lo);
         hi = _mm256_add_ps(_mm256_loadu_ps(c + 8), hi);
     }
@@ -72,6 +77,8 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
     }
 
     if (m == 6 && n == 16 && cs_c == 1) {
+        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float)))
+            accumulate = RD_STORE;
         s_store_row(c + 0 * rs_c, c00, c01, accumulate);
         s_store_row(c + 1 * rs_c, c10, c11, accumulate);
         s_store_row(c + 2 * rs_c, c20, c21, accumulate);
@@ -114,7 +121,12 @@ rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
 RD_AVX2 static inline void
 d_store_row(double *c, __m256d lo, __m256d hi, int accumulate)
 {
-    if (accumulate) {
+    if (accumulate == RD_STREAM) {
+        _mm256_stream_pd(c, lo);
+        _mm256_stream_pd(c + 4, hi);
+        return;
+    }
+    if (accumulate == RD_ADD) {
         lo = _mm256_add_pd(_mm256_loadu_pd(c), lo);
         hi = _mm256_add_pd(_mm256_loadu_pd(c + 4), hi);
     }
@@ -140,6 +152,8 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
     }
 
     if (m == 6 && n == 8 && cs_c == 1) {
+        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(double)))
+            accumulate = RD_STORE;
         d_store_row(c + 0 * rs_c, c00, c01, accumulate);
         d_store_row(c + 1 * rs_c, c10, c11, accumulate);
         d_store_row(c + 2 * rs_c, c20, c21, accumulate);

@@ -34,7 +34,10 @@
     av = SET1(a[i]);                                                        \
     c##i##0 = FMA(av, b0, c##i##0);                                         \
     c##i##1 = FMA(av, b1, c##i##1);
-#define RD_STORE(i) STORE_ROW(c + (i) * rs_c, c##i##0, c##i##1, accumulate);
+#define RD_PUT(i) STORE_ROW(c + (i) * rs_c, c##i##0, c##i##1, accumulate);
+#define RD_STREAM_PUT(i)                                                    \
+    STREAM(c + (i) * rs_c, c##i##0);                                        \
+    STREAM(c + (i) * rs_c + W, c##i##1);
 #define RD_SPILL(i)                                                         \
     STORE_A(buf + (i) * 2 * W, c##i##0);                                    \
     STORE_A(buf + (i) * 2 * W + W, c##i##1);
@@ -45,8 +48,12 @@ NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
      int m, int n, int accumulate)                                          \
 {                                                                           \
     ROWS(RD_DECL)                                                           \
-    /* bring the C tile in while the contraction runs */                    \
-    if (cs_c == 1)                                                          \
+    const int stream = accumulate == RD_STREAM && m == (R) && n == 2 * W    \
+                       && cs_c == 1                                         \
+                       && rd_stream_aligned(c, rs_c * (rd_int)sizeof(T));   \
+    /* bring the C tile in while the contraction runs (not when streaming: \
+     * non-temporal stores write the lines without reading them) */         \
+    if (cs_c == 1 && !stream)                                               \
         for (int i = 0; i < m; i++) {                                       \
             _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);        \
             _mm_prefetch((const char *)(c + i * rs_c + 2 * W - 1), _MM_HINT_T0); \
@@ -60,7 +67,11 @@ NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
         b += 2 * W;                                                         \
     }                                                                       \
     if (m == (R) && n == 2 * W && cs_c == 1) {                              \
-        ROWS(RD_STORE)                                                      \
+        if (stream) {                                                       \
+            ROWS(RD_STREAM_PUT)                                             \
+        } else {                                                            \
+            ROWS(RD_PUT)                                                    \
+        }                                                                   \
         return;                                                             \
     }                                                                       \
     T buf[(R) * 2 * W] __attribute__((aligned(64)));                        \
@@ -87,7 +98,7 @@ NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
 RD_AVX512 static inline void
 s_store_row(float *c, __m512 lo, __m512 hi, int accumulate)
 {
-    if (accumulate) {
+    if (accumulate == RD_ADD) {
         lo = _mm512_add_ps(_mm512_loadu_ps(c), lo);
         hi = _mm512_add_ps(_mm512_loadu_ps(c + 16), hi);
     }
@@ -104,6 +115,7 @@ s_store_row(float *c, __m512 lo, __m512 hi, int accumulate)
 #define LOAD_A _mm512_load_ps
 #define STORE_A _mm512_store_ps
 #define STORE_ROW s_store_row
+#define STREAM _mm512_stream_ps
 #define STORE_EDGE rd_s_store_edge
 RD_BODY(s_rows4, 4, ROWS4)
 RD_BODY(s_rows8, 8, ROWS8)
@@ -118,6 +130,7 @@ RD_KERNEL(rd_sgemm_avx512_12x32, s_rows4, s_rows8, s_rows12)
 #undef LOAD_A
 #undef STORE_A
 #undef STORE_ROW
+#undef STREAM
 #undef STORE_EDGE
 
 /* ---------------------------------------------------------------- float64 */
@@ -125,7 +138,7 @@ RD_KERNEL(rd_sgemm_avx512_12x32, s_rows4, s_rows8, s_rows12)
 RD_AVX512 static inline void
 d_store_row(double *c, __m512d lo, __m512d hi, int accumulate)
 {
-    if (accumulate) {
+    if (accumulate == RD_ADD) {
         lo = _mm512_add_pd(_mm512_loadu_pd(c), lo);
         hi = _mm512_add_pd(_mm512_loadu_pd(c + 8), hi);
     }
@@ -142,6 +155,7 @@ d_store_row(double *c, __m512d lo, __m512d hi, int accumulate)
 #define LOAD_A _mm512_load_pd
 #define STORE_A _mm512_store_pd
 #define STORE_ROW d_store_row
+#define STREAM _mm512_stream_pd
 #define STORE_EDGE rd_d_store_edge
 RD_BODY(d_rows4, 4, ROWS4)
 RD_BODY(d_rows8, 8, ROWS8)
@@ -156,6 +170,7 @@ RD_KERNEL(rd_dgemm_avx512_12x16, d_rows4, d_rows8, d_rows12)
 #undef LOAD_A
 #undef STORE_A
 #undef STORE_ROW
+#undef STREAM
 #undef STORE_EDGE
 
 /* ------------------------------------------------------------- peak probe */

@@ -53,8 +53,27 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
     return v.compute_dtype(v.promote(lt, rt, fn))
 
 
+def _result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
+    """The array the kernel writes: the caller's `out` when it has the compute
+    dtype, else a fresh one; holding existing_out's values when given (a
+    copy, unless `out` is existing_out itself: inputs are never written
+    otherwise)."""
+    if out is not None:
+        out = v.out_buffer(out, shape, out_dtype, fn, inputs)
+        if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
+            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
+    if out is not None and out_dtype == ct:
+        if existing is not None and not v.same_buffer(out, existing):
+            np.copyto(out, existing)
+        return out
+    res = v.aligned_empty(shape, ct)
+    if existing is not None:
+        np.copyto(res, existing)
+    return res
+
+
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
-        existing_out=None, transpose_rhs=False):
+        existing_out=None, transpose_rhs=False, *, out=None):
     """Grouped matmul (megablox ``gmm``): ``lhs[s_i:s_i+size_i] @ rhs[i]`` for each group i.
 
     Args:
@@ -73,10 +92,13 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
       existing_out: ``[m, n]``; rows not computed keep its values (otherwise
         they are 0). Computed rows are overwritten, as megablox does.
       transpose_rhs: use ``rhs[i].T`` (rhs given as ``[g_local, n, k]``).
+      out: optional ``[m, n]`` array of the result's dtype to write into
+        (NumPy's ``out=``); it may be ``existing_out`` itself, which is then
+        updated in place, but must not share memory with lhs or rhs.
 
     Returns:
-      ``[m, n]``: ``out[r] = lhs[r] @ rhs[i - group_offset]`` for rows r of a
-      local group i; other rows from ``existing_out`` or 0.
+      ``[m, n]`` (``out`` when given): ``out[r] = lhs[r] @ rhs[i - group_offset]``
+      for rows r of a local group i; other rows from ``existing_out`` or 0.
     """
     fn = "gmm"
     lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
@@ -99,17 +121,18 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     # megablox: group_offset None means 0, and rhs may hold fewer groups than group_sizes
     bounds = _group_bounds(gs, 0 if group_offset is None else group_offset, w.shape[0], fn)
     ct = v.compute_dtype(lt, rt, out_dtype)
-    if existing is not None:
-        out = np.array(existing, dtype=ct, order="C")  # a fresh buffer: inputs are never written
-    else:
-        out = np.zeros((m, n), dtype=ct)
-    if bounds[-1] > bounds[0] and n > 0:
-        _core.ragged_rows(v.operand(lhs, ct), v.operand(w, ct), bounds, out, False)
-    return out if out.dtype == out_dtype else out.astype(out_dtype)
+    res = _result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    first, last = int(bounds[0]), int(bounds[-1])
+    if existing is None:
+        res[:first] = 0
+        res[last:] = 0
+    if last > first and n > 0:
+        _core.ragged_rows(v.operand(lhs, ct), v.operand(w, ct), bounds, res, False)
+    return v.deliver(res, out, out_dtype)
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
-         num_actual_groups=None, existing_out=None):
+         num_actual_groups=None, existing_out=None, *, out=None):
     """Transposed grouped matmul (megablox ``tgmm``), the weight gradient of gmm.
 
     ``out[j] = lhs[:, rows] @ rhs[rows, :]`` where ``rows`` are the rows of group
@@ -126,10 +149,17 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       num_actual_groups: number of groups computed (default ``len(group_sizes)``,
         so it must be given with a group_offset).
       existing_out: ``[num_actual_groups, k, n]``, added to the result.
+      out: optional ``[num_actual_groups, k, n]`` array of the result's dtype
+        to write into (NumPy's ``out=``). It may be ``existing_out`` itself,
+        which then accumulates in place (``out += lhs_g @ rhs_g``), but must
+        not share memory with lhs or rhs. The result is ``g/size`` times
+        larger than the forward's when groups are small; a fresh array that
+        size costs the OS's zeroing of every new page, which reusing one
+        buffer across calls (a gradient buffer in a training loop) avoids.
 
     Returns:
-      ``[num_actual_groups, k, n]``. Each thread owns whole output tiles, so no
-      reduction across threads is needed.
+      ``[num_actual_groups, k, n]`` (``out`` when given). Each thread owns
+      whole output tiles, so no reduction across threads is needed.
     """
     fn = "tgmm"
     lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
@@ -163,11 +193,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = v.compute_dtype(lt, rt, out_dtype)
-    if existing is not None:
-        out = np.array(existing, dtype=ct, order="C")  # a fresh buffer: inputs are never written
-    else:
-        out = np.empty(shape, dtype=ct)
+    res = _result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     if count and k and n:
-        _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, out,
-                              existing_out is not None)
-    return out if out.dtype == out_dtype else out.astype(out_dtype)
+        _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res,
+                              existing is not None)
+    return v.deliver(res, out, out_dtype)

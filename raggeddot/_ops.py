@@ -16,7 +16,8 @@ def _group_bounds(gs, group_offset, num_local, fn):
     return np.ascontiguousarray(offsets[start:start + num_local + 1])
 
 
-def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None, *,
+               out=None):
     """Grouped matrix multiplication with the semantics of ``jax.lax.ragged_dot``.
 
     The rows of ``lhs`` are split into consecutive groups; group ``i`` owns rows
@@ -38,10 +39,15 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         groups ``[group_offset, group_offset + rhs.shape[0])`` of the
         ``len(group_sizes)`` groups; rows of those groups are computed and all
         other rows are 0.
+      out: optional ``[m, n]`` array of the result's dtype to write the result
+        into (NumPy's ``out=``; it must not share memory with lhs or rhs). A
+        caller that reuses one buffer across calls skips the page faults of a
+        fresh large array.
 
     Returns:
-      ``[m, n]`` array. Products accumulate in float32 (float64 when an input
-      or the output is float64) and are cast once at the end.
+      ``[m, n]`` array (``out`` when given). Products accumulate in float32
+      (float64 when an input or the output is float64) and are cast once at
+      the end.
 
     Runs on the tiled C kernel: one list of (group, row block, column block)
     tiles over all groups, shared by the threads (see ``set_num_threads``).
@@ -65,13 +71,15 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     ct = v.compute_dtype(lt, rt, out_dtype)
     n = rhs.shape[2]
-    out = np.empty((m, n), dtype=ct)
+    if out is not None:
+        out = v.out_buffer(out, (m, n), out_dtype, fn, {"lhs": lhs, "rhs": rhs})
+    res = out if out is not None and out_dtype == ct else v.aligned_empty((m, n), ct)
     first, last = int(bounds[0]), int(bounds[-1])
-    out[:first] = 0
-    out[last:] = 0
+    res[:first] = 0
+    res[last:] = 0
     if last > first and n > 0:
-        _core.ragged_rows(v.operand(lhs, ct), v.operand(rhs, ct), bounds, out, False)
-    return out if out.dtype == out_dtype else out.astype(out_dtype)
+        _core.ragged_rows(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res, False)
+    return v.deliver(res, out, out_dtype)
 
 
 def make_group_metadata(*, group_sizes, m, tm, start_group=0, num_nonzero_groups=None,

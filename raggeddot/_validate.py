@@ -9,6 +9,8 @@ import operator
 
 import numpy as np
 
+from . import _core
+
 __all__ = []
 
 _PRECISIONS = {"default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "fastest"}
@@ -170,3 +172,51 @@ def local_group_start(group_offset, g, num_local, fn, local_doc="rhs.shape[0]"):
             f"0 <= group_offset and group_offset + {local_doc} <= len(group_sizes)={g}"
         )
     return start
+
+
+def out_buffer(out, shape, dtype, fn, inputs):
+    """A caller's ``out=`` array, checked: an ndarray of exactly `shape` and of
+    the result's `dtype`, writeable, aligned, native, with no repeated
+    elements and sharing no memory with any of `inputs` (name -> array)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{fn}: 'out' must be a numpy.ndarray, got {type(out).__name__}")
+    shape = tuple(shape)
+    if out.shape != shape:
+        raise ValueError(f"{fn}: 'out' must have shape {shape}, got {out.shape}")
+    if not out.dtype.isnative:
+        raise ValueError(f"{fn}: 'out' must be in native byte order, got dtype {out.dtype.str}")
+    if out.dtype != dtype:
+        raise TypeError(f"{fn}: 'out' must have the result's dtype {_dtype_name(dtype)}, got {_dtype_name(out.dtype)}")
+    if not out.flags.writeable:
+        raise ValueError(f"{fn}: 'out' is read-only")
+    if not out.flags.aligned:
+        raise ValueError(f"{fn}: 'out' must be aligned")
+    if any(s % out.itemsize or (s == 0 and d > 1) for s, d in zip(out.strides, out.shape)):
+        raise ValueError(f"{fn}: 'out' has strides {out.strides} that repeat or split its elements")
+    for name, arr in inputs.items():
+        if arr is not None and np.may_share_memory(out, arr):
+            raise ValueError(f"{fn}: 'out' shares memory with '{name}'")
+    return out
+
+
+def same_buffer(a, b):
+    """Whether two arrays are the same elements in the same layout."""
+    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def deliver(res, out, out_dtype):
+    """The result `res` (held in the compute dtype) as `out_dtype`: written
+    into `out` and returned as `out` when a caller gave one."""
+    if out is None:
+        return res if res.dtype == out_dtype else res.astype(out_dtype)
+    if res is not out:
+        np.copyto(out, res, casting="unsafe")
+    return out
+
+
+def aligned_empty(shape, dtype):
+    """An uninitialised C-contiguous result array, 64-byte aligned (the kernels
+    write whole cache lines of it with non-temporal stores), whose memory comes
+    from the cache of result buffers (``set_buffer_cache``)."""
+    return _core.empty(tuple(shape), np.dtype(dtype))

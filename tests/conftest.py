@@ -132,16 +132,20 @@ def _random_group_sizes_fixture():
 
 @pytest.fixture
 def restore_runtime():
-    """Put the thread count and micro-kernel back after the test."""
+    """Put the thread count, micro-kernel, streaming threshold and buffer
+    cache limit back after the test."""
     import raggeddot
     from raggeddot import _core
 
     saved_threads = raggeddot.get_num_threads()
+    info = raggeddot.build_info()
     try:
         yield
     finally:
         _core.set_kernel("auto")
         raggeddot.set_num_threads(saved_threads)
+        _core.set_stream_threshold(info["stream_threshold"])
+        raggeddot.set_buffer_cache(info["buffer_cache"]["limit"])
 
 
 def pytest_configure(config):

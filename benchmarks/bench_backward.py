@@ -37,7 +37,12 @@ Section "step": forward + backward, FLOPs = 3 x 2*sum(group_sizes)*k*n
                reported "skip".
 
 Section "tgmm": the weight gradient alone, FLOPs = 2*sum(group_sizes)*k*n
-  tgmm         raggeddot.tgmm(lhs.T, ct, gs) -> [g, k, n] (lhs.T read through strides)
+  tgmm         raggeddot.tgmm(lhs.T, ct, gs) -> [g, k, n] (lhs.T read through strides), as a
+               loop calls it: the result of one call is dropped before the next, so its block
+               comes back from raggeddot's cache of result buffers with its pages mapped
+  tgmm-fresh   the same with that cache off (raggeddot.set_buffer_cache(0) around the call):
+               every call gets new memory and pays the OS's zeroing of each page on first
+               touch, as the NumPy loop does
   forward      raggeddot.ragged_dot(lhs, rhs, gs) on the same (m, k, n, g): same FLOPs
   np-loop      NumPy per group: np.matmul(lhs[s:e].T, ct[s:e], out=d_rhs[i]), empty groups zeroed
   np-dense     lhs @ rhs[0] on the same (m, k, n): the dense roofline, own FLOPs 2*m*k*n; its
@@ -49,7 +54,8 @@ timed with < 75% of its threads' CPU time, or with > 5% of the CPU time stolen b
 hypervisor, is marked '*' (rule of bench_ragged_dot.py). Outputs: tables on stdout,
 <out>/bench_backward.json, then a "targets" section: REACHED / MISSED with the measured figure
 for tgmm >= 0.8x the forward's GFLOP/s and tgmm >= 2x the NumPy loop at 64+ groups (float32),
-and the step's ratios to the NumPy loop, torch and jax (reported, no bound).
+the same two ratios for tgmm-fresh, and the step's ratios to the NumPy loop, torch and jax
+(reported, no bound).
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ QUICK_SCENARIOS = [
 ]
 
 STEP_COLS = ["raggeddot", "np-loop", "torch-loop", "jax"]
-TGMM_COLS = ["tgmm", "forward", "np-loop", "np-dense"]
+TGMM_COLS = ["tgmm", "tgmm-fresh", "forward", "np-loop", "np-dense"]
 
 #: jax's time limit per call of the jitted step (s), as bench_ragged_dot.py's per call
 JAX_TIME_LIMIT = {"full": 4.0, "quick": 1.0}
@@ -259,6 +265,19 @@ def build_tgmm(env: Env, c: F.Case, ct: np.ndarray):
     return (lambda: rd.tgmm(lhs_t, ct, gs)), None
 
 
+def build_tgmm_fresh(env: Env, c: F.Case, ct: np.ndarray):
+    rd, lhs_t, gs = env.rd, c.lhs.T, c.gs
+
+    def call():
+        limit = rd.set_buffer_cache(0)  # also releases the block of the previous call
+        try:
+            return rd.tgmm(lhs_t, ct, gs)
+        finally:
+            rd.set_buffer_cache(limit)
+
+    return call, None
+
+
 def build_forward(env: Env, c: F.Case, ct: np.ndarray):
     rd, lhs, rhs, gs = env.rd, c.lhs, c.rhs, c.gs
     return (lambda: rd.ragged_dot(lhs, rhs, gs)), None
@@ -389,6 +408,7 @@ def run_scenario(env: Env, c: F.Case, ct: np.ndarray, timing_kw: dict, jax_time_
     d_rhs_ref, out_ref = {"d_rhs": ref["d_rhs"]}, {"out": ref["out"]}
     run("tgmm", "np-dense", lambda: build_np_dense(env, c, ct), {"dense": ref["dense"]}, c.dense_flops)
     run("tgmm", "tgmm", lambda: build_tgmm(env, c, ct), d_rhs_ref, c.flops)
+    run("tgmm", "tgmm-fresh", lambda: build_tgmm_fresh(env, c, ct), d_rhs_ref, c.flops)
     run("tgmm", "forward", lambda: build_forward(env, c, ct), out_ref, c.flops)
     run("tgmm", "np-loop", lambda: build_np_tgmm(env, c, ct), d_rhs_ref, c.flops)
 
@@ -410,6 +430,8 @@ def run_scenario(env: Env, c: F.Case, ct: np.ndarray, timing_kw: dict, jax_time_
         "tgmm/fwd": ratio(tg, gf(rec, "tgmm", "forward")),
         "tgmm/loop": ratio(tg, gf(rec, "tgmm", "np-loop")),
         "tgmm/dense": ratio(tg, gf(rec, "tgmm", "np-dense")),
+        "fresh/fwd": ratio(gf(rec, "tgmm", "tgmm-fresh"), gf(rec, "tgmm", "forward")),
+        "fresh/loop": ratio(gf(rec, "tgmm", "tgmm-fresh"), gf(rec, "tgmm", "np-loop")),
     }
     # time of the step over the forward's (3 products: ~3 when the backward runs at forward speed)
     rec["step_over_forward_time"] = ratio(med_s(rec, "step", "raggeddot"), med_s(rec, "tgmm", "forward"))
@@ -421,7 +443,7 @@ def mark_contention(rec: dict, rd_threads: int | None, blas_threads: int | None)
     >= 1 GFLOP, which OpenBLAS runs on all its threads) are expected to use every thread."""
     ncpu = os.cpu_count() or 1
     expect = {("step", "raggeddot"): rd_threads or ncpu, ("tgmm", "tgmm"): rd_threads or ncpu,
-              ("tgmm", "forward"): rd_threads or ncpu}
+              ("tgmm", "tgmm-fresh"): rd_threads or ncpu, ("tgmm", "forward"): rd_threads or ncpu}
     if rec["dense_flops"] >= 1e9:
         expect[("tgmm", "np-dense")] = blas_threads or ncpu
     for section in ("step", "tgmm"):
@@ -460,13 +482,14 @@ def step_table(rows: list[dict]) -> str:
 
 
 def tgmm_table(rows: list[dict]) -> str:
-    headers = ["scenario", "g", "pattern", *TGMM_COLS, "tgmm ms", "tgmm/fwd", "tgmm/loop", "tgmm/dense"]
+    headers = ["scenario", "g", "pattern", *TGMM_COLS, "tgmm ms", "tgmm/fwd", "tgmm/loop", "tgmm/dense",
+               "fresh/fwd", "fresh/loop"]
     out = []
     for r in rows:
         ra, ms = r["ratios"], med_s(r, "tgmm", "tgmm")
         out.append([r["scenario"], r["g"], r["pattern"], *(cell(r, "tgmm", v) for v in TGMM_COLS),
                     C.fmt_num(ms * 1e3 if ms else None, 1),
-                    *(fmt_ratio(ra[x]) for x in ("tgmm/fwd", "tgmm/loop", "tgmm/dense"))])
+                    *(fmt_ratio(ra[x]) for x in ("tgmm/fwd", "tgmm/loop", "tgmm/dense", "fresh/fwd", "fresh/loop"))])
     return C.format_table(headers, out, ["<", ">", "<"] + [">"] * (len(headers) - 3))
 
 
@@ -515,8 +538,9 @@ def evaluate_targets(results: list[dict], rd_threads: int | None) -> list[dict]:
         fig, v = spread(vals)
         out.append({"target": what, "status": "REACHED" if v >= limit else "MISSED", "figure": fig + at, "value": v})
 
-    def report(key, what, why_none):
-        vals = [(r["ratios"][key], r["scenario"]) for r in f32 if r["ratios"][key] is not None]
+    def report(key, what, why_none, rows=None):
+        vals = [(r["ratios"][key], r["scenario"]) for r in (f32 if rows is None else rows)
+                if r["ratios"][key] is not None]
         if not vals:
             out.append({"target": what, "status": "n/a", "figure": why_none if f32 else "no float32 scenario run"})
             return
@@ -528,6 +552,10 @@ def evaluate_targets(results: list[dict], rd_threads: int | None) -> list[dict]:
     bound([r for r in f32 if r["g"] >= TARGET_TGMM_VS_LOOP_MIN_GROUPS], "tgmm/loop",
           f"float32 tgmm, {TARGET_TGMM_VS_LOOP_MIN_GROUPS}+ groups >= {TARGET_TGMM_VS_LOOP}x NumPy loop",
           TARGET_TGMM_VS_LOOP, f"float32 {TARGET_TGMM_VS_LOOP_MIN_GROUPS}+ group")
+    report("fresh/fwd", "float32 tgmm-fresh (no buffer reuse) / forward", "tgmm-fresh or the forward did not run")
+    big = [r for r in f32 if r["g"] >= TARGET_TGMM_VS_LOOP_MIN_GROUPS]
+    report("fresh/loop", f"float32 tgmm-fresh, {TARGET_TGMM_VS_LOOP_MIN_GROUPS}+ groups / NumPy loop",
+           "tgmm-fresh or the NumPy loop did not run", big)
     report("step rd/loop", "float32 step: raggeddot / NumPy loop", "raggeddot or the NumPy loop did not run")
     report("step rd/torch", "float32 step: raggeddot / torch loop", "torch did not run")
     report("step rd/jax", "float32 step: raggeddot / jax", "jax skipped or did not run on every scenario")

@@ -293,8 +293,8 @@ def _forward(c, save):
     N = int(bounds[-1])
 
     xs = _core.gather_rows(c.xf, tok, None)                       # dispatch  [N, d]
-    h0 = np.empty((N, c.f), dtype=ct)
-    h1 = np.empty((N, c.f), dtype=ct)
+    h0 = v.aligned_empty((N, c.f), ct)
+    h1 = v.aligned_empty((N, c.f), ct)
     if N and c.f:
         _core.ragged_rows(xs, c.w0, bounds, h0, False)
         _core.ragged_rows(xs, c.w1, bounds, h1, False)
@@ -414,7 +414,7 @@ def _weight_grad(lhs_t, rhs, bounds, E, transposed):
     [E, b, a] by contracting the other way round (for the "efd" layout)."""
     if transposed:
         lhs_t, rhs = rhs.T, lhs_t.T
-    out = np.empty((E, lhs_t.shape[0], rhs.shape[1]), dtype=rhs.dtype)
+    out = v.aligned_empty((E, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
     if out.size:
         _core.ragged_contract(lhs_t, rhs, bounds, out, False)
     else:
@@ -468,7 +468,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             if kj.any():
                 dw[kj, j] = np.einsum("td,td->t", g[kj], r["y"][r["slot_of"][kj, j]])
         # down projection
-        da = np.empty((N, c.f), dtype=ct)
+        da = v.aligned_empty((N, c.f), ct)
         if N and c.f:
             _core.ragged_rows(dy, c.wo.transpose(0, 2, 1), bounds, da, False)
         dwo = _weight_grad(r["a"].T, dy, bounds, E, c.layout == "efd")

@@ -32,8 +32,9 @@ that fails is reported FAILED and not timed. Times are medians after a warm-up (
 call), of an adaptive number of runs (>= 3).
 
 Memory: peak extra memory of one call (tracemalloc; NumPy arrays, including the ones the C
-extension returns, are traced; the C kernels' small packing buffers are not), for raggeddot and
-numpy only (torch and XLA allocate outside tracemalloc).
+extension returns, are traced; the C kernels' small packing buffers are not, nor are the result
+blocks raggeddot keeps idle for reuse between calls, up to raggeddot.set_buffer_cache's limit),
+for raggeddot and numpy only (torch and XLA allocate outside tracemalloc).
 
 Dispatch + combine: raggeddot.ragged_gather (x -> [N, d]) and ragged_gather_reduce
 ([N, d] -> [T, d], router-weighted) timed separately on the scenario's routing.

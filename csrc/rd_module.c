@@ -610,11 +610,15 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
 /* ------------------------------------------------------ result buffers */
 
 static const char rd_buffer_name[] = "raggeddot.buffer";
+/* tracemalloc domain of NumPy's array data: result blocks are reported as
+ * array memory while an array holds them (not while they sit idle). */
+#define RD_TRACE_DOMAIN 389047
 
 static void
 rd_buffer_release(PyObject *capsule)
 {
     void *p = PyCapsule_GetPointer(capsule, rd_buffer_name);
+    PyTraceMalloc_Untrack(RD_TRACE_DOMAIN, (uintptr_t)p);
     rd_buffer_give(p, (size_t)(uintptr_t)PyCapsule_GetContext(capsule));
 }
 
@@ -674,6 +678,7 @@ rd_py_empty(PyObject *self, PyObject *args)
         Py_DECREF(arr);
         return NULL;
     }
+    PyTraceMalloc_Track(RD_TRACE_DOMAIN, (uintptr_t)p, got);
     if (PyArray_SetBaseObject((PyArrayObject *)arr, capsule) != 0) {  /* steals capsule */
         Py_DECREF(arr);
         return NULL;

@@ -199,3 +199,21 @@ def test_set_buffer_cache_rejects_bad_values():
         raggeddot.set_buffer_cache(-1)
     with pytest.raises(TypeError, match="nbytes"):
         raggeddot.set_buffer_cache(1.5)
+
+
+def test_tracemalloc_sees_result_memory_while_an_array_holds_it(restore_runtime):
+    import tracemalloc
+
+    raggeddot.set_buffer_cache(64 * MIB)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        a = _core.empty((1024, 1024), np.dtype(np.float64))  # 8 MiB
+        assert tracemalloc.get_traced_memory()[0] - base >= 8 * MIB
+        del a  # kept idle in the cache, no longer array memory
+        assert tracemalloc.get_traced_memory()[0] - base < MIB
+        b = _core.empty((1024, 1024), np.dtype(np.float64))  # reused block, traced again
+        assert tracemalloc.get_traced_memory()[0] - base >= 8 * MIB
+        del b
+    finally:
+        tracemalloc.stop()

@@ -637,6 +637,14 @@ rd_py_empty(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
         return NULL;
+    if ((descr->type_num != NPY_FLOAT32 && descr->type_num != NPY_FLOAT64)
+        || !PyArray_ISNBO(descr->byteorder)) {
+        /* an uninitialised array of any other dtype could hold garbage
+         * object pointers or need NumPy's own allocation */
+        PyErr_SetString(PyExc_TypeError, "empty: dtype must be native float32 or float64");
+        Py_DECREF(descr);
+        return NULL;
+    }
     if (!PyArray_IntpConverter(oshape, &dims)) {
         Py_DECREF(descr);
         return NULL;

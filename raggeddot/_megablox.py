@@ -53,25 +53,6 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
     return v.compute_dtype(v.promote(lt, rt, fn))
 
 
-def _result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
-    """The array the kernel writes: the caller's `out` when it has the compute
-    dtype, else a fresh one; holding existing_out's values when given (a
-    copy, unless `out` is existing_out itself: inputs are never written
-    otherwise)."""
-    if out is not None:
-        out = v.out_buffer(out, shape, out_dtype, fn, inputs)
-        if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
-            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
-    if out is not None and out_dtype == ct:
-        if existing is not None and not v.same_buffer(out, existing):
-            np.copyto(out, existing)
-        return out
-    res = v.aligned_empty(shape, ct)
-    if existing is not None:
-        np.copyto(res, existing)
-    return res
-
-
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
         existing_out=None, transpose_rhs=False, *, out=None):
     """Grouped matmul (megablox ``gmm``): ``lhs[s_i:s_i+size_i] @ rhs[i]`` for each group i.
@@ -121,7 +102,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     # megablox: group_offset None means 0, and rhs may hold fewer groups than group_sizes
     bounds = _group_bounds(gs, 0 if group_offset is None else group_offset, w.shape[0], fn)
     ct = v.compute_dtype(lt, rt, out_dtype)
-    res = _result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res = v.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     first, last = int(bounds[0]), int(bounds[-1])
     if existing is None:
         res[:first] = 0
@@ -193,7 +174,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = v.compute_dtype(lt, rt, out_dtype)
-    res = _result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res = v.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     if count and k and n:
         _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res,
                               existing is not None)

@@ -71,9 +71,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     ct = v.compute_dtype(lt, rt, out_dtype)
     n = rhs.shape[2]
-    if out is not None:
-        out = v.out_buffer(out, (m, n), out_dtype, fn, {"lhs": lhs, "rhs": rhs})
-    res = out if out is not None and out_dtype == ct else v.aligned_empty((m, n), ct)
+    res = v.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     first, last = int(bounds[0]), int(bounds[-1])
     res[:first] = 0
     res[last:] = 0

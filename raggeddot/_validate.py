@@ -205,6 +205,25 @@ def same_buffer(a, b):
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
+def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
+    """The array a kernel writes the result into: the caller's `out` (checked
+    by out_buffer) when it has the compute dtype `ct`, else a fresh one;
+    holding existing_out's values when `existing` is given (a copy, unless
+    `out` is existing_out itself: inputs are never written otherwise)."""
+    if out is not None:
+        out = out_buffer(out, shape, out_dtype, fn, inputs)
+        if existing is not None and not same_buffer(out, existing) and np.may_share_memory(out, existing):
+            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
+    if out is not None and out_dtype == ct:
+        if existing is not None and not same_buffer(out, existing):
+            np.copyto(out, existing)
+        return out
+    res = aligned_empty(shape, ct)
+    if existing is not None:
+        np.copyto(res, existing)
+    return res
+
+
 def deliver(res, out, out_dtype):
     """The result `res` (held in the compute dtype) as `out_dtype`: written
     into `out` and returned as `out` when a caller gave one."""

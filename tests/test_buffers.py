@@ -119,6 +119,16 @@ def test_empty_is_aligned_contiguous_and_writeable():
         assert (a == 1.5).all()
 
 
+def test_empty_refuses_other_dtypes_and_bad_shapes():
+    for dtype in (object, np.int64, np.dtype(">f4"), np.dtype([("a", np.float32)])):
+        with pytest.raises(TypeError, match="native float32 or float64"):
+            _core.empty((3,), np.dtype(dtype))
+    with pytest.raises(ValueError, match="negative or too large"):
+        _core.empty((2, -1), np.dtype(np.float32))
+    with pytest.raises(ValueError, match="negative or too large"):
+        _core.empty((1 << 40, 1 << 40), np.dtype(np.float32))
+
+
 def test_freed_large_buffer_is_reused_and_live_ones_never(restore_runtime):
     raggeddot.set_buffer_cache(0)  # start from an empty cache
     raggeddot.set_buffer_cache(64 * MIB)

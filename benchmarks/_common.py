@@ -368,3 +368,17 @@ def select_scenarios(patterns: Sequence[str] | None, known: Sequence[str], defau
             sys.exit(f"unknown scenario {pat!r}; known: {', '.join(known)}")
         names += [h for h in hits if h not in names]
     return names
+
+
+def run_main(main) -> None:
+    """A benchmark script's entry point: exit with main()'s status, 130 on Ctrl-C, and 1 with
+    the traceback on any other error."""
+    import traceback
+
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # noqa: BLE001 - show where, then fail
+        traceback.print_exc()
+        sys.exit(1)

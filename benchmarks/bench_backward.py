@@ -60,14 +60,12 @@ the same two ratios for tgmm-fresh, and the step's ratios to the NumPy loop, tor
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
 import re
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,9 +74,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 import bench_ragged_dot as F  # noqa: E402  (scenario table, case builder, jax setup of the forward benchmark)
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "results")
 
 # ----------------------------------------------------------------------------------------------
 # Scenarios: the MoE scenarios of the forward benchmark, name -> (m, k, n, g, group-size pattern)
@@ -566,16 +561,7 @@ def evaluate_targets(results: list[dict], rd_threads: int | None) -> list[dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="scenarios:\n" + "\n".join(f"  {k:34s} m={v[0]} k={v[1]} n={v[2]} g={v[3]} {v[4]}" for k, v in SCENARIOS.items()))
-    p.add_argument("--quick", action="store_true", help=f"small subset ({', '.join(QUICK_SCENARIOS)}), shorter timing; < 60 s")
-    p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: raggeddot's own default)")
-    p.add_argument("--dtype", nargs="+", choices=["float32", "float64"], default=["float32"], help="one or more (default float32)")
-    p.add_argument("--kernel", default=None, help="raggeddot micro-kernel (raggeddot._core.set_kernel: e.g. avx2, avx512, ref, auto)")
-    p.add_argument("--scenario", nargs="+", metavar="NAME", help="scenario names or globs (e.g. 'qwen3-*')")
-    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
-    p.add_argument("--seed", type=int, default=0, help="seed of group sizes and data (default 0)")
-    p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant (default 0.75, 0.2 with --quick)")
+    p = F.base_parser(__doc__, SCENARIOS, QUICK_SCENARIOS)
     p.add_argument("--jax-time-limit", type=float, default=None,
                    help="skip jax when a step call is estimated above this (s; default 4, 1 with --quick)")
     p.add_argument("--no-progress", action="store_true")
@@ -602,17 +588,7 @@ def main(argv=None) -> int:
     rd = F.import_raggeddot()
     if not (hasattr(rd, "vjp") and hasattr(rd, "tgmm")):
         sys.exit("raggeddot has no vjp/tgmm: rebuild it (pip install -e . --no-build-isolation)")
-    if args.threads is not None:
-        if hasattr(rd, "set_num_threads"):
-            rd.set_num_threads(args.threads)
-        else:
-            print("warning: raggeddot has no set_num_threads; --threads ignored", file=sys.stderr)
-    rd_threads = rd.get_num_threads() if hasattr(rd, "get_num_threads") else None
-    if args.kernel is not None:
-        if hasattr(getattr(rd, "_core", None), "set_kernel"):
-            rd._core.set_kernel(args.kernel)
-        else:
-            print("warning: raggeddot._core has no set_kernel; --kernel ignored", file=sys.stderr)
+    rd_threads = F.configure_raggeddot(rd, args.threads, args.kernel)
     kernel = F.kernel_name(rd)
 
     env = Env(rd=rd, fwd=F.Env(rd=rd, reference=None, reference_name="float64 NumPy loop"))
@@ -716,10 +692,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception:  # noqa: BLE001 - show where, then fail
-        traceback.print_exc()
-        sys.exit(1)
+    C.run_main(main)

@@ -53,7 +53,6 @@ import os
 import sys
 import time
 import tracemalloc
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -1127,10 +1126,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception:  # noqa: BLE001 - show where, then fail
-        traceback.print_exc()
-        sys.exit(1)
+    C.run_main(main)

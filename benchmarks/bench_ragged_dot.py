@@ -50,7 +50,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -806,10 +805,12 @@ def plot(results: list[dict], peaks: dict, rd_threads: int | None, path: str, pe
 # ----------------------------------------------------------------------------------------------
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="scenarios:\n" + "\n".join(f"  {k:34s} m={v[0]} k={v[1]} n={v[2]} g={v[3]} {v[4]}" for k, v in SCENARIOS.items()))
-    p.add_argument("--quick", action="store_true", help=f"small subset ({', '.join(QUICK_SCENARIOS)}), shorter timing; < 60 s")
+def base_parser(doc: str, scenarios: dict, quick: list[str]) -> argparse.ArgumentParser:
+    """The options this benchmark shares with bench_backward.py (scenarios name -> (m, k, n, g,
+    pattern); quick: the --quick subset)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="scenarios:\n" + "\n".join(f"  {k:34s} m={v[0]} k={v[1]} n={v[2]} g={v[3]} {v[4]}" for k, v in scenarios.items()))
+    p.add_argument("--quick", action="store_true", help=f"small subset ({', '.join(quick)}), shorter timing; < 60 s")
     p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: raggeddot's own default)")
     p.add_argument("--dtype", nargs="+", choices=["float32", "float64"], default=["float32"], help="one or more (default float32)")
     p.add_argument("--kernel", default=None, help="raggeddot micro-kernel (raggeddot._core.set_kernel: e.g. avx2, avx512, ref, auto)")
@@ -817,6 +818,27 @@ def parse_args(argv=None):
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
     p.add_argument("--seed", type=int, default=0, help="seed of group sizes and data (default 0)")
     p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant (default 0.75, 0.2 with --quick)")
+    return p
+
+
+def configure_raggeddot(rd, threads: int | None, kernel: str | None) -> int | None:
+    """Apply --threads and --kernel to raggeddot (with a warning where this build lacks the
+    setter); returns the thread count in force."""
+    if threads is not None:
+        if hasattr(rd, "set_num_threads"):
+            rd.set_num_threads(threads)
+        else:
+            print("warning: raggeddot has no set_num_threads; --threads ignored", file=sys.stderr)
+    if kernel is not None:
+        if hasattr(getattr(rd, "_core", None), "set_kernel"):
+            rd._core.set_kernel(kernel)
+        else:
+            print("warning: raggeddot._core has no set_kernel; --kernel ignored", file=sys.stderr)
+    return rd.get_num_threads() if hasattr(rd, "get_num_threads") else None
+
+
+def parse_args(argv=None):
+    p = base_parser(__doc__, SCENARIOS, QUICK_SCENARIOS)
     p.add_argument("--scaling-scenario", default=None, help="shape for the 1-vs-2-thread section ('none' to skip)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -843,18 +865,7 @@ def main(argv=None) -> int:
     rd = import_raggeddot()
     ref_fn, ref_name = reference_fn(rd)
     env = Env(rd=rd, reference=ref_fn, reference_name=ref_name)
-    if args.threads is not None:
-        if hasattr(rd, "set_num_threads"):
-            rd.set_num_threads(args.threads)
-        else:
-            print("warning: raggeddot has no set_num_threads; --threads ignored", file=sys.stderr)
-    rd_threads = rd.get_num_threads() if hasattr(rd, "get_num_threads") else None
-
-    if args.kernel is not None:
-        if hasattr(getattr(rd, "_core", None), "set_kernel"):
-            rd._core.set_kernel(args.kernel)
-        else:
-            print("warning: raggeddot._core has no set_kernel; --kernel ignored", file=sys.stderr)
+    rd_threads = configure_raggeddot(rd, args.threads, args.kernel)
     kernel = kernel_name(rd)
 
     # FMA peak per ISA and thread count, first, while this process is quiet. % peak uses the
@@ -1024,10 +1035,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception:  # noqa: BLE001 - show where, then fail
-        traceback.print_exc()
-        sys.exit(1)
+    C.run_main(main)

@@ -875,7 +875,36 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
     return PyFloat_FromDouble(total);
 }
 
+static PyObject *
+rd_py_kernel_table(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    static const char *const order[] = {"avx512", "avx2", "ref"};
+    for (int i = 0; i < 3; i++) {
+        int compiled = 0;
+        for (const char *const *k = rd_compiled_kernels(); *k != NULL; k++)
+            compiled |= strcmp(*k, order[i]) == 0;
+        if (!compiled)
+            continue;
+        int ok = i == 2 || (i == 1 ? rd_cpu_has_avx2() : rd_cpu_has_avx512());
+        PyObject *row = Py_BuildValue("{s:s,s:O,s:[ss]}", "name", order[i], "runnable",
+                                      ok ? Py_True : Py_False, "types", "float32", "float64");
+        if (row == NULL || PyList_Append(list, row) != 0) {
+            Py_XDECREF(row);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(row);
+    }
+    return list;
+}
+
 static PyMethodDef rd_methods[] = {
+    {"kernel_table", rd_py_kernel_table, METH_NOARGS, "kernel_table() -> [{name, runnable, types}]"},
     {"ragged_rows", rd_py_ragged_rows, METH_VARARGS, ragged_rows_doc},
     {"ragged_contract", rd_py_ragged_contract, METH_VARARGS, ragged_contract_doc},
     {"make_group_metadata", rd_py_make_group_metadata, METH_VARARGS, make_group_metadata_doc},

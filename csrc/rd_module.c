@@ -951,5 +951,24 @@ PyMODINIT_FUNC
 PyInit__core(void)
 {
     import_array();
-    return PyModule_Create(&rd_module);
+    PyObject *m = PyModule_Create(&rd_module);
+    if (m == NULL)
+        return NULL;
+    /* the C enums the Python side passes back in, so that it never retypes them */
+    PyObject *acts = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "silu", RD_ACT_SILU, "gelu", RD_ACT_GELU,
+                                   "gelu_tanh", RD_ACT_GELU_TANH, "relu", RD_ACT_RELU,
+                                   "swiglu_oai", RD_ACT_SWIGLU_OAI);
+    PyObject *scores = Py_BuildValue("{s:i,s:i}", "softmax", RD_SCORE_SOFTMAX, "sigmoid", RD_SCORE_SIGMOID);
+    if (acts == NULL || scores == NULL || PyModule_AddObject(m, "ACTIVATIONS", acts) != 0) {
+        Py_XDECREF(acts);
+        Py_XDECREF(scores);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "SCORE_FUNCS", scores) != 0) {
+        Py_DECREF(scores);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

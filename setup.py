@@ -64,8 +64,8 @@ setup(
     ext_modules=[
         Extension(
             "raggeddot._core",
-            sources=sorted(glob("csrc/*.c")),
-            depends=sorted(glob("csrc/*.h")),
+            sources=sorted(glob("csrc/**/*.c", recursive=True)),
+            depends=sorted(glob("csrc/**/*.h", recursive=True)),
             include_dirs=["csrc", numpy.get_include()],
             libraries=["m"],
         )

@@ -18,8 +18,8 @@ CSRC = ROOT / "csrc"
 def test_c_sources_compile_warning_free(openmp):
     cc = shutil.which("gcc") or shutil.which("cc")
     assert cc, "a C compiler is needed to build raggeddot"
-    sources = sorted(str(p) for p in CSRC.glob("*.c"))
-    assert any(s.endswith("rd_module.c") for s in sources)
+    sources = sorted(str(p) for p in CSRC.rglob("*.c"))
+    assert any(s.endswith("rd_py_module.c") for s in sources)
     cmd = [cc, "-fsyntax-only", "-O3", "-Wall", "-Wextra", "-Werror",
            f"-I{CSRC}", f"-I{np.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
     cmd += ["-fopenmp"] if openmp else []

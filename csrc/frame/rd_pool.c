@@ -12,7 +12,7 @@
  *
  * Not thread-safe: the binding calls these with the GIL held.
  */
-#include "rd_kernel.h"
+#include "rd_frame.h"
 
 #include <stdint.h>
 #include <stdlib.h>

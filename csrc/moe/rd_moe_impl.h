@@ -1,6 +1,6 @@
 /*
  * MoE routing, gathers and gated activations for one dtype.  Included by
- * rd_moe.c with RD_T (float, double), RD_FN(x) (name mangler) and the math
+ * moe/rd_moe.c with RD_T (float, double), RD_FN(x) (name mangler) and the math
  * functions RD_EXP, RD_ERF, RD_TANH defined.
  */
 
@@ -19,12 +19,15 @@ RD_FN(argmax_eligible)(const RD_T *v, const unsigned char *eligible, rd_int n)
     return best;
 }
 
-int
-RD_FN(moe_route)(rd_int T, rd_int E, const RD_T *logits, int score_func,
-                 const RD_T *selection_bias, rd_int n_groups, rd_int topk_groups,
+static int
+RD_FN(moe_route)(rd_int T, rd_int E, const void *logits_, int score_func,
+                 const void *selection_bias_, rd_int n_groups, rd_int topk_groups,
                  rd_int top_k, int norm_topk_prob, double scaling,
-                 RD_T *scores, long long *topk_idx, RD_T *topk_w)
+                 void *scores_, long long *topk_idx, void *topk_w_)
 {
+    const RD_T *logits = (const RD_T *)logits_;
+    const RD_T *selection_bias = (const RD_T *)selection_bias_;
+    RD_T *scores = (RD_T *)scores_, *topk_w = (RD_T *)topk_w_;
     int failed = 0;
     const rd_int per_group = n_groups > 1 ? E / n_groups : E;
 #ifdef _OPENMP
@@ -121,10 +124,12 @@ RD_FN(moe_route)(rd_int T, rd_int E, const RD_T *logits, int score_func,
     return failed ? -1 : 0;
 }
 
-void
-RD_FN(gather_rows)(rd_int n, rd_int d, const RD_T *x, rd_int x_rs,
-                   const long long *src, const RD_T *scale, RD_T *out)
+static void
+RD_FN(gather_rows)(rd_int n, rd_int d, const void *x_, rd_int x_rs,
+                   const long long *src, const void *scale_, void *out_)
 {
+    const RD_T *x = (const RD_T *)x_, *scale = (const RD_T *)scale_;
+    RD_T *out = (RD_T *)out_;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n * d > 65536)
 #endif
@@ -142,10 +147,12 @@ RD_FN(gather_rows)(rd_int n, rd_int d, const RD_T *x, rd_int x_rs,
     }
 }
 
-void
-RD_FN(gather_reduce)(rd_int T, rd_int k, rd_int d, const RD_T *y, rd_int y_rs,
-                     const long long *slots, const RD_T *w, RD_T *out)
+static void
+RD_FN(gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y_, rd_int y_rs,
+                     const long long *slots, const void *w_, void *out_)
 {
+    const RD_T *y = (const RD_T *)y_, *w = (const RD_T *)w_;
+    RD_T *out = (RD_T *)out_;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
 #endif
@@ -175,10 +182,12 @@ RD_FN(sigmoid)(RD_T x)
 #define RD_SQRT2_PI 0.79788456080286535588   /* sqrt(2/pi) */
 #define RD_INV_SQRT_2PI 0.39894228040143267794
 
-void
-RD_FN(gated_act)(rd_int n, int kind, double limit, const RD_T *gate,
-                 const RD_T *up, RD_T *out)
+static void
+RD_FN(gated_act)(rd_int n, int kind, double limit, const void *gate_,
+                 const void *up_, void *out_)
 {
+    const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
+    RD_T *out = (RD_T *)out_;
     const RD_T lim = (RD_T)limit;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
@@ -211,10 +220,13 @@ RD_FN(gated_act)(rd_int n, int kind, double limit, const RD_T *gate,
     }
 }
 
-void
-RD_FN(gated_act_grad)(rd_int n, int kind, double limit, const RD_T *gate,
-                      const RD_T *up, const RD_T *d_out, RD_T *d_gate, RD_T *d_up)
+static void
+RD_FN(gated_act_grad)(rd_int n, int kind, double limit, const void *gate_,
+                      const void *up_, const void *d_out_, void *d_gate_, void *d_up_)
 {
+    const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
+    const RD_T *d_out = (const RD_T *)d_out_;
+    RD_T *d_gate = (RD_T *)d_gate_, *d_up = (RD_T *)d_up_;
     const RD_T lim = (RD_T)limit;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)

@@ -3,7 +3,7 @@
  * grouped matmul visits, in visiting order.  The steps follow megablox's
  * own numbering; invariants are stated where they are used.
  */
-#include "rd_kernel.h"
+#include "rd_frame.h"
 
 #include <stdlib.h>
 

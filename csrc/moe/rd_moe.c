@@ -3,7 +3,7 @@
  * routing (scores, group-limited top-k), the counting sort of assignments
  * by expert, dispatch and combine as row gathers, and gated activations.
  */
-#include "rd_kernel.h"
+#include "moe/rd_moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -71,3 +71,10 @@ rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
 #undef RD_EXP
 #undef RD_ERF
 #undef RD_TANH
+
+const rd_moe_ops_t rd_moe_ops[RD_CT_COUNT] = {
+    [RD_CT_F32] = {rd_s_moe_route, rd_s_gather_rows, rd_s_gather_reduce, rd_s_gated_act,
+                   rd_s_gated_act_grad},
+    [RD_CT_F64] = {rd_d_moe_route, rd_d_gather_rows, rd_d_gather_reduce, rd_d_gated_act,
+                   rd_d_gated_act_grad},
+};

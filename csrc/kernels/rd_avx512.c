@@ -13,7 +13,6 @@
 #ifdef RD_HAVE_X86_KERNELS
 
 #include <immintrin.h>
-#include <time.h>
 
 #define RD_AVX512 __attribute__((target("avx512f")))
 
@@ -81,10 +80,12 @@ NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
 
 /* Dispatch on the number of valid rows. */
 #define RD_KERNEL(NAME, BODY4, BODY8, BODY12)                               \
-void                                                                        \
-NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
-     int m, int n, int accumulate)                                          \
+static void                                                                 \
+NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
+     rd_int cs_c, int m, int n, int accumulate)                             \
 {                                                                           \
+    const T *a = (const T *)a_, *b = (const T *)b_;                         \
+    T *c = (T *)c_;                                                         \
     if (m > 8)                                                              \
         BODY12(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                  \
     else if (m > 4)                                                         \
@@ -173,47 +174,24 @@ RD_KERNEL(rd_dgemm_avx512_12x16, d_rows4, d_rows8, d_rows12)
 #undef STREAM
 #undef STORE_EDGE
 
-/* ------------------------------------------------------------- peak probe */
+/* ---------------------------------------------------------------- family */
 
-static double
-rd_now512(void)
+static int
+rd_avx512_runnable(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
 }
 
-/* 24 independent 512-bit FMA chains: the ceiling of the 12x32 kernel. */
-RD_AVX512 double
-rd_fma_peak_avx512(double seconds)
-{
-    const long chunk = 1L << 19;
-    /* Distinct starting values: identical chains would be merged into one
-     * by the compiler, and the probe would time a single chain. */
-#define DECL(i) __m512 x##i##0 = _mm512_set1_ps(1.0f + 0.01f * (i)), \
-                       x##i##1 = _mm512_set1_ps(1.5f + 0.01f * (i));
-    ROWS12(DECL)
-#undef DECL
-    const __m512 mul = _mm512_set1_ps(0.9999999f);
-    const __m512 add = _mm512_set1_ps(1e-7f);
-    long iters = 0;
-    double t0 = rd_now512(), t1;
-    do {
-        for (long i = 0; i < chunk; i++) {
-#define FMA(i) x##i##0 = _mm512_fmadd_ps(x##i##0, mul, add); x##i##1 = _mm512_fmadd_ps(x##i##1, mul, add);
-            ROWS12(FMA)
-#undef FMA
-        }
-        iters += chunk;
-        t1 = rd_now512();
-    } while (t1 - t0 < seconds);
-    __m512 s = _mm512_setzero_ps();
-#define SUM(i) s = _mm512_add_ps(s, _mm512_add_ps(x##i##0, x##i##1));
-    ROWS12(SUM)
-#undef SUM
-    volatile float keep = _mm512_reduce_add_ps(s);
-    (void)keep;
-    return (double)iters * 24.0 * 32.0 / (t1 - t0) / 1e9;
-}
+/* Blocking: twice the register block of the AVX2 kernels, the same
+ * MC/KC/NC. */
+const rd_family_t rd_family_avx512 = {
+    "avx512",
+    rd_avx512_runnable,
+    {
+        [RD_CT_F32] = {rd_sgemm_avx512_12x32, 12, 32, 144, 256, 4080},
+        [RD_CT_F64] = {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080},
+    },
+};
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -1,7 +1,7 @@
 /*
  * AVX2 + FMA micro-kernels.  Compiled with per-function target attributes,
  * so the object file builds with the default -march and these functions are
- * only ever called after a run-time CPU check (rd_context.c).
+ * only ever called after a run-time CPU check (the family's runnable()).
  *
  *   rd_sgemm_avx2_6x16:  6 rows x 16 columns of float32, 12 ymm accumulators
  *   rd_dgemm_avx2_6x8 :  6 rows x  8 columns of float64, 12 ymm accumulators
@@ -16,7 +16,6 @@
 #ifdef RD_HAVE_X86_KERNELS
 
 #include <immintrin.h>
-#include <time.h>
 
 #define RD_AVX2 __attribute__((target("avx2,fma")))
 
@@ -57,10 +56,12 @@ s_store_row(float *c, __m256 lo, __m256 hi, int accumulate)
     _mm256_storeu_ps(c + 8, hi);
 }
 
-RD_AVX2 void
-rd_sgemm_avx2_6x16(rd_int kc, const float *a, const float *b, float *c,
+RD_AVX2 static void
+rd_sgemm_avx2_6x16(rd_int kc, const void *a_, const void *b_, void *c_,
                    rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)
 {
+    const float *a = (const float *)a_, *b = (const float *)b_;
+    float *c = (float *)c_;
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
     __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
@@ -134,10 +135,12 @@ d_store_row(double *c, __m256d lo, __m256d hi, int accumulate)
     _mm256_storeu_pd(c + 4, hi);
 }
 
-RD_AVX2 void
-rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
+RD_AVX2 static void
+rd_dgemm_avx2_6x8(rd_int kc, const void *a_, const void *b_, void *c_,
                   rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)
 {
+    const double *a = (const double *)a_, *b = (const double *)b_;
+    double *c = (double *)c_;
     __m256d c00 = _mm256_setzero_pd(), c01 = _mm256_setzero_pd();
     __m256d c10 = _mm256_setzero_pd(), c11 = _mm256_setzero_pd();
     __m256d c20 = _mm256_setzero_pd(), c21 = _mm256_setzero_pd();
@@ -172,53 +175,24 @@ rd_dgemm_avx2_6x8(rd_int kc, const double *a, const double *b, double *c,
     rd_d_store_edge(buf, 8, c, rs_c, cs_c, m, n, accumulate);
 }
 
-/* ------------------------------------------------------------- peak probe */
+/* ---------------------------------------------------------------- family */
 
-static double
-rd_now(void)
+static int
+rd_avx2_runnable(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* 12 independent FMA chains on 8 floats: the register-bound ceiling of any
- * AVX2 float32 kernel on this core.  Returns GFLOP/s of one thread. */
-RD_AVX2 double
-rd_fma_peak_avx2(double seconds)
-{
-    const long chunk = 1L << 20;
-    /* Distinct starting values: identical chains would be merged into one
-     * by the compiler, and the probe would time a single chain. */
-    __m256 x0 = _mm256_set1_ps(1.00f), x1 = _mm256_set1_ps(1.01f), x2 = _mm256_set1_ps(1.02f),
-           x3 = _mm256_set1_ps(1.03f), x4 = _mm256_set1_ps(1.04f), x5 = _mm256_set1_ps(1.05f),
-           x6 = _mm256_set1_ps(1.06f), x7 = _mm256_set1_ps(1.07f), x8 = _mm256_set1_ps(1.08f),
-           x9 = _mm256_set1_ps(1.09f), x10 = _mm256_set1_ps(1.10f), x11 = _mm256_set1_ps(1.11f);
-    const __m256 mul = _mm256_set1_ps(0.9999999f);
-    const __m256 add = _mm256_set1_ps(1e-7f);
-    long iters = 0;
-    double t0 = rd_now(), t1;
-    do {
-        for (long i = 0; i < chunk; i++) {
-            x0 = _mm256_fmadd_ps(x0, mul, add);  x1 = _mm256_fmadd_ps(x1, mul, add);
-            x2 = _mm256_fmadd_ps(x2, mul, add);  x3 = _mm256_fmadd_ps(x3, mul, add);
-            x4 = _mm256_fmadd_ps(x4, mul, add);  x5 = _mm256_fmadd_ps(x5, mul, add);
-            x6 = _mm256_fmadd_ps(x6, mul, add);  x7 = _mm256_fmadd_ps(x7, mul, add);
-            x8 = _mm256_fmadd_ps(x8, mul, add);  x9 = _mm256_fmadd_ps(x9, mul, add);
-            x10 = _mm256_fmadd_ps(x10, mul, add); x11 = _mm256_fmadd_ps(x11, mul, add);
-        }
-        iters += chunk;
-        t1 = rd_now();
-    } while (t1 - t0 < seconds);
-    /* Keep the chains live so the loop cannot be removed. */
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)),
-                             _mm256_add_ps(_mm256_add_ps(x4, x5), _mm256_add_ps(x6, x7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(x8, x9), _mm256_add_ps(x10, x11)));
-    float sink[8];
-    _mm256_storeu_ps(sink, s);
-    volatile float keep = sink[0];
-    (void)keep;
-    return (double)iters * 12.0 * 16.0 / (t1 - t0) / 1e9;
-}
+/* Blocking: the published BLIS Haswell/Zen float32 (6x16, MC=144, KC=256,
+ * NC=4080) and float64 (6x8, MC=72, KC=256, NC=4080) values. */
+const rd_family_t rd_family_avx2 = {
+    "avx2",
+    rd_avx2_runnable,
+    {
+        [RD_CT_F32] = {rd_sgemm_avx2_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F64] = {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080},
+    },
+};
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -1,0 +1,35 @@
+/*
+ * The configuration that binds the kernel library together: the compute
+ * types, and the table of micro-kernel families, most preferred first.
+ * Automatic selection takes, per compute type, the first family in this
+ * table whose CPU check passes and that has a kernel for that type, so a
+ * family that serves only some types (a bfloat16 dot-product kernel, say)
+ * is one more row and the others keep serving the rest.
+ */
+#include "rd_frame.h"
+
+const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
+    /*             name       packed A        packed B        output          k_unit */
+    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1},
+    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1},
+};
+
+const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
+    [RD_F32] = sizeof(float),
+    [RD_F64] = sizeof(double),
+};
+
+extern const rd_family_t rd_family_ref;
+#ifdef RD_HAVE_X86_KERNELS
+extern const rd_family_t rd_family_avx2;
+extern const rd_family_t rd_family_avx512;
+#endif
+
+const rd_family_t *const rd_families[] = {
+#ifdef RD_HAVE_X86_KERNELS
+    &rd_family_avx512,
+    &rd_family_avx2,
+#endif
+    &rd_family_ref,
+    NULL,
+};

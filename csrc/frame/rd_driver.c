@@ -1,0 +1,420 @@
+/*
+ * Drivers of the grouped GEMMs: build one list of tiles over all groups,
+ * order it by cost, and let the threads take tiles from it.  Each tile
+ * (group, row block, column block) owns its block of the output, so no two
+ * threads ever write the same element and no reduction across threads is
+ * needed.  Within a tile the BLIS loop nest runs on packed panels with the
+ * plan's micro-kernel.
+ *
+ * Nothing here knows an element type: sizes come from the plan's compute
+ * type, conversions from the packing routines (frame/rd_pack.c), and the
+ * arithmetic from the micro-kernel.
+ */
+#include "rd_frame.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { RD_MODE_ROWS = 0, RD_MODE_CONTRACT = 1 };
+
+typedef struct {
+    rd_int g, r0, r1, c0, c1;
+    double cost;
+} rd_tile_t;
+
+typedef struct {
+    rd_tile_t *tiles;
+    rd_int *order;     /* tile indices by decreasing cost */
+    rd_int count;
+    rd_int tm, tn;     /* the tile sizes used */
+    int nthreads;
+} rd_tiling_t;
+
+static rd_int
+rd_round_up(rd_int x, rd_int unit)
+{
+    return (x + unit - 1) / unit * unit;
+}
+
+/*
+ * Packing buffers, one pair per thread, kept from call to call: allocating
+ * megabytes afresh on every call costs page faults (the kernel zeroing new
+ * pages) comparable to the packing itself.  They grow to the largest size
+ * asked for and stay: O(threads x cache blocks) of memory.
+ */
+static __thread void *rd_scratch_buf[2] = {NULL, NULL};
+static __thread size_t rd_scratch_cap[2] = {0, 0};
+
+static void *
+rd_scratch(int which, size_t bytes)
+{
+    if (bytes > rd_scratch_cap[which]) {
+        void *p = NULL;
+        if (posix_memalign(&p, RD_ALIGN, bytes) != 0)
+            return NULL;
+        free(rd_scratch_buf[which]);
+        rd_scratch_buf[which] = p;
+        rd_scratch_cap[which] = bytes;
+    }
+    return rd_scratch_buf[which];
+}
+
+/* Split [0, extent) into the fewest pieces of at most `most` (a multiple of
+ * `unit`), all of one size rounded up to `unit` except the last. */
+static rd_int
+rd_piece(rd_int extent, rd_int most, rd_int unit)
+{
+    if (extent <= 0)
+        return unit;
+    rd_int pieces = (extent + most - 1) / most;
+    rd_int size = rd_round_up((extent + pieces - 1) / pieces, unit);
+    return size > 0 ? size : unit;
+}
+
+/* Per group g: rows_of(g) rows of output, a contraction of depth_of(g). */
+typedef struct {
+    int mode;
+    const rd_int *bounds;
+    rd_int rows;       /* CONTRACT: rows of every group's output block */
+    rd_int depth;      /* ROWS: contraction depth of every group */
+} rd_shape_t;
+
+static void
+rd_group_geometry(const rd_shape_t *sh, rd_int g, rd_int *r0, rd_int *r1,
+                  rd_int *depth)
+{
+    if (sh->mode == RD_MODE_ROWS) {
+        *r0 = sh->bounds[g];
+        *r1 = sh->bounds[g + 1];
+        *depth = sh->depth;
+    }
+    else {
+        *r0 = 0;
+        *r1 = sh->rows;
+        *depth = sh->bounds[g + 1] - sh->bounds[g];
+    }
+}
+
+static rd_int
+rd_count_tiles(const rd_shape_t *sh, rd_int ng, rd_int n, rd_int tm, rd_int tn,
+               rd_int unit_m, rd_int unit_n)
+{
+    rd_int count = 0;
+    rd_int nsz = rd_piece(n, tn, unit_n);
+    rd_int ncols = n > 0 ? (n + nsz - 1) / nsz : 0;
+    for (rd_int g = 0; g < ng; g++) {
+        rd_int r0, r1, d;
+        rd_group_geometry(sh, g, &r0, &r1, &d);
+        rd_int rows = r1 - r0;
+        if (rows <= 0)
+            continue;
+        rd_int msz = rd_piece(rows, tm, unit_m);
+        count += (rows + msz - 1) / msz * ncols;
+    }
+    return count;
+}
+
+typedef struct {
+    double cost;
+    rd_int index;
+} rd_rank_t;
+
+/* Decreasing cost; ties in list order, so the order is fully determined. */
+static int
+rd_cmp_rank(const void *pa, const void *pb)
+{
+    const rd_rank_t *a = (const rd_rank_t *)pa, *b = (const rd_rank_t *)pb;
+    if (a->cost != b->cost)
+        return a->cost > b->cost ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+/*
+ * Choose tile sizes and list the tiles.  Tiles start as large as the cache
+ * blocking allows (tm = 4 MC rows, tn = NC columns: a packed B panel is then
+ * reused by four A blocks; or the plan's tm/tn) and are halved until every
+ * thread has several tiles to take, so that many small groups and a single
+ * large one both keep all threads busy.  Problems too small to pay for a
+ * thread team run on one.
+ */
+static int
+rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
+               rd_int ng, rd_int n)
+{
+    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = plan->k.nr;
+    double work = 0.0;
+    for (rd_int g = 0; g < ng; g++) {
+        rd_int r0, r1, d;
+        rd_group_geometry(sh, g, &r0, &r1, &d);
+        work += (double)(r1 - r0) * (double)n * (double)(d > 0 ? d : 1);
+    }
+    int nthreads = plan->nthreads;
+    if (work < 262144.0)   /* ~0.5 MFLOP: a thread team costs more than it saves */
+        nthreads = 1;
+
+    rd_int tm = rd_round_up(plan->tm > 0 ? plan->tm : 4 * mc, mr);
+    rd_int tn = rd_round_up(plan->tn > 0 ? plan->tn : nc, nr);
+    const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(128, nr);
+    const rd_int want = 4 * (rd_int)nthreads;
+    rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
+    while (nthreads > 1 && count < want && (tm > tm_min || tn > tn_min)) {
+        if (tn > tn_min && (tn >= 2 * tm || tm <= tm_min))
+            tn = rd_round_up(tn / 2 > tn_min ? tn / 2 : tn_min, nr);
+        else
+            tm = rd_round_up(tm / 2 > tm_min ? tm / 2 : tm_min, mr);
+        count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
+    }
+
+    tl->tiles = (rd_tile_t *)malloc(sizeof(rd_tile_t) * (size_t)(count > 0 ? count : 1));
+    tl->order = (rd_int *)malloc(sizeof(rd_int) * (size_t)(count > 0 ? count : 1));
+    if (tl->tiles == NULL || tl->order == NULL) {
+        free(tl->tiles);
+        free(tl->order);
+        tl->tiles = NULL;
+        tl->order = NULL;
+        return -1;
+    }
+    rd_int nsz = rd_piece(n, tn, nr);
+    rd_int t = 0;
+    for (rd_int g = 0; g < ng; g++) {
+        rd_int r0, r1, d;
+        rd_group_geometry(sh, g, &r0, &r1, &d);
+        if (r1 - r0 <= 0 || n <= 0)
+            continue;
+        rd_int msz = rd_piece(r1 - r0, tm, mr);
+        for (rd_int c = 0; c < n; c += nsz) {
+            for (rd_int r = r0; r < r1; r += msz) {
+                rd_tile_t *tile = &tl->tiles[t];
+                tile->g = g;
+                tile->r0 = r;
+                tile->r1 = r + msz < r1 ? r + msz : r1;
+                tile->c0 = c;
+                tile->c1 = c + nsz < n ? c + nsz : n;
+                /* a small constant keeps empty-contraction tiles (zeroing) ordered */
+                tile->cost = (double)(tile->r1 - tile->r0) * (double)(tile->c1 - tile->c0)
+                             * (double)(d > 0 ? d : 1) + 1024.0;
+                t++;
+            }
+        }
+    }
+    tl->count = t;
+    tl->tm = tm;
+    tl->tn = nsz;
+    tl->nthreads = nthreads;
+    rd_rank_t *rank = (rd_rank_t *)malloc(sizeof(rd_rank_t) * (size_t)(t > 0 ? t : 1));
+    if (rank == NULL) {
+        free(tl->tiles);
+        free(tl->order);
+        tl->tiles = NULL;
+        tl->order = NULL;
+        return -1;
+    }
+    for (rd_int i = 0; i < t; i++) {
+        rank[i].cost = tl->tiles[i].cost;
+        rank[i].index = i;
+    }
+    qsort(rank, (size_t)t, sizeof(rd_rank_t), rd_cmp_rank);
+    for (rd_int i = 0; i < t; i++)
+        tl->order[i] = rank[i].index;
+    free(rank);
+    return 0;
+}
+
+static void
+rd_free_tiling(rd_tiling_t *tl)
+{
+    free(tl->tiles);
+    free(tl->order);
+}
+
+/* A strided operand moved by (i, j) elements along (rows, columns). */
+static inline const void *
+rd_at(const void *p, size_t size, rd_int i, rd_int rs, rd_int j, rd_int cs)
+{
+    return (const char *)p + (i * rs + j * cs) * (rd_int)size;
+}
+
+/* What every tile of one call shares: the plan and its packing routines. */
+typedef struct {
+    const rd_plan_t *plan;
+    rd_pack_t pack_a, pack_b;
+    size_t a_src, b_src;            /* storage element sizes of lhs, rhs */
+    size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
+    int k_unit;
+} rd_call_t;
+
+/* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
+ * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
+ * NR x MR micro-tiles.  apack holds roundup(MC,MR)*KC packed elements, bpack
+ * KC*roundup(min(N,NC),NR).  K == 0 writes zeros (or leaves C unchanged
+ * when accumulating).  With `stream`, a C that one KC block completes (it
+ * is written once, never read back here) gets non-temporal stores. */
+static void
+rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
+              const void *a, rd_int a_rs, rd_int a_cs,
+              const void *b, rd_int b_rs, rd_int b_cs,
+              void *c, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
+              char *apack, char *bpack)
+{
+    const rd_ukr_desc_t *kd = &cl->plan->k;
+    const rd_int MC = kd->mc, KC = kd->kc, NC = kd->nc;
+    const int MR = kd->mr, NR = kd->nr;
+    const size_t cz = cl->c_size;
+    if (K == 0) {
+        if (!accumulate)
+            for (rd_int i = 0; i < M; i++)
+                for (rd_int j = 0; j < N; j++)
+                    memset((char *)c + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
+        return;
+    }
+    for (rd_int jc = 0; jc < N; jc += NC) {
+        rd_int nc = N - jc < NC ? N - jc : NC;
+        for (rd_int pc = 0; pc < K; pc += KC) {
+            rd_int kc = K - pc < KC ? K - pc : KC;
+            rd_int kp = rd_round_up(kc, cl->k_unit);   /* packed depth */
+            int mode = accumulate || pc > 0 ? RD_ADD
+                       : stream && K <= KC ? RD_STREAM : RD_STORE;
+            /* B's panel is packed as its transpose: nc rows of depth kc */
+            cl->pack_b(nc, kc, rd_at(b, cl->b_src, pc, b_rs, jc, b_cs), b_cs, b_rs, NR, bpack);
+            for (rd_int ic = 0; ic < M; ic += MC) {
+                rd_int mc = M - ic < MC ? M - ic : MC;
+                cl->pack_a(mc, kc, rd_at(a, cl->a_src, ic, a_rs, pc, a_cs), a_rs, a_cs, MR, apack);
+                for (rd_int jr = 0; jr < nc; jr += NR) {
+                    int nr = (int)(nc - jr < NR ? nc - jr : NR);
+                    const char *bp = bpack + (size_t)(jr * kp) * cl->b_size;
+                    char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
+                    for (rd_int ir = 0; ir < mc; ir += MR) {
+                        int mr = (int)(mc - ir < MR ? mc - ir : MR);
+                        kd->ukr(kc, apack + (size_t)(ir * kp) * cl->a_size, bp,
+                                cj + ir * c_rs * (rd_int)cz, c_rs, c_cs, mr, nr, mode);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Run every tile of the list, each owned by one thread.  The geometry of a
+ * tile is resolved by `mode`: RD_MODE_ROWS (ragged rows of lhs) or
+ * RD_MODE_CONTRACT (ragged contraction).  `stream`: see rd_gemm_block. */
+static int
+rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int *bounds,
+             const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out,
+             rd_int k, int accumulate, int stream)
+{
+    const rd_ukr_desc_t *kd = &cl->plan->k;
+    const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
+    const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
+    const size_t a_bytes = (size_t)rd_round_up(kd->mc, kd->mr) * (size_t)kp_max * cl->a_size;
+    const size_t b_bytes = (size_t)nc_max * (size_t)kp_max * cl->b_size;
+    const size_t cz = cl->c_size;
+    int failed = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(tl->nthreads) if (tl->nthreads > 1)
+#endif
+    {
+        char *apack = (char *)rd_scratch(0, a_bytes);
+        char *bpack = (char *)rd_scratch(1, b_bytes);
+        int ok = apack != NULL && bpack != NULL;
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (rd_int t = 0; t < tl->count; t++) {
+            if (!ok)
+                continue;
+            const rd_tile_t *tile = &tl->tiles[tl->order[t]];
+            const rd_int g = tile->g;
+            const rd_int rows = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
+            char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
+            if (mode == RD_MODE_ROWS) {
+                /* rows are absolute rows of lhs/out; rhs[g] is k x n */
+                rd_gemm_block(cl, rows, cols, k,
+                              rd_at(lhs->p, cl->a_src, tile->r0, lhs->rs, 0, lhs->cs), lhs->rs, lhs->cs,
+                              rd_at(rhs->p, cl->b_src, g, rhs->gs, tile->c0, rhs->cs), rhs->rs, rhs->cs,
+                              o, out->rs, out->cs, accumulate, stream, apack, bpack);
+            }
+            else {
+                /* rows index lhs's first axis; the contraction runs over the
+                 * group's rows [bounds[g], bounds[g+1]) of rhs */
+                const rd_int s = bounds[g], kg = bounds[g + 1] - bounds[g];
+                rd_gemm_block(cl, rows, cols, kg,
+                              rd_at(lhs->p, cl->a_src, tile->r0, lhs->rs, s, lhs->cs), lhs->rs, lhs->cs,
+                              rd_at(rhs->p, cl->b_src, s, rhs->rs, tile->c0, rhs->cs), rhs->rs, rhs->cs,
+                              o, out->rs, out->cs, accumulate, stream, apack, bpack);
+            }
+        }
+        if (stream)
+            rd_store_fence();  /* before the barrier that ends the region */
+    }
+    return failed ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ public API */
+
+static int
+rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_in_t *rhs)
+{
+    const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
+    cl->plan = plan;
+    cl->pack_a = rd_packer(plan->ct, lhs->dtype, 0);
+    cl->pack_b = rd_packer(plan->ct, rhs->dtype, 1);
+    if (cl->pack_a == NULL || cl->pack_b == NULL)
+        return -2;
+    cl->a_src = rd_dtype_size[lhs->dtype];
+    cl->b_src = rd_dtype_size[rhs->dtype];
+    cl->a_size = ct->a_size;
+    cl->b_size = ct->b_size;
+    cl->c_size = ct->c_size;
+    cl->k_unit = ct->k_unit;
+    return 0;
+}
+
+/* Stream an output of `elems` elements written with unit column stride and
+ * not accumulated into? */
+static int
+rd_want_stream(const rd_call_t *cl, rd_int elems, rd_int out_cs, int accumulate)
+{
+    rd_int min = cl->plan->stream_min;
+    return !accumulate && out_cs == 1 && min >= 0 && elems > 0
+           && (double)elems * (double)cl->c_size >= (double)min;
+}
+
+static int
+rd_run(const rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+       const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
+{
+    rd_call_t cl;
+    int rc = rd_call_init(&cl, plan, lhs, rhs);
+    if (rc != 0)
+        return rc;
+    rd_shape_t sh = {mode, bounds, mode == RD_MODE_CONTRACT ? k : 0, mode == RD_MODE_ROWS ? k : 0};
+    rd_tiling_t tl;
+    if (rd_make_tiling(&tl, plan, &sh, ng, n) != 0)
+        return -1;
+    rd_int elems = mode == RD_MODE_ROWS ? (bounds[ng] - bounds[0]) * n : ng * k * n;
+    rc = rd_run_tiles(&cl, &tl, mode, bounds, lhs, rhs, out, mode == RD_MODE_ROWS ? k : 0,
+                      accumulate, rd_want_stream(&cl, elems, out->cs, accumulate));
+    rd_free_tiling(&tl);
+    return rc;
+}
+
+int
+rd_ragged_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+               const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
+{
+    return rd_run(plan, RD_MODE_ROWS, k, n, ng, bounds, lhs, rhs, out, accumulate);
+}
+
+int
+rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                   const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
+{
+    return rd_run(plan, RD_MODE_CONTRACT, k, n, ng, bounds, lhs, rhs, out, accumulate);
+}

@@ -1,0 +1,67 @@
+/*
+ * One packing routine, for one (storage type -> packed type) pair.  Included
+ * by frame/rd_pack.c with these macros defined:
+ *   RD_SRC      storage element type (float, double)
+ *   RD_DST      packed element type (float, double)
+ *   RD_FN(x)    name mangler
+ *
+ * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
+ * X[i][p] = src[i*rs + p*cs] into r-row micro-panels, panel q holding rows
+ * q*r .. q*r+r-1 as dst[q*r*depth + p*r + i], rows past `rows` zero.  It
+ * serves A (r = MR) and B, read as its transpose (r = NR), for any r.
+ */
+
+/* dst[0..w) = src[0..w): a run of w contiguous values, converted; copied in
+ * chunks of fixed width so that every chunk compiles to vector moves,
+ * whatever the register block. */
+static inline __attribute__((always_inline)) void
+RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
+{
+    int j = 0;
+    for (; j + 8 <= w; j += 8)
+        for (int t = 0; t < 8; t++)
+            dst[j + t] = (RD_DST)src[j + t];
+    for (; j + 4 <= w; j += 4)
+        for (int t = 0; t < 4; t++)
+            dst[j + t] = (RD_DST)src[j + t];
+    for (; j < w; j++)
+        dst[j] = (RD_DST)src[j];
+}
+
+static void
+RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
+            int r, void *dst_)
+{
+    const RD_SRC *src = (const RD_SRC *)src_;
+    RD_DST *restrict dst = (RD_DST *)dst_;
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const RD_SRC *x = src + i0 * rs;
+        rd_int full = rows - i0 >= r;
+        if (full && rs == 1) {
+            /* the r values of each p are contiguous (a row-major B, a
+             * transposed A): one run per p, written sequentially */
+            for (rd_int p = 0; p < depth; p++)
+                RD_FN(run)(dst + p * r, x + p * cs, r);
+        }
+        else if (full && cs == 1) {
+            /* each row is contiguous along p: read rows sequentially and
+             * scatter into the panel */
+            for (int i = 0; i < r; i++) {
+                const RD_SRC *row = x + i * rs;
+                RD_DST *col = dst + i;
+                for (rd_int p = 0; p < depth; p++)
+                    col[p * r] = (RD_DST)row[p];
+            }
+        }
+        else {
+            rd_int have = full ? r : rows - i0;
+            for (rd_int p = 0; p < depth; p++) {
+                for (rd_int i = 0; i < have; i++)
+                    dst[p * r + i] = (RD_DST)x[i * rs + p * cs];
+                for (rd_int i = have; i < r; i++)
+                    dst[p * r + i] = 0;
+            }
+        }
+        dst += (rd_int)r * depth;
+    }
+}

@@ -1,0 +1,183 @@
+/*
+ * Runtime settings: which micro-kernel serves each compute type (chosen
+ * from the table of config/rd_config.c), its cache blocking, the thread
+ * count and the streaming threshold.  A call copies them into its own
+ * rd_plan_t when it starts.
+ *
+ * The setters are called with the GIL held (from the binding), and so is
+ * rd_plan_init, so a plan is always a consistent snapshot.
+ */
+#include "rd_frame.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The selection in force: per compute type, the family serving it and a
+ * copy of its descriptor (set_blocking tunes the copy; set_kernel restores
+ * the family's values). */
+static const rd_family_t *rd_selected = NULL;     /* NULL: automatic */
+static const rd_family_t *rd_serving[RD_CT_COUNT];
+static rd_ukr_desc_t rd_active[RD_CT_COUNT];
+static int rd_ready = 0;
+
+/* The first family of the table this CPU runs that has a kernel for ct
+ * (the last row, "ref", has one for every type). */
+static const rd_family_t *
+rd_best_for(rd_ctype_t ct)
+{
+    const rd_family_t *last = NULL;
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++) {
+        last = *f;
+        if ((*f)->types[ct].ukr != NULL && (*f)->runnable())
+            return *f;
+    }
+    return last;
+}
+
+static void
+rd_select(const rd_family_t *family)
+{
+    for (int ct = 0; ct < RD_CT_COUNT; ct++) {
+        const rd_family_t *f = family;
+        if (f == NULL || f->types[ct].ukr == NULL)
+            f = rd_best_for((rd_ctype_t)ct);
+        rd_serving[ct] = f;
+        rd_active[ct] = f->types[ct];
+    }
+    rd_selected = family;
+    rd_ready = 1;
+}
+
+static void
+rd_ensure(void)
+{
+    if (!rd_ready)
+        rd_select(NULL);
+}
+
+int
+rd_set_kernel(const char *name)
+{
+    if (strcmp(name, "auto") == 0) {
+        rd_select(NULL);
+        return 0;
+    }
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++) {
+        if (strcmp((*f)->name, name) == 0) {
+            if (!(*f)->runnable())
+                return -2;
+            rd_select(*f);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *
+rd_get_kernel(void)
+{
+    rd_ensure();
+    return rd_selected != NULL ? rd_selected->name : rd_serving[RD_CT_F32]->name;
+}
+
+const rd_ukr_desc_t *
+rd_active_kernel(rd_ctype_t ct, const char **family)
+{
+    rd_ensure();
+    if (family != NULL)
+        *family = rd_serving[ct]->name;
+    return &rd_active[ct];
+}
+
+static rd_int
+rd_round_up_to(rd_int x, rd_int unit)
+{
+    return (x + unit - 1) / unit * unit;
+}
+
+int
+rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc)
+{
+    rd_ensure();
+    if (mc < 1 || kc < 1 || nc < 1)
+        return -1;
+    rd_ukr_desc_t *k = &rd_active[ct];
+    k->mc = rd_round_up_to(mc, k->mr);
+    k->kc = kc;
+    k->nc = rd_round_up_to(nc, k->nr);
+    return 0;
+}
+
+/* ---------------------------------------------------------- streaming */
+
+static rd_int rd_stream_min = RD_STREAM_MIN_BYTES;
+
+rd_int
+rd_get_stream_min_bytes(void)
+{
+    return rd_stream_min;
+}
+
+void
+rd_set_stream_min_bytes(rd_int bytes)
+{
+    rd_stream_min = bytes;
+}
+
+/* ------------------------------------------------------------ threads */
+
+static int rd_threads = 0;
+
+int
+rd_have_openmp(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int
+rd_get_num_threads(void)
+{
+#ifndef _OPENMP
+    return 1;
+#else
+    if (rd_threads <= 0) {
+        int n = 0;
+        const char *env = getenv("RAGGEDDOT_NUM_THREADS");
+        if (env != NULL)
+            n = atoi(env);
+        if (n <= 0)
+            n = omp_get_max_threads();
+        rd_threads = n > 0 ? n : 1;
+    }
+    return rd_threads;
+#endif
+}
+
+void
+rd_set_num_threads(int n)
+{
+    rd_threads = n > 0 ? n : 0;
+}
+
+/* -------------------------------------------------------------- plans */
+
+void
+rd_plan_init(rd_plan_t *plan, rd_ctype_t ct)
+{
+    const char *family;
+    const rd_ukr_desc_t *k = rd_active_kernel(ct, &family);
+    plan->ct = ct;
+    plan->family = family;
+    plan->k = *k;
+    plan->tm = 0;
+    plan->tn = 0;
+    plan->nthreads = rd_get_num_threads();
+    plan->stream_min = rd_stream_min;
+}

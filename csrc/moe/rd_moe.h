@@ -1,0 +1,69 @@
+/*
+ * The pieces of a Mixture-of-Experts layer around the grouped matmuls
+ * (moe/rd_moe.c).  No Python here.
+ */
+#ifndef RD_MOE_H
+#define RD_MOE_H
+
+#include "rd_frame.h"
+
+/* Arrays are C-contiguous unless a row stride is given. */
+enum { RD_SCORE_SOFTMAX = 0, RD_SCORE_SIGMOID = 1 };
+enum { RD_ACT_SILU = 0, RD_ACT_GELU = 1, RD_ACT_GELU_TANH = 2, RD_ACT_RELU = 3,
+       RD_ACT_SWIGLU_OAI = 4 };
+
+/*
+ * Per compute type (float32, float64), the pieces that take float arrays.
+ * Their pointers are to elements of that type.
+ *
+ * route: scores = softmax/sigmoid(logits [T, E]); selection = scores
+ *   (+ selection_bias [E]); with n_groups > 1 only the topk_groups groups of
+ *   E/n_groups experts whose two best selection values sum highest stay
+ *   eligible; the top_k eligible experts by selection (ties to the lower
+ *   index) are chosen; weights are their scores, divided by their sum when
+ *   norm_topk_prob (+1e-20 for sigmoid), times scaling.
+ *   Outputs: scores [T, E], topk_idx [T, top_k] (int64), topk_w [T, top_k].
+ *   Returns 0, or -1 when out of memory.
+ *
+ * gather_rows (ragged_gather): out[i, :] = x[src[i], :] (times scale[i]
+ *   when given).  x rows have stride x_rs; out is [n, d] contiguous.
+ *
+ * gather_reduce (ragged_gather_reduce): out[t, :] = sum_j w[t, j] *
+ *   y[slots[t, j], :] for j = 0..k-1 in that order (w == NULL: weight 1;
+ *   slot -1: skipped).  Deterministic whatever the thread count: one thread
+ *   owns a token.
+ *
+ * gated_act, elementwise over n contiguous values:
+ *   out = act(gate) * up              (silu, gelu, gelu_tanh, relu)
+ *   out = g * sigmoid(1.702 g) * (u + 1),  g = min(gate, limit),
+ *         u = clip(up, -limit, limit)  (swiglu_oai)
+ * gated_act_grad: d_gate, d_up from d_out.
+ */
+typedef struct {
+    int (*route)(rd_int T, rd_int E, const void *logits, int score_func,
+                 const void *selection_bias, rd_int n_groups, rd_int topk_groups,
+                 rd_int top_k, int norm_topk_prob, double scaling,
+                 void *scores, long long *topk_idx, void *topk_w);
+    void (*gather_rows)(rd_int n, rd_int d, const void *x, rd_int x_rs,
+                        const long long *src, const void *scale, void *out);
+    void (*gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y, rd_int y_rs,
+                          const long long *slots, const void *w, void *out);
+    void (*gated_act)(rd_int n, int kind, double limit, const void *gate,
+                      const void *up, void *out);
+    void (*gated_act_grad)(rd_int n, int kind, double limit, const void *gate,
+                           const void *up, const void *d_out, void *d_gate, void *d_up);
+} rd_moe_ops_t;
+
+extern const rd_moe_ops_t rd_moe_ops[RD_CT_COUNT];
+
+/* Counting sort of the T*k assignments (token-major, then choice order) by
+ * expert, stable.  capacity < 0: keep all; otherwise an expert keeps its
+ * first `capacity` assignments in that order.  Outputs: slot_of [T*k] (the
+ * assignment's position in expert order, or -1 when dropped),
+ * token_of_slot [kept], group_sizes [E].  Returns the number kept, or -1
+ * when out of memory. */
+rd_int rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
+                   rd_int capacity, long long *slot_of, long long *token_of_slot,
+                   long long *group_sizes);
+
+#endif /* RD_MOE_H */

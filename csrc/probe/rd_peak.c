@@ -1,0 +1,93 @@
+/*
+ * Peak probes: how many GFLOP/s one thread sustains with an instruction,
+ * timed over independent chains that keep every pipe busy.  The benchmarks
+ * state the kernels' speed as a fraction of these; the kernels never call
+ * them.
+ *
+ *   "avx2"   : 12 chains of 256-bit float32 FMAs (the AVX2 6x16 kernel's ceiling)
+ *   "avx512" : 24 chains of 512-bit float32 FMAs (the AVX-512 12x32 kernel's ceiling)
+ */
+#include "rd_frame.h"
+
+#include <string.h>
+#include <time.h>
+
+static double
+rd_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+
+#define CHAINS4(X) X(0) X(1) X(2) X(3)
+#define CHAINS12(X) CHAINS4(X) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+/* Distinct starting values: identical chains would be merged into one by
+ * the compiler, and the probe would time a single chain.  The chains are
+ * summed at the end so that the loop cannot be removed. */
+#define RD_PROBE(NAME, TARGET, V, SET1, FMA, ADD, STOREU, LANES, PER_STEP, DECL, STEP) \
+__attribute__((target(TARGET))) static double                               \
+NAME(double seconds)                                                        \
+{                                                                           \
+    const long chunk = 1L << 19;                                            \
+    CHAINS12(DECL)                                                          \
+    const V mul = SET1(0.9999999f), add = SET1(1e-7f);                      \
+    long iters = 0;                                                         \
+    double t0 = rd_now(), t1;                                               \
+    do {                                                                    \
+        for (long i = 0; i < chunk; i++) {                                  \
+            CHAINS12(STEP)                                                  \
+        }                                                                   \
+        iters += chunk;                                                     \
+        t1 = rd_now();                                                      \
+    } while (t1 - t0 < seconds);                                            \
+    V s = SET1(0.0f);                                                       \
+    CHAINS12(SUM)                                                           \
+    float sink[LANES];                                                      \
+    STOREU(sink, s);                                                        \
+    volatile float keep = sink[0];                                          \
+    (void)keep;                                                             \
+    return (double)iters * (PER_STEP) * 2.0 * (LANES) / (t1 - t0) / 1e9;    \
+}
+
+/* AVX2: one chain per index */
+#define DECL2(i) __m256 x##i = _mm256_set1_ps(1.0f + 0.01f * (i));
+#define STEP2(i) x##i = _mm256_fmadd_ps(x##i, mul, add);
+#define SUM(i) s = ADD_(s, x##i);
+#define ADD_ _mm256_add_ps
+RD_PROBE(rd_peak_avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps,
+         _mm256_storeu_ps, 8, 12.0, DECL2, STEP2)
+#undef ADD_
+#undef SUM
+
+/* AVX-512: two chains per index */
+#define DECL512(i) __m512 x##i = _mm512_set1_ps(1.0f + 0.01f * (i)), \
+                          y##i = _mm512_set1_ps(1.5f + 0.01f * (i));
+#define STEP512(i) x##i = _mm512_fmadd_ps(x##i, mul, add); y##i = _mm512_fmadd_ps(y##i, mul, add);
+#define SUM(i) s = _mm512_add_ps(s, _mm512_add_ps(x##i, y##i));
+RD_PROBE(rd_peak_avx512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
+         _mm512_storeu_ps, 16, 24.0, DECL512, STEP512)
+#undef SUM
+#endif /* RD_HAVE_X86_KERNELS */
+
+double
+rd_peak_gflops(const char *isa, double seconds)
+{
+    int avx2 = strcmp(isa, "avx2") == 0, avx512 = strcmp(isa, "avx512") == 0;
+    if (!avx2 && !avx512)
+        return -1.0;
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    if (avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return rd_peak_avx2(seconds);
+    if (avx512 && __builtin_cpu_supports("avx512f"))
+        return rd_peak_avx512(seconds);
+#else
+    (void)seconds;
+#endif
+    return 0.0;
+}

@@ -1,0 +1,62 @@
+/*
+ * The binding raggeddot._core: shared by the files under py/, the only
+ * ones that include Python.h.
+ *
+ * Every entry point parses its arguments with rd_arg_array (one parser for
+ * all), checks them (the public Python layer has already validated them for
+ * users; these checks keep a direct call from crashing the interpreter),
+ * allocates its outputs, releases the GIL around the kernel, and sets an
+ * exception only after the GIL is back.
+ */
+#ifndef RD_PY_H
+#define RD_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#ifndef RD_PY_MODULE_FILE
+#define NO_IMPORT_ARRAY
+#endif
+#define PY_ARRAY_UNIQUE_SYMBOL rd_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "rd_frame.h"
+
+/* What an array argument must be. */
+enum {
+    RD_ANY_FLOAT = -1,      /* dtype: any storage dtype the kernels read */
+    RD_AS_OUTPUT = 1 << 0,  /* flags: writeable */
+    RD_CONTIG = 1 << 1,     /*        C-contiguous */
+    RD_ROWS = 1 << 2,       /*        2-D with contiguous rows */
+};
+
+/* A parsed array argument. */
+typedef struct {
+    PyArrayObject *arr;     /* borrowed */
+    int type_num;           /* NumPy's */
+    int dtype;              /* rd_dtype_t for float arrays, -1 otherwise */
+    int ndim;
+    rd_int dim[NPY_MAXDIMS];
+    rd_int stride[NPY_MAXDIMS];   /* in elements */
+    void *data;
+} rd_arg_t;
+
+/* Parse `obj` as argument `name`: a numpy.ndarray of `ndim` dimensions
+ * (-1: any), of NumPy type `type_num` (RD_ANY_FLOAT: float32 or float64),
+ * aligned, in native byte order, with element-sized strides, and `flags`.
+ * Returns 0, or -1 with an exception naming the argument. */
+int rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int flags,
+                 rd_arg_t *out);
+
+/* The compute type of a float array (float32 -> RD_CT_F32, float64 -> RD_CT_F64). */
+rd_ctype_t rd_arg_ctype(const rd_arg_t *a);
+
+/* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
+int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
+
+/* The methods of each role, NULL-terminated (py/rd_py_*.c). */
+extern PyMethodDef rd_matmul_methods[];
+extern PyMethodDef rd_moe_methods[];
+extern PyMethodDef rd_runtime_methods[];
+
+#endif /* RD_PY_H */

@@ -1,0 +1,200 @@
+/*
+ * Binding of the grouped GEMM drivers and of megablox's tile metadata.
+ */
+#include "py/rd_py.h"
+
+#include <stdint.h>
+
+/* Group row boundaries: int64 [ng + 1], contiguous, non-decreasing in [0, limit]. */
+static int
+rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd_int **out)
+{
+    rd_arg_t b;
+    if (rd_arg_array(obj, "bounds", 1, NPY_INT64, RD_CONTIG, &b) != 0)
+        return -1;
+    if (b.dim[0] != ng + 1) {
+        PyErr_Format(PyExc_ValueError, "'bounds' must have %s + 1 = %zd entries, got %zd", what,
+                     (Py_ssize_t)(ng + 1), (Py_ssize_t)b.dim[0]);
+        return -1;
+    }
+    const npy_int64 *v = (const npy_int64 *)b.data;
+    for (rd_int i = 0; i <= ng; i++) {
+        if (v[i] < 0 || v[i] > limit || (i > 0 && v[i] < v[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "'bounds' must be non-decreasing within [0, %zd]",
+                         (Py_ssize_t)limit);
+            return -1;
+        }
+    }
+    *out = (const rd_int *)v;
+    return 0;
+}
+
+/* The operands of one grouped GEMM call: lhs and rhs of any float storage
+ * dtype that the compute type of `out` reads (float32 or float64). */
+static int
+rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_arg_t *rhs,
+              rd_arg_t *out, PyObject **bounds, int *accumulate, rd_plan_t *plan)
+{
+    PyObject *olhs, *orhs, *oout;
+    if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, bounds, &oout, accumulate))
+        return -1;
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_FLOAT, 0, lhs) != 0 ||
+        rd_arg_array(orhs, "rhs", rhs_ndim, RD_ANY_FLOAT, 0, rhs) != 0 ||
+        rd_arg_array(oout, "out", out_ndim, RD_ANY_FLOAT, RD_AS_OUTPUT, out) != 0)
+        return -1;
+    rd_plan_init(plan, rd_arg_ctype(out));
+    if (rd_packer(plan->ct, (rd_dtype_t)lhs->dtype, 0) == NULL ||
+        rd_packer(plan->ct, (rd_dtype_t)rhs->dtype, 1) == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "a %s product cannot read 'lhs' (%s) and 'rhs' (%s): give 'out' a wider dtype",
+                     rd_ctypes[plan->ct].name, PyArray_DESCR(lhs->arr)->typeobj->tp_name,
+                     PyArray_DESCR(rhs->arr)->typeobj->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* ragged_rows (contract = 0) or ragged_contract (contract = 1). */
+static PyObject *
+rd_gemm_call(PyObject *args, int contract)
+{
+    rd_arg_t lhs, rhs, out;
+    PyObject *obounds;
+    int accumulate;
+    rd_plan_t plan;
+    const rd_int *bv;
+    if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &rhs, &out, &obounds,
+                      &accumulate, &plan) != 0)
+        return NULL;
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1]};
+    rd_in_t b;
+    rd_out_t c;
+    rd_int k, n, ng, m;
+    if (contract) {   /* lhs [k, m], rhs [m, n], out [ng, k, n] */
+        k = lhs.dim[0], m = lhs.dim[1], n = rhs.dim[1], ng = out.dim[0];
+        if (rhs.dim[0] != m || out.dim[1] != k || out.dim[2] != n) {
+            PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
+            return NULL;
+        }
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1]};
+        c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2]};
+    }
+    else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
+        m = lhs.dim[0], k = lhs.dim[1], ng = rhs.dim[0], n = rhs.dim[2];
+        if (rhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n) {
+            PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
+            return NULL;
+        }
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2]};
+        c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1]};
+    }
+    if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = contract ? rd_ragged_contract(&plan, k, n, ng, bv, &a, &b, &c, accumulate)
+                  : rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
+    Py_END_ALLOW_THREADS
+    if (rc == -1)
+        return PyErr_NoMemory();
+    if (rc != 0) {
+        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ragged_rows_doc,
+"ragged_rows(lhs, rhs, bounds, out, accumulate)\n\n"
+"For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
+"lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
+"(float32 or float64) is the compute type; lhs and rhs may be float32 or,\n"
+"for a float64 out, float64 (float32 is widened while packing).\n"
+"Rows outside [bounds[0], bounds[ng]) are left as they are.");
+
+static PyObject *
+rd_py_ragged_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return rd_gemm_call(args, 0);
+}
+
+PyDoc_STRVAR(ragged_contract_doc,
+"ragged_contract(lhs, rhs, bounds, out, accumulate)\n\n"
+"For each group g: out[g] (+)= lhs[:, rows] @ rhs[rows, :], rows = [bounds[g], bounds[g+1]).\n"
+"lhs [k, m], rhs [m, n], bounds int64 [ng + 1], out [ng, k, n]; dtypes as ragged_rows.\n"
+"An empty group gives zeros (or leaves out[g] as it is when accumulating).");
+
+static PyObject *
+rd_py_ragged_contract(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return rd_gemm_call(args, 1);
+}
+
+/* -------------------------------------------------------------- metadata */
+
+PyDoc_STRVAR(make_group_metadata_doc,
+"make_group_metadata(group_sizes, m, tm, start_group, num_nonzero_groups, visit_empty_groups)\n\n"
+"megablox's tile metadata.  group_sizes: int64 [g], non-negative, sum <= m;\n"
+"m % tm == 0.  Returns ((group_offsets, group_ids, m_tile_ids), num_tiles).");
+
+static PyObject *
+rd_py_make_group_metadata(PyObject *self, PyObject *args)
+{
+    PyObject *ogs;
+    Py_ssize_t m, tm, start_group, num_nonzero;
+    int visit_empty;
+    rd_arg_t gs;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Onnnnp", &ogs, &m, &tm, &start_group, &num_nonzero, &visit_empty))
+        return NULL;
+    if (rd_arg_array(ogs, "group_sizes", 1, NPY_INT64, RD_CONTIG, &gs) != 0)
+        return NULL;
+    npy_intp ng = gs.dim[0];
+    const npy_int64 *sizes = (const npy_int64 *)gs.data;
+    npy_int64 total = 0;
+    for (npy_intp i = 0; i < ng; i++) {
+        if (sizes[i] < 0 || sizes[i] > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "'group_sizes' has an entry outside [0, 2**31)");
+            return NULL;
+        }
+        total += sizes[i];
+    }
+    if (ng < 1 || m < 1 || tm < 1 || m % tm != 0 || total > m || m > INT32_MAX ||
+        start_group < 0 || num_nonzero < 0 || start_group + num_nonzero > ng) {
+        PyErr_SetString(PyExc_ValueError, "invalid make_group_metadata arguments");
+        return NULL;
+    }
+    npy_intp len_off = ng + 1, len_ids = m / tm + ng - 1;
+    PyArrayObject *offsets = (PyArrayObject *)PyArray_EMPTY(1, &len_off, NPY_INT32, 0);
+    PyArrayObject *ids = (PyArrayObject *)PyArray_EMPTY(1, &len_ids, NPY_INT32, 0);
+    PyArrayObject *tiles = (PyArrayObject *)PyArray_EMPTY(1, &len_ids, NPY_INT32, 0);
+    if (offsets == NULL || ids == NULL || tiles == NULL)
+        goto error;
+    long long num_tiles;
+    Py_BEGIN_ALLOW_THREADS
+    num_tiles = rd_make_group_metadata((const rd_int *)sizes, ng, m, tm, start_group,
+                                       num_nonzero, visit_empty,
+                                       (int *)PyArray_DATA(offsets), (int *)PyArray_DATA(ids),
+                                       (int *)PyArray_DATA(tiles));
+    Py_END_ALLOW_THREADS
+    if (num_tiles < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    return Py_BuildValue("(NNN)L", (PyObject *)offsets, (PyObject *)ids,
+                         (PyObject *)tiles, num_tiles);
+error:
+    Py_XDECREF(offsets);
+    Py_XDECREF(ids);
+    Py_XDECREF(tiles);
+    return NULL;
+}
+
+PyMethodDef rd_matmul_methods[] = {
+    {"ragged_rows", rd_py_ragged_rows, METH_VARARGS, ragged_rows_doc},
+    {"ragged_contract", rd_py_ragged_contract, METH_VARARGS, ragged_contract_doc},
+    {"make_group_metadata", rd_py_make_group_metadata, METH_VARARGS, make_group_metadata_doc},
+    {NULL, NULL, 0, NULL},
+};

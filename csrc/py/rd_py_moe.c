@@ -1,0 +1,268 @@
+/*
+ * Binding of the MoE pieces: routing, the counting sort by expert, the
+ * gathers of dispatch and combine, and the gated activations.  Each float
+ * entry point takes the compute type of its first float argument and calls
+ * that type's row of rd_moe_ops.
+ */
+#include "py/rd_py.h"
+#include "moe/rd_moe.h"
+
+/* An optional float argument (None: absent) of the given type and shape. */
+static int
+rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, const rd_int *shape,
+                rd_arg_t *out, const void **data)
+{
+    *data = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (rd_arg_array(obj, name, ndim, type_num, RD_CONTIG, out) != 0)
+        return -1;
+    for (int d = 0; d < ndim; d++) {
+        if (out->dim[d] != shape[d]) {
+            PyErr_Format(PyExc_ValueError, "'%s' has %zd entries on axis %d, expected %zd", name,
+                         (Py_ssize_t)out->dim[d], d, (Py_ssize_t)shape[d]);
+            return -1;
+        }
+    }
+    *data = out->data;
+    return 0;
+}
+
+static PyObject *
+rd_py_moe_route(PyObject *self, PyObject *args)
+{
+    PyObject *ologits, *obias;
+    int score_func, norm;
+    Py_ssize_t n_groups, topk_groups, top_k;
+    double scaling;
+    rd_arg_t logits, bias;
+    const void *bias_data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OiOnnnpd", &ologits, &score_func, &obias, &n_groups,
+                          &topk_groups, &top_k, &norm, &scaling))
+        return NULL;
+    if (rd_arg_array(ologits, "logits", 2, RD_ANY_FLOAT, RD_CONTIG, &logits) != 0)
+        return NULL;
+    npy_intp T = logits.dim[0], E = logits.dim[1];
+    rd_int bias_shape[1] = {E};
+    if (rd_arg_optional(obias, "selection_bias", 1, logits.type_num, bias_shape, &bias, &bias_data) != 0)
+        return NULL;
+    if (E < 1 || top_k < 1 || top_k > E ||
+        (score_func != RD_SCORE_SOFTMAX && score_func != RD_SCORE_SIGMOID) ||
+        (n_groups > 1 && (E % n_groups != 0 || topk_groups < 1 || topk_groups > n_groups ||
+                          topk_groups * (E / n_groups) < top_k))) {
+        PyErr_SetString(PyExc_ValueError, "invalid routing configuration");
+        return NULL;
+    }
+    const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&logits)];
+    npy_intp dims_s[2] = {T, E}, dims_k[2] = {T, top_k};
+    PyArrayObject *scores = (PyArrayObject *)PyArray_EMPTY(2, dims_s, logits.type_num, 0);
+    PyArrayObject *idx = (PyArrayObject *)PyArray_EMPTY(2, dims_k, NPY_INT64, 0);
+    PyArrayObject *w = (PyArrayObject *)PyArray_EMPTY(2, dims_k, logits.type_num, 0);
+    if (scores == NULL || idx == NULL || w == NULL)
+        goto error;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ops->route(T, E, logits.data, score_func, bias_data, n_groups, topk_groups, top_k, norm,
+                    scaling, PyArray_DATA(scores), (long long *)PyArray_DATA(idx), PyArray_DATA(w));
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    return Py_BuildValue("NNN", (PyObject *)scores, (PyObject *)idx, (PyObject *)w);
+error:
+    Py_XDECREF(scores);
+    Py_XDECREF(idx);
+    Py_XDECREF(w);
+    return NULL;
+}
+
+static PyObject *
+rd_py_moe_sort(PyObject *self, PyObject *args)
+{
+    PyObject *oidx;
+    Py_ssize_t E, capacity;
+    rd_arg_t idx;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Onn", &oidx, &E, &capacity))
+        return NULL;
+    if (E < 1) {
+        PyErr_Format(PyExc_ValueError, "number of experts must be positive, got %zd", E);
+        return NULL;
+    }
+    if (rd_arg_array(oidx, "topk_idx", 2, NPY_INT64, RD_CONTIG, &idx) != 0 ||
+        rd_arg_indices(&idx, "topk_idx", 0, E) != 0)
+        return NULL;
+    npy_intp T = idx.dim[0], k = idx.dim[1], n = T * k, e = E;
+    PyArrayObject *slot_of = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(idx.arr), NPY_INT64, 0);
+    PyArrayObject *tok = (PyArrayObject *)PyArray_EMPTY(1, &n, NPY_INT64, 0);
+    PyArrayObject *gs = (PyArrayObject *)PyArray_EMPTY(1, &e, NPY_INT64, 0);
+    PyObject *tok_kept = NULL;
+    if (slot_of == NULL || tok == NULL || gs == NULL)
+        goto error;
+    rd_int kept;
+    Py_BEGIN_ALLOW_THREADS
+    kept = rd_moe_sort(T, k, E, (const long long *)idx.data, capacity,
+                       (long long *)PyArray_DATA(slot_of), (long long *)PyArray_DATA(tok),
+                       (long long *)PyArray_DATA(gs));
+    Py_END_ALLOW_THREADS
+    if (kept < 0) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    tok_kept = PySequence_GetSlice((PyObject *)tok, 0, kept);
+    Py_DECREF(tok);
+    tok = NULL;
+    if (tok_kept == NULL)
+        goto error;
+    return Py_BuildValue("NNN", (PyObject *)slot_of, tok_kept, (PyObject *)gs);
+error:
+    Py_XDECREF(slot_of);
+    Py_XDECREF(tok);
+    Py_XDECREF(gs);
+    return NULL;
+}
+
+static PyObject *
+rd_py_gather_rows(PyObject *self, PyObject *args)
+{
+    PyObject *ox, *osrc, *oscale;
+    rd_arg_t x, src, scale;
+    const void *scale_data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &osrc, &oscale))
+        return NULL;
+    if (rd_arg_array(ox, "x", 2, RD_ANY_FLOAT, RD_ROWS, &x) != 0 ||
+        rd_arg_array(osrc, "indices", 1, NPY_INT64, RD_CONTIG, &src) != 0 ||
+        rd_arg_indices(&src, "indices", 0, x.dim[0]) != 0 ||
+        rd_arg_optional(oscale, "scale", 1, x.type_num, src.dim, &scale, &scale_data) != 0)
+        return NULL;
+    npy_intp dims[2] = {src.dim[0], x.dim[1]};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, x.type_num, 0);
+    if (out == NULL)
+        return NULL;
+    const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&x)];
+    rd_int rs = dims[1] > 0 ? x.stride[0] : 0;
+    Py_BEGIN_ALLOW_THREADS
+    ops->gather_rows(dims[0], dims[1], x.data, rs, (const long long *)src.data, scale_data,
+                     PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+static PyObject *
+rd_py_gather_reduce(PyObject *self, PyObject *args)
+{
+    PyObject *oy, *oslots, *ow;
+    rd_arg_t y, slots, w;
+    const void *w_data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &oy, &oslots, &ow))
+        return NULL;
+    if (rd_arg_array(oy, "y", 2, RD_ANY_FLOAT, RD_ROWS, &y) != 0 ||
+        rd_arg_array(oslots, "indices", 2, NPY_INT64, RD_CONTIG, &slots) != 0 ||
+        rd_arg_indices(&slots, "indices", -1, y.dim[0]) != 0 ||
+        rd_arg_optional(ow, "weights", 2, y.type_num, slots.dim, &w, &w_data) != 0)
+        return NULL;
+    npy_intp T = slots.dim[0], k = slots.dim[1], d = y.dim[1];
+    npy_intp dims[2] = {T, d};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, y.type_num, 0);
+    if (out == NULL)
+        return NULL;
+    const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&y)];
+    rd_int rs = d > 0 ? y.stride[0] : 0;
+    Py_BEGIN_ALLOW_THREADS
+    ops->gather_reduce(T, k, d, y.data, rs, (const long long *)slots.data, w_data,
+                       PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+/* gate and up (and d_out): C-contiguous, one float dtype, one shape;
+ * kind a known activation. */
+static int
+rd_arg_gated(PyObject *og, PyObject *ou, PyObject *odo, int kind, rd_arg_t *g, rd_arg_t *u,
+             rd_arg_t *dout)
+{
+    if (rd_arg_array(og, "gate", -1, RD_ANY_FLOAT, RD_CONTIG, g) != 0 ||
+        rd_arg_array(ou, "up", g->ndim, g->type_num, RD_CONTIG, u) != 0 ||
+        (odo != NULL && rd_arg_array(odo, "d_out", g->ndim, g->type_num, RD_CONTIG, dout) != 0))
+        return -1;
+    if (!PyArray_SAMESHAPE(g->arr, u->arr) || (odo != NULL && !PyArray_SAMESHAPE(g->arr, dout->arr))) {
+        PyErr_SetString(PyExc_ValueError, "'gate', 'up' (and 'd_out') must have one shape");
+        return -1;
+    }
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_Format(PyExc_ValueError, "unknown activation %d", kind);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+rd_py_gated_act(PyObject *self, PyObject *args)
+{
+    PyObject *og, *ou;
+    int kind;
+    double limit;
+    rd_arg_t g, u;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOid", &og, &ou, &kind, &limit) ||
+        rd_arg_gated(og, ou, NULL, kind, &g, &u, NULL) != 0)
+        return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
+    if (out == NULL)
+        return NULL;
+    const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
+    npy_intp n = PyArray_SIZE(g.arr);
+    Py_BEGIN_ALLOW_THREADS
+    ops->gated_act(n, kind, limit, g.data, u.data, PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+static PyObject *
+rd_py_gated_act_grad(PyObject *self, PyObject *args)
+{
+    PyObject *og, *ou, *odo;
+    int kind;
+    double limit;
+    rd_arg_t g, u, dout;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOid", &og, &ou, &odo, &kind, &limit) ||
+        rd_arg_gated(og, ou, odo, kind, &g, &u, &dout) != 0)
+        return NULL;
+    PyArrayObject *dg = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
+    PyArrayObject *du = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
+    if (dg == NULL || du == NULL) {
+        Py_XDECREF(dg);
+        Py_XDECREF(du);
+        return NULL;
+    }
+    const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
+    npy_intp n = PyArray_SIZE(g.arr);
+    Py_BEGIN_ALLOW_THREADS
+    ops->gated_act_grad(n, kind, limit, g.data, u.data, dout.data, PyArray_DATA(dg),
+                        PyArray_DATA(du));
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("NN", (PyObject *)dg, (PyObject *)du);
+}
+
+PyMethodDef rd_moe_methods[] = {
+    {"moe_route", rd_py_moe_route, METH_VARARGS,
+     "moe_route(logits, score_func, selection_bias, n_groups, topk_groups, top_k, norm_topk_prob, scaling)"
+     " -> (scores [T, E], topk_idx [T, k] int64, topk_weights [T, k])"},
+    {"moe_sort", rd_py_moe_sort, METH_VARARGS,
+     "moe_sort(topk_idx [T, k] int64, E, capacity) -> (slot_of [T, k], token_of_slot [kept], group_sizes [E]);"
+     " capacity < 0 keeps every assignment, dropped ones get slot -1"},
+    {"gather_rows", rd_py_gather_rows, METH_VARARGS,
+     "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]]"},
+    {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
+     "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
+     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped)"},
+    {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit) -> out"},
+    {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
+     "gated_act_grad(gate, up, d_out, kind, limit) -> (d_gate, d_up)"},
+    {NULL, NULL, 0, NULL},
+};

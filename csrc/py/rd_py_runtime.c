@@ -1,0 +1,380 @@
+/*
+ * Binding of the runtime: threads, kernel selection and blocking, the
+ * streaming threshold, the result-buffer cache and its allocator, what the
+ * build holds, and the peak probes of the benchmarks.
+ */
+#include "py/rd_py.h"
+
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ------------------------------------------------------ result buffers */
+
+static const char rd_buffer_name[] = "raggeddot.buffer";
+/* tracemalloc domain of NumPy's array data: result blocks are reported as
+ * array memory while an array holds them (not while they sit idle). */
+#define RD_TRACE_DOMAIN 389047
+
+static void
+rd_buffer_release(PyObject *capsule)
+{
+    void *p = PyCapsule_GetPointer(capsule, rd_buffer_name);
+    PyTraceMalloc_Untrack(RD_TRACE_DOMAIN, (uintptr_t)p);
+    rd_buffer_give(p, (size_t)(uintptr_t)PyCapsule_GetContext(capsule));
+}
+
+PyDoc_STRVAR(empty_doc,
+"empty(shape, dtype) -> uninitialised C-contiguous array, 64-byte aligned.\n\n"
+"Its memory comes from, and returns to, the cache of result buffers (see\n"
+"set_buffer_cache): a large block freed by an earlier result is reused\n"
+"with its pages already mapped.");
+
+static PyObject *
+rd_py_empty(PyObject *self, PyObject *args)
+{
+    PyObject *oshape;
+    PyArray_Descr *descr = NULL;
+    PyArray_Dims dims = {NULL, 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
+        return NULL;
+    if ((descr->type_num != NPY_FLOAT32 && descr->type_num != NPY_FLOAT64)
+        || !PyArray_ISNBO(descr->byteorder)) {
+        /* an uninitialised array of any other dtype could hold garbage
+         * object pointers or need NumPy's own allocation */
+        PyErr_SetString(PyExc_TypeError, "empty: dtype must be native float32 or float64");
+        Py_DECREF(descr);
+        return NULL;
+    }
+    if (!PyArray_IntpConverter(oshape, &dims)) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+#if NPY_ABI_VERSION >= 0x02000000
+    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
+#else
+    size_t bytes = (size_t)descr->elsize;
+#endif
+    for (int d = 0; d < dims.len; d++) {
+        if (dims.ptr[d] < 0 || (dims.ptr[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)dims.ptr[d])) {
+            PyErr_SetString(PyExc_ValueError, "empty: negative or too large shape");
+            Py_DECREF(descr);
+            PyDimMem_FREE(dims.ptr);
+            return NULL;
+        }
+        bytes *= (size_t)dims.ptr[d];
+    }
+    size_t got = 0;
+    void *p = rd_buffer_take(bytes, &got);
+    if (p == NULL) {
+        Py_DECREF(descr);
+        PyDimMem_FREE(dims.ptr);
+        return PyErr_NoMemory();
+    }
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, dims.len, dims.ptr, NULL, p,
+                                         NPY_ARRAY_CARRAY, NULL);  /* steals descr */
+    PyDimMem_FREE(dims.ptr);
+    if (arr == NULL) {
+        rd_buffer_give(p, got);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(p, rd_buffer_name, rd_buffer_release);
+    if (capsule == NULL || PyCapsule_SetContext(capsule, (void *)(uintptr_t)got) != 0) {
+        if (capsule != NULL)
+            Py_DECREF(capsule);  /* gives the block back */
+        else
+            rd_buffer_give(p, got);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    PyTraceMalloc_Track(RD_TRACE_DOMAIN, (uintptr_t)p, got);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, capsule) != 0) {  /* steals capsule */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *
+rd_py_set_buffer_cache(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "set_buffer_cache: nbytes must be >= 0, got %zd", bytes);
+        return NULL;
+    }
+    return PyLong_FromSize_t(rd_buffer_cache_limit((size_t)bytes));
+}
+
+/* ------------------------------------------------------ configuration */
+
+static PyObject *
+rd_py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > 4096) {
+        PyErr_Format(PyExc_ValueError, "number of threads must be in [1, 4096], got %ld", n);
+        return NULL;
+    }
+    rd_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rd_py_get_num_threads(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(rd_get_num_threads());
+}
+
+static PyObject *
+rd_py_set_kernel(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    PyObject *previous = PyUnicode_FromString(rd_get_kernel());
+    if (previous == NULL)
+        return NULL;
+    int rc = rd_set_kernel(name);
+    if (rc == -1)
+        PyErr_Format(PyExc_ValueError, "unknown kernel %R (compiled: see build_info()['simd'], or 'auto')", arg);
+    else if (rc == -2)
+        PyErr_Format(PyExc_RuntimeError, "this CPU cannot run the %R kernel", arg);
+    if (rc != 0) {
+        Py_DECREF(previous);
+        return NULL;
+    }
+    return previous;
+}
+
+static PyObject *
+rd_py_get_kernel(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(rd_get_kernel());
+}
+
+/* The compute type named `name` ("float32", "float64"), or -1. */
+static int
+rd_ctype_named(const char *name)
+{
+    for (int ct = 0; ct < RD_CT_COUNT; ct++)
+        if (strcmp(rd_ctypes[ct].name, name) == 0)
+            return ct;
+    return -1;
+}
+
+static PyObject *
+rd_py_set_blocking(PyObject *self, PyObject *args)
+{
+    const char *dtype;
+    Py_ssize_t mc, kc, nc;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "snnn", &dtype, &mc, &kc, &nc))
+        return NULL;
+    int ct = rd_ctype_named(dtype);
+    if (ct < 0 || rd_set_blocking((rd_ctype_t)ct, mc, kc, nc) != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "set_blocking(dtype in {'float32', 'float64'}, mc, kc, nc >= 1), got '%s', %zd, %zd, %zd",
+                     dtype, mc, kc, nc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rd_py_set_stream_threshold(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes == -1 && PyErr_Occurred())
+        return NULL;
+    rd_int previous = rd_get_stream_min_bytes();
+    rd_set_stream_min_bytes(bytes < 0 ? -1 : bytes);
+    return PyLong_FromSsize_t(previous);
+}
+
+/* ----------------------------------------------------------- build info */
+
+/* [{name, runnable, types}] for every compiled family, in table order. */
+static PyObject *
+rd_py_kernel_table(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++) {
+        PyObject *types = PyList_New(0), *row = NULL;
+        if (types == NULL)
+            goto error;
+        for (int ct = 0; ct < RD_CT_COUNT; ct++) {
+            if ((*f)->types[ct].ukr == NULL)
+                continue;
+            PyObject *s = PyUnicode_FromString(rd_ctypes[ct].name);
+            if (s == NULL || PyList_Append(types, s) != 0) {
+                Py_XDECREF(s);
+                Py_DECREF(types);
+                goto error;
+            }
+            Py_DECREF(s);
+        }
+        row = Py_BuildValue("{s:s,s:O,s:N}", "name", (*f)->name, "runnable",
+                            (*f)->runnable() ? Py_True : Py_False, "types", types);
+        if (row == NULL || PyList_Append(list, row) != 0) {
+            Py_XDECREF(row);
+            goto error;
+        }
+        Py_DECREF(row);
+    }
+    return list;
+error:
+    Py_DECREF(list);
+    return NULL;
+}
+
+/* The CPU features the kernels check, as {name: bool}. */
+static PyObject *
+rd_cpu_features(void)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+#define RD_FEATURE(key, flag)                                                   \
+    if (PyDict_SetItemString(d, key, __builtin_cpu_supports(flag) ? Py_True : Py_False) != 0) { \
+        Py_DECREF(d);                                                           \
+        return NULL;                                                            \
+    }
+    RD_FEATURE("avx2", "avx2")
+    RD_FEATURE("fma", "fma")
+    RD_FEATURE("f16c", "f16c")
+    RD_FEATURE("avx512f", "avx512f")
+    RD_FEATURE("avx512_bf16", "avx512bf16")
+    RD_FEATURE("avx512_vnni", "avx512vnni")
+    RD_FEATURE("avx_vnni", "avxvnni")
+#undef RD_FEATURE
+#endif
+    return d;
+}
+
+static PyObject *
+rd_py_build_info(PyObject *self, PyObject *unused)
+{
+    PyObject *kernels = NULL, *simd = NULL, *cpu = NULL, *blocking = NULL, *info = NULL;
+    (void)self;
+    if ((kernels = rd_py_kernel_table(NULL, unused)) == NULL || (simd = PyList_New(0)) == NULL ||
+        (cpu = rd_cpu_features()) == NULL || (blocking = PyDict_New()) == NULL)
+        goto done;
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++) {
+        PyObject *s = PyUnicode_FromString((*f)->name);
+        if (s == NULL || PyList_Append(simd, s) != 0) {
+            Py_XDECREF(s);
+            goto done;
+        }
+        Py_DECREF(s);
+    }
+    for (int ct = 0; ct < RD_CT_COUNT; ct++) {
+        const char *family;
+        const rd_ukr_desc_t *k = rd_active_kernel((rd_ctype_t)ct, &family);
+        PyObject *b = Py_BuildValue("{s:s,s:i,s:i,s:n,s:n,s:n}", "kernel", family, "MR", k->mr,
+                                    "NR", k->nr, "MC", (Py_ssize_t)k->mc, "KC", (Py_ssize_t)k->kc,
+                                    "NC", (Py_ssize_t)k->nc);
+        if (b == NULL || PyDict_SetItemString(blocking, rd_ctypes[ct].name, b) != 0) {
+            Py_XDECREF(b);
+            goto done;
+        }
+        Py_DECREF(b);
+    }
+    info = Py_BuildValue("{s:O,s:O,s:O,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
+                         "openmp", rd_have_openmp() ? Py_True : Py_False,
+                         "kernels", kernels,
+                         "simd", simd,
+                         "kernel", rd_get_kernel(),
+                         "cpu", cpu,
+                         "cpu_avx2", PyDict_GetItemString(cpu, "avx2") == Py_True ? Py_True : Py_False,
+                         "cpu_avx512", PyDict_GetItemString(cpu, "avx512f") == Py_True ? Py_True : Py_False,
+                         "num_threads", rd_get_num_threads(),
+                         "blocking", blocking,
+                         "stream_threshold", (Py_ssize_t)rd_get_stream_min_bytes(),
+                         "buffer_cache", "limit", (Py_ssize_t)rd_buffer_cache_limit(SIZE_MAX),
+                         "idle", (Py_ssize_t)rd_buffer_cache_idle());
+done:
+    Py_XDECREF(kernels);
+    Py_XDECREF(simd);
+    Py_XDECREF(cpu);
+    Py_XDECREF(blocking);
+    return info;
+}
+
+/* ---------------------------------------------------------- peak probes */
+
+PyDoc_STRVAR(fma_peak_doc,
+"fma_peak(threads, seconds, isa='avx2') -> GFLOP/s\n\n"
+"Sustained throughput of `threads` threads, each running independent chains\n"
+"of one instruction for about `seconds`: isa='avx2' (256-bit float32 FMA) or\n"
+"'avx512' (512-bit float32 FMA).  0.0 when the CPU lacks that instruction set.");
+
+static PyObject *
+rd_py_fma_peak(PyObject *self, PyObject *args)
+{
+    int threads;
+    double seconds;
+    const char *isa = "avx2";
+    (void)self;
+    if (!PyArg_ParseTuple(args, "id|s", &threads, &seconds, &isa))
+        return NULL;
+    if (rd_peak_gflops(isa, 0.0) < 0.0) {
+        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2' or 'avx512', got '%s'", isa);
+        return NULL;
+    }
+    if (threads < 1 || threads > 4096 || !(seconds > 0.0 && seconds <= 60.0)) {
+        PyErr_SetString(PyExc_ValueError, "fma_peak needs 1 <= threads <= 4096 and 0 < seconds <= 60");
+        return NULL;
+    }
+    double total = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+#endif
+    total += rd_peak_gflops(isa, seconds);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(total);
+}
+
+PyMethodDef rd_runtime_methods[] = {
+    {"set_num_threads", rd_py_set_num_threads, METH_O, "set_num_threads(n)"},
+    {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"set_kernel", rd_py_set_kernel, METH_O,
+     "set_kernel(name) -> previous name; name in build_info()['simd'] or 'auto'"},
+    {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
+    {"kernel_table", rd_py_kernel_table, METH_NOARGS,
+     "kernel_table() -> [{'name', 'runnable', 'types'}] of the compiled families, most preferred first"},
+    {"set_blocking", rd_py_set_blocking, METH_VARARGS,
+     "set_blocking(dtype, mc, kc, nc): cache blocking of the kernel in force (for tuning);"
+     " set_kernel(name) restores the defaults of that kernel"},
+    {"empty", rd_py_empty, METH_VARARGS, empty_doc},
+    {"set_buffer_cache", rd_py_set_buffer_cache, METH_O,
+     "set_buffer_cache(nbytes) -> previous limit on the idle result buffers kept for reuse (0: keep none)"},
+    {"set_stream_threshold", rd_py_set_stream_threshold, METH_O,
+     "set_stream_threshold(nbytes) -> previous: outputs of at least nbytes that a call writes once"
+     " get non-temporal stores (negative: never)"},
+    {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
+    {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,144 @@
+/*
+ * The framework around the micro-kernels: per-call plans, the runtime
+ * settings they are made from, packing, the grouped GEMM drivers, result
+ * buffers and megablox's tile metadata.  No Python here.
+ */
+#ifndef RD_FRAME_H
+#define RD_FRAME_H
+
+#include "rd_kernel.h"
+
+/* ------------------------------------------------------------------ plans
+ *
+ * Everything one call needs to know about how to run, fixed when the call
+ * starts (the binding makes it while it holds the GIL): later changes of
+ * the runtime settings never reach a call in flight.
+ */
+typedef struct {
+    rd_ctype_t ct;          /* compute type */
+    const char *family;     /* name of the family the micro-kernel comes from */
+    rd_ukr_desc_t k;        /* micro-kernel, register block, cache blocking */
+    rd_int tm, tn;          /* largest tile (rows, columns); 0: from the blocking */
+    int nthreads;           /* threads of the call */
+    rd_int stream_min;      /* outputs of >= this many bytes written once are
+                               streamed; negative: never */
+} rd_plan_t;
+
+/* Fill `plan` for compute type `ct` from the runtime settings. */
+void rd_plan_init(rd_plan_t *plan, rd_ctype_t ct);
+
+/* --------------------------------------------------------------- runtime
+ * (frame/rd_runtime.c)  Process-wide settings the plans are made from. */
+
+/* Select a family by name, or "auto" for the best this CPU runs.  A family
+ * without a kernel for some compute type leaves that type to the best
+ * runnable family that has one.  Resets the blocking to the defaults.
+ * Returns 0, -1 for an unknown name, -2 when the CPU cannot run it. */
+int rd_set_kernel(const char *name);
+/* Name of the selected family ("auto" picks resolve to a family's name). */
+const char *rd_get_kernel(void);
+/* The micro-kernel in force for a compute type (never NULL: "ref" has all). */
+const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
+/* Cache blocking of the kernel in force for `ct`; MC and NC are rounded up
+ * to multiples of MR and NR.  Returns 0, or -1 for a size below 1. */
+int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
+
+/* Outputs of at least this many bytes that a call writes once (no
+ * accumulation, the whole contraction in one KC block) are written with
+ * non-temporal stores; smaller ones stay in cache for their reader. */
+#define RD_STREAM_MIN_BYTES ((rd_int)32 << 20)
+rd_int rd_get_stream_min_bytes(void);
+void rd_set_stream_min_bytes(rd_int bytes);
+
+int rd_get_num_threads(void);
+void rd_set_num_threads(int n);
+int rd_have_openmp(void);
+
+/* -------------------------------------------------------------- operands */
+
+/* A read-only operand: its storage dtype, data and strides (elements).
+ * gs is the stride between groups where the operand has a group axis. */
+typedef struct {
+    const void *p;
+    rd_dtype_t dtype;
+    rd_int gs, rs, cs;
+} rd_in_t;
+
+/* An output of the plan's compute type. */
+typedef struct {
+    void *p;
+    rd_int gs, rs, cs;
+} rd_out_t;
+
+extern const size_t rd_dtype_size[RD_DTYPE_COUNT];
+
+/* ---------------------------------------------------------------- packing
+ * (frame/rd_pack.c)  pack(rows, depth, src, rs, cs, r, dst) packs the
+ * rows x depth block X[i][p] = src[i*rs + p*cs] into r-row micro-panels:
+ * panel q holds rows q*r .. q*r+r-1 as dst[q*r*dp + p*r + i], dp = depth
+ * rounded up to the compute type's k_unit, padding zero.  Packing A is this
+ * with r = MR; packing B is this on B's transpose with r = NR. */
+typedef void (*rd_pack_t)(rd_int rows, rd_int depth, const void *src, rd_int rs,
+                          rd_int cs, int r, void *dst);
+/* The routine that packs A (which = 0) or B (which = 1) operands of storage
+ * dtype `src` for compute type `ct`; NULL when there is none. */
+rd_pack_t rd_packer(rd_ctype_t ct, rd_dtype_t src, int which);
+
+/* ---------------------------------------------------------------- drivers
+ *
+ * Ragged rows (the forward of ragged_dot, megablox gmm):
+ *   for each local group g in [0, ng):  rows r in [bounds[g], bounds[g+1])
+ *     out[r, :] (+)= lhs[r, :] @ rhs[g]          lhs [m, k], rhs [ng, k, n]
+ *   Rows outside [bounds[0], bounds[ng]) are not touched.
+ *
+ * Ragged contraction (d_rhs, megablox tgmm):
+ *   for each group g in [0, ng):  rows r in [bounds[g], bounds[g+1])
+ *     out[g] (+)= lhs[:, rows] @ rhs[rows, :]    lhs [k, m], rhs [m, n], out [ng, k, n]
+ *   An empty group gives out[g] = 0 (or leaves it unchanged when accumulating).
+ *
+ * Each output element is reduced in a fixed order: blocks of KC along the
+ * contraction (ascending), each block summed in registers in ascending order
+ * and then added to the output.  The order depends on KC alone, never on the
+ * thread count or the schedule, so results are bitwise reproducible.
+ *
+ * Returns 0, -1 when a buffer could not be allocated, -2 when the plan's
+ * compute type cannot read an operand's storage dtype.
+ */
+int rd_ragged_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
+                   const rd_int *bounds, const rd_in_t *lhs, const rd_in_t *rhs,
+                   const rd_out_t *out, int accumulate);
+int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
+                       const rd_int *bounds, const rd_in_t *lhs, const rd_in_t *rhs,
+                       const rd_out_t *out, int accumulate);
+
+/* ----------------------------------------------------------- result buffers
+ * (frame/rd_pool.c; callers hold the GIL.)  rd_buffer_take returns a block
+ * of at least `bytes` (its real size in *got), 64-byte aligned, 2 MiB
+ * aligned from 4 MiB on; NULL when out of memory.  rd_buffer_give takes it
+ * back: blocks of 4 MiB or more are kept idle for reuse while the idle total
+ * stays under the limit, the oldest dropped first.  rd_buffer_cache_limit
+ * sets the limit (SIZE_MAX: leave it) and returns the previous one. */
+#define RD_BUFFER_CACHE_DEFAULT ((size_t)2 << 30)
+void *rd_buffer_take(size_t bytes, size_t *got);
+void rd_buffer_give(void *p, size_t bytes);
+size_t rd_buffer_cache_limit(size_t limit);
+size_t rd_buffer_cache_idle(void);
+
+/* ------------------------------------------------------------ tile metadata
+ * megablox make_group_metadata.  group_sizes [ng] (non-negative, validated),
+ * m % tm == 0.  Outputs: group_offsets [ng+1], group_ids and m_tile_ids
+ * [m/tm + ng - 1], all int32; returns num_tiles, or -1 when out of memory. */
+long long rd_make_group_metadata(const rd_int *group_sizes, rd_int ng, rd_int m,
+                                 rd_int tm, rd_int start_group,
+                                 rd_int num_nonzero_groups, int visit_empty_groups,
+                                 int *group_offsets, int *group_ids,
+                                 int *m_tile_ids);
+
+/* ------------------------------------------------------------ peak probes
+ * (probe/rd_peak.c; for the benchmarks' "% of peak", not used by the
+ * kernels.)  Sustained throughput of one thread, GFLOP/s, over ~seconds of
+ * independent chains of the instruction `isa` names; -1 for an unknown
+ * name, 0 when the CPU lacks it. */
+double rd_peak_gflops(const char *isa, double seconds);
+
+#endif /* RD_FRAME_H */

@@ -30,9 +30,10 @@ typedef ptrdiff_t rd_int;
 /* ------------------------------------------------------------------ types
  *
  * Storage dtypes: what an operand holds in memory.  The packing routines
- * convert them into the packed element type of a compute type.
+ * convert them into the packed element type of a compute type (IEEE
+ * binary16 and bfloat16 are 16-bit patterns widened exactly to float32).
  */
-typedef enum { RD_F32 = 0, RD_F64 = 1, RD_DTYPE_COUNT } rd_dtype_t;
+typedef enum { RD_F32 = 0, RD_F64 = 1, RD_F16 = 2, RD_BF16 = 3, RD_DTYPE_COUNT } rd_dtype_t;
 
 /*
  * Compute types: one packed-A element type, one packed-B element type, an

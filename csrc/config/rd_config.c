@@ -17,6 +17,8 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
     [RD_F32] = sizeof(float),
     [RD_F64] = sizeof(double),
+    [RD_F16] = 2,
+    [RD_BF16] = 2,
 };
 
 extern const rd_family_t rd_family_ref;

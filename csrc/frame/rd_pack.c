@@ -11,39 +11,125 @@
 /* Keep gcc from turning the short fixed-width copies into calls to memmove. */
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
 
+#include <stdint.h>
+#include <string.h>
+
+static inline float
+rd_bits_to_float(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* bfloat16 is the upper half of a float32: exact, NaN payloads kept. */
+static inline float
+rd_bf16_to_float(uint16_t h)
+{
+    return rd_bits_to_float((uint32_t)h << 16);
+}
+
+/* IEEE binary16 to float32, exact for every value (subnormals, infinities,
+ * NaN payloads), without F16C so that every CPU takes the same path. */
+static inline float
+rd_f16_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f)                      /* inf, NaN */
+        return rd_bits_to_float(sign | 0x7f800000u | (man << 13));
+    if (exp != 0)                         /* normal: rebias 15 -> 127 */
+        return rd_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+    /* zero or subnormal: man * 2^-24, exact in float32 */
+    float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+}
+
+
 #define RD_SRC float
 #define RD_DST float
+#define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_s_s_##x
 #include "rd_pack_impl.h"
 #undef RD_SRC
 #undef RD_DST
+#undef RD_CVT
 #undef RD_FN
 
 #define RD_SRC double
 #define RD_DST double
+#define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_d_d_##x
 #include "rd_pack_impl.h"
 #undef RD_SRC
 #undef RD_DST
+#undef RD_CVT
 #undef RD_FN
 
 /* float32 operands of a float64 product: widened exactly while packing */
 #define RD_SRC float
 #define RD_DST double
+#define RD_CVT(v) ((double)(v))
 #define RD_FN(x) rd_pack_s_d_##x
 #include "rd_pack_impl.h"
 #undef RD_SRC
 #undef RD_DST
+#undef RD_CVT
+#undef RD_FN
+
+/* 16-bit float operands, widened exactly while packing (never as a whole-array copy) */
+#define RD_SRC uint16_t
+#define RD_DST float
+#define RD_CVT(v) rd_f16_to_float(v)
+#define RD_FN(x) rd_pack_h_s_##x
+#include "rd_pack_impl.h"
+#undef RD_SRC
+#undef RD_DST
+#undef RD_CVT
+#undef RD_FN
+
+#define RD_SRC uint16_t
+#define RD_DST float
+#define RD_CVT(v) rd_bf16_to_float(v)
+#define RD_FN(x) rd_pack_b_s_##x
+#include "rd_pack_impl.h"
+#undef RD_SRC
+#undef RD_DST
+#undef RD_CVT
+#undef RD_FN
+
+#define RD_SRC uint16_t
+#define RD_DST double
+#define RD_CVT(v) ((double)rd_f16_to_float(v))
+#define RD_FN(x) rd_pack_h_d_##x
+#include "rd_pack_impl.h"
+#undef RD_SRC
+#undef RD_DST
+#undef RD_CVT
+#undef RD_FN
+
+#define RD_SRC uint16_t
+#define RD_DST double
+#define RD_CVT(v) ((double)rd_bf16_to_float(v))
+#define RD_FN(x) rd_pack_b_d_##x
+#include "rd_pack_impl.h"
+#undef RD_SRC
+#undef RD_DST
+#undef RD_CVT
 #undef RD_FN
 
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
         [RD_F32] = {rd_pack_s_s_pack, rd_pack_s_s_pack},
+        [RD_F16] = {rd_pack_h_s_pack, rd_pack_h_s_pack},
+        [RD_BF16] = {rd_pack_b_s_pack, rd_pack_b_s_pack},
     },
     [RD_CT_F64] = {
         [RD_F32] = {rd_pack_s_d_pack, rd_pack_s_d_pack},
         [RD_F64] = {rd_pack_d_d_pack, rd_pack_d_d_pack},
+        [RD_F16] = {rd_pack_h_d_pack, rd_pack_h_d_pack},
+        [RD_BF16] = {rd_pack_b_d_pack, rd_pack_b_d_pack},
     },
 };
 

@@ -1,8 +1,9 @@
 /*
  * One packing routine, for one (storage type -> packed type) pair.  Included
  * by frame/rd_pack.c with these macros defined:
- *   RD_SRC      storage element type (float, double)
+ *   RD_SRC      storage element type (float, double, uint16_t for 16-bit floats)
  *   RD_DST      packed element type (float, double)
+ *   RD_CVT(v)   the packed value of a stored one
  *   RD_FN(x)    name mangler
  *
  * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
@@ -20,12 +21,12 @@ RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
     int j = 0;
     for (; j + 8 <= w; j += 8)
         for (int t = 0; t < 8; t++)
-            dst[j + t] = (RD_DST)src[j + t];
+            dst[j + t] = RD_CVT(src[j + t]);
     for (; j + 4 <= w; j += 4)
         for (int t = 0; t < 4; t++)
-            dst[j + t] = (RD_DST)src[j + t];
+            dst[j + t] = RD_CVT(src[j + t]);
     for (; j < w; j++)
-        dst[j] = (RD_DST)src[j];
+        dst[j] = RD_CVT(src[j]);
 }
 
 static void
@@ -50,14 +51,14 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
                 const RD_SRC *row = x + i * rs;
                 RD_DST *col = dst + i;
                 for (rd_int p = 0; p < depth; p++)
-                    col[p * r] = (RD_DST)row[p];
+                    col[p * r] = RD_CVT(row[p]);
             }
         }
         else {
             rd_int have = full ? r : rows - i0;
             for (rd_int p = 0; p < depth; p++) {
                 for (rd_int i = 0; i < have; i++)
-                    dst[p * r + i] = (RD_DST)x[i * rs + p * cs];
+                    dst[p * r + i] = RD_CVT(x[i * rs + p * cs]);
                 for (rd_int i = have; i < r; i++)
                     dst[p * r + i] = 0;
             }

@@ -24,7 +24,9 @@
 
 /* What an array argument must be. */
 enum {
-    RD_ANY_FLOAT = -1,      /* dtype: any storage dtype the kernels read */
+    RD_ANY_FLOAT = -1,      /* dtype: float32 or float64 */
+    RD_ANY_STORAGE = -2,    /*        any storage dtype the packing reads:
+                               float16, bfloat16 (ml_dtypes), float32, float64 */
     RD_AS_OUTPUT = 1 << 0,  /* flags: writeable */
     RD_CONTIG = 1 << 1,     /*        C-contiguous */
     RD_ROWS = 1 << 2,       /*        2-D with contiguous rows */
@@ -42,13 +44,13 @@ typedef struct {
 } rd_arg_t;
 
 /* Parse `obj` as argument `name`: a numpy.ndarray of `ndim` dimensions
- * (-1: any), of NumPy type `type_num` (RD_ANY_FLOAT: float32 or float64),
+ * (-1: any), of NumPy type `type_num` (or RD_ANY_FLOAT, RD_ANY_STORAGE),
  * aligned, in native byte order, with element-sized strides, and `flags`.
  * Returns 0, or -1 with an exception naming the argument. */
 int rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int flags,
                  rd_arg_t *out);
 
-/* The compute type of a float array (float32 -> RD_CT_F32, float64 -> RD_CT_F64). */
+/* The compute type of a float32 (RD_CT_F32) or float64 (RD_CT_F64) array. */
 rd_ctype_t rd_arg_ctype(const rd_arg_t *a);
 
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */

@@ -29,8 +29,8 @@ rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd
     return 0;
 }
 
-/* The operands of one grouped GEMM call: lhs and rhs of any float storage
- * dtype that the compute type of `out` reads (float32 or float64). */
+/* The operands of one grouped GEMM call: lhs and rhs of any storage dtype
+ * that the compute type of `out` (float32 or float64) reads. */
 static int
 rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_arg_t *rhs,
               rd_arg_t *out, PyObject **bounds, int *accumulate, rd_plan_t *plan)
@@ -38,8 +38,8 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_arg_
     PyObject *olhs, *orhs, *oout;
     if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, bounds, &oout, accumulate))
         return -1;
-    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_FLOAT, 0, lhs) != 0 ||
-        rd_arg_array(orhs, "rhs", rhs_ndim, RD_ANY_FLOAT, 0, rhs) != 0 ||
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, lhs) != 0 ||
+        rd_arg_array(orhs, "rhs", rhs_ndim, RD_ANY_STORAGE, 0, rhs) != 0 ||
         rd_arg_array(oout, "out", out_ndim, RD_ANY_FLOAT, RD_AS_OUTPUT, out) != 0)
         return -1;
     rd_plan_init(plan, rd_arg_ctype(out));
@@ -108,8 +108,8 @@ PyDoc_STRVAR(ragged_rows_doc,
 "ragged_rows(lhs, rhs, bounds, out, accumulate)\n\n"
 "For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
-"(float32 or float64) is the compute type; lhs and rhs may be float32 or,\n"
-"for a float64 out, float64 (float32 is widened while packing).\n"
+"(float32 or float64) is the compute type; lhs and rhs may be float16,\n"
+"bfloat16, float32 or (for a float64 out) float64, widened while packing.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *

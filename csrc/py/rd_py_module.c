@@ -8,16 +8,33 @@
 
 /* ------------------------------------------------------------ arguments */
 
+#include <string.h>
+
+/* The storage dtype of an array, or -1.  bfloat16 is ml_dtypes' (a user
+ * dtype, known by its scalar type's name and size). */
 static int
-rd_storage_dtype(int type_num)
+rd_storage_dtype(PyArray_Descr *descr)
 {
-    switch (type_num) {
+    switch (descr->type_num) {
     case NPY_FLOAT32:
         return RD_F32;
     case NPY_FLOAT64:
         return RD_F64;
-    default:
+    case NPY_FLOAT16:
+        return RD_F16;
+    default: {
+        const char *name = descr->typeobj->tp_name;
+        const char *dot = strrchr(name, '.');
+#if NPY_ABI_VERSION >= 0x02000000
+        npy_intp size = PyDataType_ELSIZE(descr);
+#else
+        npy_intp size = descr->elsize;
+#endif
+        if (PyDataType_ISUSERDEF(descr) && size == 2 &&
+            strcmp(dot != NULL ? dot + 1 : name, "bfloat16") == 0)
+            return RD_BF16;
         return -1;
+    }
     }
 }
 
@@ -36,11 +53,15 @@ rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int flags,
         PyErr_Format(PyExc_ValueError, "'%s' must be %d-D, got %d-D", name, ndim, nd);
         return -1;
     }
-    int t = PyArray_TYPE(arr);
-    if (type_num == RD_ANY_FLOAT ? rd_storage_dtype(t) < 0 : t != type_num) {
+    int t = PyArray_TYPE(arr), storage = rd_storage_dtype(PyArray_DESCR(arr));
+    int ok = type_num == RD_ANY_STORAGE ? storage >= 0
+             : type_num == RD_ANY_FLOAT ? storage == RD_F32 || storage == RD_F64
+             : t == type_num;
+    if (!ok) {
         PyErr_Format(PyExc_TypeError, "'%s' has dtype %s, expected %s", name,
                      PyArray_DESCR(arr)->typeobj->tp_name,
-                     type_num == RD_ANY_FLOAT ? "float32 or float64"
+                     type_num == RD_ANY_STORAGE ? "float16, bfloat16, float32 or float64"
+                     : type_num == RD_ANY_FLOAT ? "float32 or float64"
                      : type_num == NPY_INT64 ? "int64" : "another dtype");
         return -1;
     }
@@ -73,7 +94,7 @@ rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int flags,
     }
     out->arr = arr;
     out->type_num = t;
-    out->dtype = rd_storage_dtype(t);
+    out->dtype = storage;
     out->ndim = nd;
     out->data = PyArray_DATA(arr);
     return 0;

@@ -1,0 +1,87 @@
+"""raggeddot.runtime: the public settings module."""
+import threading
+
+import numpy as np
+import pytest
+
+import raggeddot
+from raggeddot import runtime
+
+
+def test_build_info_describes_the_build():
+    info = runtime.build_info()
+    assert isinstance(info["openmp"], bool)
+    assert [k["name"] for k in info["kernels"]] == info["simd"] == runtime.compiled_kernels()
+    assert info["kernel"] in runtime.runnable_kernels()
+    assert set(info["blocking"]) == {"float32", "float64"}
+    for b in info["blocking"].values():
+        assert {"kernel", "MR", "NR", "MC", "KC", "NC"} <= set(b)
+    assert all(isinstance(v, bool) for v in info["cpu"].values())
+    assert info["num_threads"] == runtime.get_num_threads() >= 1
+    assert runtime.get_buffer_cache() == info["buffer_cache"]
+    assert runtime.get_stream_threshold() == info["stream_threshold"]
+    # the package's top-level helpers are the runtime's
+    assert raggeddot.build_info is runtime.build_info
+    assert raggeddot.set_num_threads is runtime.set_num_threads
+
+
+def test_configured_restores_every_setting_even_on_error():
+    before = runtime.build_info()
+    with pytest.raises(KeyError):
+        with runtime.configured(kernel="ref", num_threads=1, stream_threshold=0, buffer_cache=0):
+            info = runtime.build_info()
+            assert info["kernel"] == "ref" and info["num_threads"] == 1
+            assert info["stream_threshold"] == 0 and info["buffer_cache"]["limit"] == 0
+            raise KeyError("inside")
+    after = runtime.build_info()
+    for key in ("kernel", "num_threads", "stream_threshold", "blocking"):
+        assert after[key] == before[key], key
+    assert after["buffer_cache"]["limit"] == before["buffer_cache"]["limit"]
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: runtime.set_num_threads(0), ValueError, "'n' must be >= 1"),
+    (lambda: runtime.set_num_threads(1.5), TypeError, "'n' must be an integer"),
+    (lambda: runtime.set_num_threads(True), TypeError, "'n' must be an integer"),
+    (lambda: runtime.set_kernel(3), TypeError, "'name' must be a str"),
+    (lambda: runtime.set_kernel("sse9"), ValueError, "unknown kernel 'sse9'"),
+    (lambda: runtime.set_buffer_cache(-1), ValueError, "'nbytes' must be >= 0"),
+    (lambda: runtime.set_stream_threshold("big"), TypeError, "'nbytes' must be an integer"),
+    (lambda: runtime.set_blocking("float32", 0, 1, 1), ValueError, "'mc' must be >= 1"),
+    (lambda: runtime.set_blocking("int8", 1, 1, 1), ValueError, "set_blocking"),
+    (lambda: runtime.peak_gflops("sse9", 1, 0.01), ValueError, "isa must be"),
+])
+def test_bad_settings_are_refused(call, exc, match):
+    before = runtime.build_info()
+    with pytest.raises(exc, match=match):
+        call()
+    assert runtime.build_info()["kernel"] == before["kernel"]
+
+
+def test_peak_probe_reports_a_positive_rate_for_the_kernel_in_use():
+    info = runtime.build_info()
+    isa = "avx512" if info["cpu"].get("avx512f") else "avx2" if info["cpu"].get("avx2") else None
+    if isa is None:
+        assert runtime.peak_gflops("avx2", 1, 0.01) == 0.0
+    else:
+        assert runtime.peak_gflops(isa, 1, 0.05) > 1.0
+
+
+def test_a_call_in_flight_keeps_the_settings_it_started_with(rng):
+    """Settings changed while a call runs reach only later calls: the call
+    made its plan (kernel, blocking, threads) when it started."""
+    lhs = rng.standard_normal((4096, 1024)).astype(np.float32)
+    rhs = rng.standard_normal((8, 1024, 512)).astype(np.float32)
+    gs = np.full(8, 512)
+    want = raggeddot.ragged_dot(lhs, rhs, gs)
+    got = {}
+    with runtime.configured():
+        t = threading.Thread(target=lambda: got.setdefault("out", raggeddot.ragged_dot(lhs, rhs, gs)))
+        t.start()
+        while t.is_alive():
+            runtime.set_kernel("ref")
+            runtime.set_blocking("float32", 48, 64, 256)
+            runtime.set_num_threads(1)
+            runtime.set_kernel("auto")
+        t.join()
+    assert np.array_equal(got["out"], want)

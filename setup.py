@@ -3,6 +3,8 @@
 Only the Extension and its build hook live here; metadata is in pyproject.toml.
 OpenMP is used when a small program compiled and linked with -fopenmp runs;
 RAGGEDDOT_NO_OPENMP=1 skips it, and the kernels then run single-threaded.
+RAGGEDDOT_SANITIZE=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer
+(for the checks of .ci/sanitize; such a build needs libasan preloaded).
 """
 import os
 import shutil
@@ -28,6 +30,8 @@ int main(void) {
 """
 
 BASE_FLAGS = ["-O3", "-Wall", "-Wextra", "-fno-strict-aliasing"]
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-g"]
 
 
 def _openmp_works(compiler):
@@ -54,9 +58,11 @@ class BuildExt(build_ext):
         if use_openmp and not _openmp_works(self.compiler):
             print("raggeddot: OpenMP probe failed; building single-threaded", file=sys.stderr)
             use_openmp = False
+        sanitize = os.environ.get("RAGGEDDOT_SANITIZE", "") in ("1", "true", "yes")
+        extra = SANITIZE_FLAGS if sanitize else []
         for ext in self.extensions:
-            ext.extra_compile_args = BASE_FLAGS + (["-fopenmp"] if use_openmp else [])
-            ext.extra_link_args = ["-fopenmp"] if use_openmp else []
+            ext.extra_compile_args = BASE_FLAGS + (["-fopenmp"] if use_openmp else []) + extra
+            ext.extra_link_args = (["-fopenmp"] if use_openmp else []) + extra
         super().build_extensions()
 
 

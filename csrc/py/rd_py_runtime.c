@@ -58,14 +58,27 @@ rd_py_empty(PyObject *self, PyObject *args)
 #else
     size_t bytes = (size_t)descr->elsize;
 #endif
+    int too_large = 0;
     for (int d = 0; d < dims.len; d++) {
-        if (dims.ptr[d] < 0 || (dims.ptr[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)dims.ptr[d])) {
-            PyErr_SetString(PyExc_ValueError, "empty: negative or too large shape");
+        if (dims.ptr[d] < 0) {
+            PyErr_Format(PyExc_ValueError, "empty: negative dimension %zd in the shape",
+                         (Py_ssize_t)dims.ptr[d]);
             Py_DECREF(descr);
             PyDimMem_FREE(dims.ptr);
             return NULL;
         }
-        bytes *= (size_t)dims.ptr[d];
+        if (dims.ptr[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)dims.ptr[d])
+            too_large = 1;   /* keep checking the other dimensions' signs */
+        else
+            bytes *= (size_t)dims.ptr[d];
+    }
+    if (too_large) {
+        /* more bytes than an address space holds: a result that cannot be
+         * allocated, as for any too-large allocation */
+        PyErr_SetString(PyExc_MemoryError, "empty: the result needs more bytes than memory can hold");
+        Py_DECREF(descr);
+        PyDimMem_FREE(dims.ptr);
+        return NULL;
     }
     size_t got = 0;
     void *p = rd_buffer_take(bytes, &got);

@@ -50,8 +50,15 @@ int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
 rd_int rd_get_stream_min_bytes(void);
 void rd_set_stream_min_bytes(rd_int bytes);
 
+/* Threads of the next call: the set count (RAGGEDDOT_NUM_THREADS or
+ * OpenMP's default until set), or 1 in a process forked after this one may
+ * have run threads (GNU OpenMP's pool does not survive fork). */
 int rd_get_num_threads(void);
 void rd_set_num_threads(int n);
+/* A team of `wanted` threads, as that rule allows; every OpenMP team of
+ * more than one thread is sized through it. */
+int rd_team_size(int wanted);
+int rd_forked_single_threaded(void);
 int rd_have_openmp(void);
 
 /* -------------------------------------------------------------- operands */

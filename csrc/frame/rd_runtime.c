@@ -131,6 +131,35 @@ rd_set_stream_min_bytes(rd_int bytes)
 
 static int rd_threads = 0;
 
+/*
+ * fork: GNU OpenMP's thread pool does not survive it, and a child that
+ * starts a team of more than one thread after its parent ran one waits
+ * forever for threads that are not there.  So a process forked after this
+ * one may have used threads runs single-threaded (its results are the same:
+ * they never depend on the thread count).
+ */
+static volatile int rd_threads_used = 0;   /* a team of > 1 may have run here */
+static volatile int rd_forked = 0;         /* forked after that: one thread only */
+
+#if defined(_OPENMP) && defined(__unix__)
+#include <pthread.h>
+
+static void
+rd_atfork_child(void)
+{
+    if (rd_threads_used)
+        rd_forked = 1;
+}
+
+static pthread_once_t rd_atfork_once = PTHREAD_ONCE_INIT;
+
+static void
+rd_register_atfork(void)
+{
+    (void)pthread_atfork(NULL, NULL, rd_atfork_child);
+}
+#endif
+
 int
 rd_have_openmp(void)
 {
@@ -139,6 +168,24 @@ rd_have_openmp(void)
 #else
     return 0;
 #endif
+}
+
+int
+rd_forked_single_threaded(void)
+{
+    return rd_forked;
+}
+
+int
+rd_team_size(int wanted)
+{
+#if defined(_OPENMP) && defined(__unix__)
+    pthread_once(&rd_atfork_once, rd_register_atfork);
+#endif
+    if (rd_forked || wanted < 2)
+        return 1;
+    rd_threads_used = 1;
+    return wanted;
 }
 
 int
@@ -156,7 +203,7 @@ rd_get_num_threads(void)
             n = omp_get_max_threads();
         rd_threads = n > 0 ? n : 1;
     }
-    return rd_threads;
+    return rd_team_size(rd_threads);
 #endif
 }
 

@@ -314,8 +314,9 @@ rd_py_build_info(PyObject *self, PyObject *unused)
         }
         Py_DECREF(b);
     }
-    info = Py_BuildValue("{s:O,s:O,s:O,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
+    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
+                         "forked_single_threaded", rd_forked_single_threaded() ? Py_True : Py_False,
                          "kernels", kernels,
                          "simd", simd,
                          "kernel", rd_get_kernel(),
@@ -361,6 +362,7 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
         return NULL;
     }
     double total = 0.0;
+    threads = rd_team_size(threads);
     Py_BEGIN_ALLOW_THREADS
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : total)

@@ -45,9 +45,9 @@ def _flops(spec, inputs):
     return 2.0 * float(np.sum(inputs["group_sizes"])) * k * n * (3 if spec.op == "backward" else 1)
 
 
-def run_spec(spec, dtype, seed, scale, budget):
+def run_spec(spec, dtype, seed, scale, budget, cache):
     """One row of the table: check against the oracle, then (if it passed) time."""
-    inputs = specs.make_inputs(spec, dtype, seed=seed, scale=scale)
+    inputs = specs.make_inputs(spec, dtype, seed=seed, scale=scale, cache=cache)
     got, want = specs.run_raggeddot(spec, inputs), specs.run_reference(spec, inputs)
     results = {name: specs.check(got[name], ref, dtype) for name, ref in want.items()}
     del got, want
@@ -77,9 +77,9 @@ def main(argv=None):
     print(f"raggeddot {raggeddot.__version__}: kernel={info['kernel']} compiled={info['simd']} "
           f"openmp={info['openmp']} threads={runtime.get_num_threads()}; {args.dtype}")
     chosen = [s for s in specs.select(tags=["main"], patterns=args.spec or ()) if s.op in MAIN_OPS]
-    rows, failed = [], 0
+    rows, failed, cache = [], 0, {}
     for spec in _progress(chosen, "specs"):
-        row, ok = run_spec(spec, args.dtype, args.seed, args.scale, args.budget)
+        row, ok = run_spec(spec, args.dtype, args.seed, args.scale, args.budget, cache)
         rows.append(row)
         failed += not ok
         gc.collect()

@@ -1,5 +1,8 @@
 """Every named spec of raggeddot.specs, at a reduced size, through raggeddot against the
 oracle; the spec table's own rules; the main job and the benchmark runner's use of it."""
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 
@@ -7,6 +10,7 @@ import raggeddot
 from raggeddot import reference, specs
 
 SCALE = 1 / 64
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _ids(spec):
@@ -77,6 +81,27 @@ def test_select_by_glob_and_errors():
         specs.select("ragged_dot", ["no-such-spec*"])
     with pytest.raises(KeyError):
         specs.get("no-such-spec")
+
+
+def test_runner_uses_existing_tags_and_specs():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+        import run
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert set(run.TAGS_USED) <= set(specs.TAGS)
+    for name in run.SCALING_SPEC.values():
+        assert specs.get(name).op == "ragged_dot"
+    for op in specs.OPS:
+        record = {"dtype": "float32", "variants": {s: {} for s in run.V.SECTIONS[op]}}
+        report.derive(op, record, {})
+        targets = report.load_targets(op)
+        assert targets, op
+        for t in targets:
+            assert set(t.get("tags", ())) <= set(specs.TAGS), t
+            assert t.get("over", "worst") in ("worst", "best", "each", "scaling"), t
+            assert t["metric"] in record["metrics"] or t.get("over") == "scaling", t
 
 
 def test_main_job_runs(capsys):

@@ -1,26 +1,23 @@
-"""python -m raggeddot: check the compiled kernels on MoE-shaped problems and
-time them against a NumPy per-group loop.
+"""python -m raggeddot: check raggeddot on the specs tagged 'main' (raggeddot.specs) and
+time it against a NumPy per-group loop.
 
-Each problem is checked against the pure-NumPy oracle (raggeddot.reference)
-before it is timed; times are medians after a warm-up.
+Each spec is first checked against the pure-NumPy oracle (raggeddot.reference): every
+output within max |out - ref| / max |ref| <= 1e-4 (float32) or 1e-10 (float64). A spec
+that fails is not timed. Times are medians after a warm-up. The run ends with a line
+"N passed, M failed" and exits with status 1 when a check failed.
 """
 import argparse
+import gc
+import statistics
 import sys
 import time
 
 import numpy as np
 
 import raggeddot
-from raggeddot import reference
+from raggeddot import runtime, specs
 
-# (name, tokens*top_k rows, k, n, groups): expert FFN shapes of well-known MoE
-# models, scaled to a small CPU.
-PROBLEMS = [
-    ("Mixtral-like up-proj", 4096, 1024, 3584, 8),
-    ("Qwen3-MoE-like up-proj", 8192, 2048, 768, 128),
-    ("DeepSeek-V3-like down-proj", 8192, 512, 1792, 256),
-    ("many tiny experts", 4096, 64, 64, 256),
-]
+MAIN_OPS = ("ragged_dot", "backward")
 
 
 def _progress(items, desc):
@@ -31,69 +28,69 @@ def _progress(items, desc):
     return tqdm(items, desc=desc, leave=False, file=sys.stderr)
 
 
-def _median_time(fn, min_runs=3, budget=0.5):
+def _median_time(fn, budget, min_runs=3, max_runs=50):
     fn()  # warm-up
     times = []
     t_end = time.perf_counter() + budget
-    while len(times) < min_runs or (time.perf_counter() < t_end and len(times) < 50):
+    while len(times) < min_runs or (time.perf_counter() < t_end and len(times) < max_runs):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return statistics.median(times)
 
 
-def _numpy_loop(lhs, rhs, group_sizes):
-    out = np.zeros((lhs.shape[0], rhs.shape[2]), dtype=np.result_type(lhs, rhs))
-    start = 0
-    for i, size in enumerate(group_sizes):
-        out[start:start + size] = lhs[start:start + size] @ rhs[i]
-        start += size
-    return out
+def _flops(spec, inputs):
+    """2 * sum(group_sizes) * k * n per product; the backward step makes three."""
+    k, n = inputs["rhs"].shape[1:]
+    return 2.0 * float(np.sum(inputs["group_sizes"])) * k * n * (3 if spec.op == "backward" else 1)
+
+
+def run_spec(spec, dtype, seed, scale, budget, cache):
+    """One row of the table: check against the oracle, then (if it passed) time."""
+    inputs = specs.make_inputs(spec, dtype, seed=seed, scale=scale, cache=cache)
+    got, want = specs.run_raggeddot(spec, inputs), specs.run_reference(spec, inputs)
+    results = {name: specs.check(got[name], ref, dtype) for name, ref in want.items()}
+    del got, want
+    ok = all(passed for passed, _ in results.values())
+    err = max(e for _, e in results.values())
+    shape = spec.resized(scale).shape
+    row = [spec.name, spec.op, f"{shape['m']}x{shape['k']}x{shape['n']}", shape["g"],
+           int((inputs["group_sizes"] == 0).sum()), f"{err:.1e}", "ok" if ok else "FAILED"]
+    if not ok:
+        return row + ["-", "-", "-"], False
+    t_rd = _median_time(lambda: specs.run_raggeddot(spec, inputs), budget)
+    t_np = _median_time(specs.numpy_loop(spec, inputs), budget)
+    return row + [f"{t_rd * 1e3:.2f}", f"{_flops(spec, inputs) / t_rd / 1e9:.1f}", f"{t_np / t_rd:.2f}"], True
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m raggeddot", description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply m, k and n of every spec by this (e.g. 0.05 for a fast check)")
+    parser.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per variant")
+    parser.add_argument("--spec", nargs="+", metavar="NAME", help="only the 'main' specs matching these globs")
     args = parser.parse_args(argv)
 
-    info = raggeddot.build_info()
+    info = runtime.build_info()
     print(f"raggeddot {raggeddot.__version__}: kernel={info['kernel']} compiled={info['simd']} "
-          f"openmp={info['openmp']} threads={raggeddot.get_num_threads()}")
-    dtype = np.dtype(args.dtype)
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    rng = np.random.default_rng(args.seed)
-    rows = []
-    failures = 0
-    for name, m, k, n, g in _progress(PROBLEMS, "problems"):
-        # skewed router: Dirichlet-distributed expert loads, a few experts empty
-        p = rng.dirichlet(np.full(g, 0.5))
-        group_sizes = rng.multinomial(m - m // 16, p)
-        lhs = rng.standard_normal((m, k)).astype(dtype)
-        rhs = (rng.standard_normal((g, k, n)) / np.sqrt(k)).astype(dtype)
+          f"openmp={info['openmp']} threads={runtime.get_num_threads()}; {args.dtype}")
+    chosen = [s for s in specs.select(tags=["main"], patterns=args.spec or ()) if s.op in MAIN_OPS]
+    rows, failed, cache = [], 0, {}
+    for spec in _progress(chosen, "specs"):
+        row, ok = run_spec(spec, args.dtype, args.seed, args.scale, args.budget, cache)
+        rows.append(row)
+        failed += not ok
+        gc.collect()
 
-        got = raggeddot.ragged_dot(lhs, rhs, group_sizes)
-        want = reference.ragged_dot(lhs, rhs, group_sizes)
-        err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
-        ok = err <= tol
-        failures += not ok
-
-        flops = 2.0 * float(group_sizes.sum()) * k * n
-        t_rd = _median_time(lambda: raggeddot.ragged_dot(lhs, rhs, group_sizes))
-        t_np = _median_time(lambda: _numpy_loop(lhs, rhs, group_sizes))
-        rows.append((name, f"{m}x{k}x{n}", g, int((group_sizes == 0).sum()), t_rd * 1e3,
-                     flops / t_rd / 1e9, t_np / t_rd, f"{err:.1e}", "ok" if ok else "FAIL"))
-
-    header = ("problem", "m x k x n", "groups", "empty", "ms", "GFLOP/s", "vs loop", "rel err", "check")
-    widths = [max(len(str(h)), *(len(f"{r[i]:.2f}" if isinstance(r[i], float) else str(r[i])) for r in rows))
-              for i, h in enumerate(header)]
-    fmt = lambda r: "  ".join((f"{v:.2f}" if isinstance(v, float) else str(v)).rjust(w) for v, w in zip(r, widths))
-    print(fmt(header))
-    for r in rows:
-        print(fmt(r))
-    print(f"{len(rows) - failures} passed, {failures} failed (checked against raggeddot.reference, "
-          f"rel tol {tol:g}; 'vs loop' is the speed-up over a NumPy per-group loop)")
-    return 1 if failures else 0
+    header = ["spec", "op", "m x k x n", "groups", "empty", "rel err", "check", "ms", "GFLOP/s", "vs loop"]
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    print(f"{len(rows) - failed} passed, {failed} failed (checked against raggeddot.reference; GFLOP/s = "
+          f"2*sum(group_sizes)*k*n per product / time; 'vs loop' = NumPy per-group loop time / raggeddot time)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

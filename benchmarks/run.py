@@ -1,0 +1,469 @@
+#!/usr/bin/env python
+"""Benchmark raggeddot against NumPy, torch and jax on the named specs of raggeddot.specs.
+
+    python benchmarks/run.py ragged_dot   # ragged_dot(lhs [m,k], rhs [g,k,n], group_sizes [g])
+    python benchmarks/run.py backward     # the forward + vjp step, and tgmm (the weight gradient)
+    python benchmarks/run.py moe          # moe_block, forward and forward + backward
+    options: [--quick | --smoke] [--spec NAME/GLOB ...] [--tag TAG ...] [--dtype float32 float64]
+             [--threads N] [--kernel NAME] [--variants NAME ...] [--out DIR] [--list] ...
+
+--quick runs the specs tagged 'quick' (or those --spec names; moe: at 1024 tokens) with
+shorter timing; --smoke runs them at 1/16 of their sizes, each variant once, to show that the
+whole run works (its figures mean nothing). --list shows the specs.
+
+Every variant is first checked against the oracle (raggeddot.reference; for moe the NumPy
+version, itself checked against raggeddot.reference on the first 48 tokens): every output it
+returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64. A variant that
+fails is reported FAILED and is not timed. Then it is warmed up and timed: the median of an
+adaptive number of runs (>= 3, ~0.75 s per variant; 0.2 s with --quick).
+
+Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU time, or
+> 5% of the machine's CPU time was stolen, while timed: busy machine, figure unreliable)
+  raggeddot        raggeddot (ragged_dot; vjp step; moe_block / moe_block_vjp)
+  np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline
+  np-loop, numpy   NumPy, one np.matmul per group (moe: the whole layer, argsort + per-expert loop)
+  torch-loop       the same loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
+  torch            moe: HF transformers' expert loop, backward by autograd
+  jax              jax.jit of jax.lax.ragged_dot / jax.vjp on CPU. XLA:CPU lowers ragged_dot to
+                   a dense dot over a masked [m, g*k] copy (g x the FLOPs): a call estimated
+                   above --jax-time-limit, or a masked copy over 2 GiB, is "skip"
+  tgmm, tgmm-fresh tgmm(lhs.T, ct, gs), with raggeddot's result-buffer cache on / off (off: every
+                   call pays the OS's zeroing of fresh pages, as NumPy does); forward: ragged_dot
+  NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
+                   (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
+                   Zen5); the JSON has OpenBLAS's core name of every NumPy variant
+  best, best_is    the fastest baseline computing the same thing: every NumPy flavour and torch
+  rd/X             raggeddot's GFLOP/s over X's (moe: X's time over raggeddot's); rd/best over
+                   'best', rd/loop over the best NumPy loop, rd/dense over the best np-dense
+  %peak            raggeddot's GFLOP/s over the FMA peak measured at start (runtime.peak_gflops)
+                   of the kernel's ISA at raggeddot's thread count (float64: half)
+FLOPs: 2*sum(group_sizes)*k*n per grouped product (the step makes three); np-dense counts its
+own 2*m*k*n; moe counts 3 expert products of 2*T*top_k*d*f, the router and the shared expert
+(forward + backward: 3x the forward). The ragged_dot run also times raggeddot at 1..ncpu
+threads on one spec (results must be bitwise identical). Targets come from targets.toml.
+Outputs: tables on stdout, <out>/bench_<benchmark>.json (machine info included) and, for
+ragged_dot, <out>/bench_ragged_dot.png.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
+import report  # noqa: E402
+import variants as V  # noqa: E402
+
+import raggeddot  # noqa: E402
+from raggeddot import runtime, specs  # noqa: E402
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
+#: seconds per call above which jax is skipped (a quarter with --quick)
+JAX_TIME_LIMIT = {"ragged_dot": 4.0, "backward": 4.0, "moe": 6.0}
+SMOKE_SCALE = 1 / 16
+#: tags the runner and its plot select specs by (tests check they exist)
+TAGS_USED = ("quick", "moe")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("benchmark", choices=specs.OPS)
+    p.add_argument("--quick", action="store_true", help="the specs tagged 'quick', shorter timing")
+    p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run per variant (checks the run)")
+    p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs (e.g. 'qwen3-*')")
+    p.add_argument("--tag", nargs="+", default=(), help="only specs with all these tags (e.g. primary)")
+    p.add_argument("--dtype", nargs="+", choices=["float32", "float64"], default=["float32"])
+    p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: its own)")
+    p.add_argument("--kernel", default=None, help="raggeddot micro-kernel family (runtime.runnable_kernels())")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (raggeddot always runs)")
+    p.add_argument("--scale", type=float, default=None, help="multiply every spec's sizes by this")
+    p.add_argument("--coretype", default="SkylakeX",
+                   help="OPENBLAS_CORETYPE of the second NumPy timing on avx512f CPUs ('none': skip it)")
+    p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant")
+    p.add_argument("--jax-time-limit", type=float, default=None, help="skip jax above this estimate (s per call)")
+    p.add_argument("--scaling-spec", default=None, help="spec of the thread-scaling section ('none' to skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--list", action="store_true", help="list the specs and exit")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.quick = args.quick or args.smoke
+    args.mode = "quick" if args.quick else "full"
+    if args.scale is None:
+        args.scale = SMOKE_SCALE if args.smoke else 1.0
+    return args
+
+
+def timing_options(args) -> dict:
+    """Runs per variant: ~target_s of runs (>= min_runs, <= max_runs) after `warmup` calls
+    besides the checking call; a variant whose checking call took > slow_s gets 1 run and no
+    warm-up, > single_s: the checking call is its only sample."""
+    if args.smoke:
+        return dict(target_s=0.0, min_runs=1, max_runs=1, warmup=0, slow_s=1.0, single_s=2.5)
+    quick = args.quick
+    return dict(target_s=args.target_time if args.target_time is not None else (0.2 if quick else 0.75),
+                min_runs=3, max_runs=50 if quick else 200, warmup=0 if quick else 1,
+                slow_s=1.0 if quick else 3.0, single_s=2.5 if quick else 8.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# One variant: check, then time
+
+
+def settle(seconds: float = 0.05) -> None:
+    """Let the spin-waiting threads of the previous library (OpenMP, OpenBLAS, Eigen) go idle."""
+    time.sleep(seconds)
+
+
+def _call(fn, sync):
+    t0 = time.perf_counter()
+    r = fn()
+    if sync is not None:
+        sync(r)
+    return r, time.perf_counter() - t0
+
+
+def time_fn(fn, sync, first_s: float, opts: dict, jit: bool = False) -> dict:
+    """Median and samples of fn() (see timing_options), with the process's CPU use and the
+    machine's stolen time over the timed runs; first_s: the time of the checking call, which
+    for a jit-compiled fn included the compilation, so one more call replaces it."""
+    if jit:
+        first_s = _call(fn, sync)[1]
+    if first_s > opts["single_s"]:
+        return {"median_s": first_s, "min_s": first_s, "runs": 1, "times_s": [first_s], "single_sample": True}
+    slow = first_s > opts["slow_s"]
+    est = first_s
+    for _ in range(0 if slow else opts["warmup"]):
+        est = _call(fn, sync)[1]
+    runs = max(1 if slow else opts["min_runs"], min(opts["max_runs"], math.ceil(opts["target_s"] / max(est, 1e-9))))
+    st0, c0, w0 = machine.steal_seconds(), time.process_time(), time.perf_counter()
+    times = [_call(fn, sync)[1] for _ in range(runs)]
+    util = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
+    st1 = machine.steal_seconds()
+    return {"median_s": float(np.median(times)), "min_s": min(times), "runs": runs, "warmup_s": est,
+            "cpu_util": util, "steal_s": st1 - st0 if None not in (st0, st1) else None, "times_s": times}
+
+
+def is_contended(vr: dict, threads: int | None) -> bool:
+    """< 75% of `threads` CPUs' time, or > 5% of the machine's CPU time stolen, while timed."""
+    u, st, wall = vr.get("cpu_util"), vr.get("steal_s"), sum(vr.get("times_s", ())) or math.nan
+    low = threads is not None and u is not None and u < report.CONTENDED_SHARE * threads
+    stolen = st is not None and st > report.STOLEN_SHARE * wall * (os.cpu_count() or 1)
+    return bool(low or stolen)
+
+
+def peak_extra_memory(fn) -> int:
+    """Peak bytes traced by tracemalloc during one call (result included), above the start."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        r = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del r
+    finally:
+        tracemalloc.stop()
+    return peak - base
+
+
+def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
+    """Check every output of fn() against the oracle, then time fn(): the variant's record."""
+    rec, bad, errs = {}, [], {}
+    try:
+        settle()
+        res, first = _call(fn, v.sync)
+        bad = [f"missing output {name}" for name in v.refs if name not in res]
+        for name, out in res.items():
+            if name not in c.refs:
+                bad.append(f"unexpected output {name}")
+                continue
+            ok, errs[name] = specs.check(out, c.refs[name], c.dtype)
+            if not ok:
+                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {np.asarray(out).dtype}")
+        del res
+    except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
+        return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}
+    if errs:
+        rec["worst"] = max(errs, key=errs.get)
+        rec.update(rel_err=errs[rec["worst"]], rel_errs=errs)
+    if bad:
+        return dict(rec, status="FAILED", reason="; ".join(bad)[:300])
+    settle()
+    rec.update(status="ok", first_call_s=first, **time_fn(fn, v.sync, first, opts, v.jit))
+    rec.update(flops=c.flops[v.flops], gflops=c.flops[v.flops] / rec["median_s"] / 1e9)
+    if v.memory:
+        rec["peak_extra_bytes"] = peak_extra_memory(fn)
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------
+# One spec
+
+
+def resize(spec: specs.Spec, args) -> specs.Spec:
+    return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
+
+
+def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log) -> dict:
+    spec, op = c.spec, c.spec.op
+    rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
+           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[op]}}
+    if op == "moe":
+        rec.update(note=spec.note, numpy_vs_reference=c.extra["numpy_vs_reference"],
+                   options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
+                            c.inputs["options"].items()})
+    else:
+        gs = c.inputs["group_sizes"]
+        rec.update(pattern=spec.pattern, group_sizes=gs.tolist(), rows=int(gs.sum()),
+                   empty_groups=int((gs == 0).sum()), max_group=int(gs.max()))
+    for v in chosen:
+        try:
+            fn = v.build(env, c)
+        except V.Skip as s:
+            rec["variants"][v.section][v.name] = {"status": "skip", "reason": str(s)}
+            continue
+        vr = measure(v, fn, c, opts)
+        del fn
+        gc.collect()
+        if vr["status"] == "FAILED":
+            log(f"  {spec.name} [{c.dtype.name}] {v.section} {v.name}: FAILED ({vr.get('reason')})")
+        elif vr["status"] == "ok":
+            big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
+            threads = {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}.get(v.threads)
+            vr["contended"] = is_contended(vr, threads)
+        if v.numpy:
+            vr["blas_core"] = machine.blas_core()
+        rec["variants"][v.section][v.name] = vr
+    return rec
+
+
+def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict:
+    """The NumPy variants of ``spec`` timed in a fresh process with OPENBLAS_CORETYPE set (it
+    is read when OpenBLAS loads): {section: {name:<flavour>: record}}."""
+    cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name, "--dtype", dtype,
+           "--seed", str(args.seed), "--scale", repr(args.scale)]
+    cmd += ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
+    cmd += ["--target-time", repr(args.target_time)] if args.target_time is not None else []
+    if args.variants:
+        cmd += ["--variants", *args.variants]
+    settle()
+    p = subprocess.run(cmd, env=dict(os.environ, OPENBLAS_CORETYPE=coretype), capture_output=True, text=True)
+    flavour = "skx" if coretype == "SkylakeX" else coretype.lower()
+    try:
+        found = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        why = (p.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        log(f"  {spec.name} [{dtype}] OPENBLAS_CORETYPE={coretype}: failed ({why})")
+        return {s: {f"{v.name}:{flavour}": {"status": "FAILED", "reason": f"worker: {why}"}
+                    for v in V.VARIANTS[spec.op] if v.numpy and v.section == s} for s in V.SECTIONS[spec.op]}
+    return {s: {f"{name}:{flavour}": vr for name, vr in sec.items()} for s, sec in found.items()}
+
+
+def run_scaling(name: str, dtype: str, args, env, opts, peaks: dict, log) -> dict:
+    """raggeddot.ragged_dot at 1..ncpu threads on one spec: speed-up and bitwise identity."""
+    spec = resize(specs.get(name), args)
+    c = V.prepare(spec, dtype, args.seed, {"out"})
+    v = V.VARIANTS["ragged_dot"][0]
+    res = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}
+    outs = []
+    for t in range(1, (os.cpu_count() or 1) + 1):
+        with runtime.configured(num_threads=t):
+            vr = measure(v, v.build(env, c), c, opts)
+            vr["actual_threads"] = runtime.get_num_threads()
+            if vr["status"] == "ok":
+                vr["contended"] = is_contended(vr, t)
+                p = (peaks or {}).get(str(t))
+                vr["pct_peak"] = 100 * vr["gflops"] / (p / (2 if dtype == "float64" else 1)) if p else None
+                outs.append(raggeddot.ragged_dot(c.inputs["lhs"], c.inputs["rhs"], c.inputs["group_sizes"]))
+            else:
+                log(f"  scaling {name} at {t} threads: {vr['status']} ({vr.get('reason')})")
+        res["threads"][str(t)] = vr
+    g = [res["threads"].get(t, {}).get("gflops") for t in ("1", "2")]
+    res["speedup_2_vs_1"] = g[1] / g[0] if None not in g else None
+    if len(outs) > 1:
+        res["bitwise_identical_across_threads"] = all(np.array_equal(outs[0], o) for o in outs[1:])
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def progress(items: list, desc: str, enabled: bool):
+    """(iterator, log): a tqdm bar on stderr when tqdm imports, else a plain line per item."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(items, desc=desc, file=sys.stderr, dynamic_ncols=True), tqdm.write
+        except ImportError:
+            pass
+
+    def log(line):
+        print(line, file=sys.stderr, flush=True)
+
+    def plain():
+        for i, (dtype, spec) in enumerate(items):
+            log(f"[{desc} {i + 1}/{len(items)}] {spec.name} {dtype}")
+            yield dtype, spec
+
+    return plain(), log
+
+
+def select_variants(op: str, args) -> list:
+    """The variants of ``op`` named by --variants (all when not given; raggeddot always)."""
+    unknown = set(args.variants or ()) - {v.name for v in V.VARIANTS[op]}
+    if unknown:
+        sys.exit(f"unknown {op} variants {sorted(unknown)}; known: {sorted({v.name for v in V.VARIANTS[op]})}")
+    keep = set(args.variants or ()) | {"raggeddot"}
+    return [v for v in V.VARIANTS[op] if not args.variants or v.name in keep]
+
+
+def worker(args) -> int:
+    """Run the NumPy variants of one spec; print {section: {name: record}} as JSON."""
+    spec, dtype = specs.get(args.spec[0]), args.dtype[0]
+    chosen = [v for v in select_variants(spec.op, args) if v.numpy]
+    c = V.prepare(resize(spec, args), dtype, args.seed, set().union(*(v.refs for v in chosen)))
+    ctx = {"rd_threads": None, "blas_threads": machine.numpy_blas_info()["num_threads"]}
+    rec = run_case(c, chosen, V.Env(), timing_options(args), ctx, lambda s: print(s, file=sys.stderr))
+    print(json.dumps({s: sec for s, sec in rec["variants"].items() if sec}, default=float))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    op = args.benchmark
+    try:
+        quick = ["quick"] if args.quick and not args.spec else []
+        chosen_specs = specs.select(op, args.spec, list(args.tag) + quick)
+    except ValueError as e:
+        sys.exit(str(e))
+    if args.list:
+        for s in specs.select(op):
+            print(f"{s.name:34s} {s.describe():44s} {' '.join(sorted(s.tags))}")
+        return 0
+    with runtime.configured(kernel=args.kernel, num_threads=args.threads):
+        if args.worker:
+            return worker(args)
+        return run(args, op, chosen_specs)
+
+
+def environment(args, op: str, chosen: list):
+    """(frameworks, context of the figures, machine info): torch and jax as the chosen
+    variants need them, the FMA peaks (ragged_dot), and what the JSON records."""
+    names = {v.name for v in chosen}
+    limit = args.jax_time_limit if args.jax_time_limit is not None else JAX_TIME_LIMIT[op] / (4 if args.quick else 1)
+    env = V.Env(jax_time_limit=limit)
+    if names & {"torch", "torch-loop", "torch-gmm"}:
+        env.setup_torch()
+    if "jax" in names:
+        env.setup_jax(x64="float64" in args.dtype)
+    blas = machine.numpy_blas_info()
+    ctx = {"rd_threads": runtime.get_num_threads(), "blas_threads": blas["num_threads"]}
+    peaks, warnings = {}, []
+    if op == "ragged_dot":  # first, while this process is quiet
+        peaks = machine.measure_peaks(0.02 if args.smoke else 0.2 if args.quick else 0.5)
+        ctx["peak_isa"] = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"].get("1") else "avx2"
+        ctx["peaks"], ctx["peak_warnings"] = peaks, machine.peak_warnings(peaks)
+        warnings += ctx["peak_warnings"]
+    la = machine.loadavg()
+    if la and la[0] >= 1.0:
+        warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
+                        "figures will be low and noisy")
+    coretype = args.coretype if args.coretype.lower() != "none" and machine.has_avx512f() else None
+    info = machine.machine_info({
+        "coretype": coretype, "fma_peak_gflops_f32": peaks or None, "peak_isa": ctx.get("peak_isa"),
+        "warnings": warnings,
+        "torch": {"version": env.torch.__version__, "threads": env.torch.get_num_threads(),
+                  "grouped_mm": env.torch_gmm, "note": env.torch_note} if env.torch else {"note": env.torch_note},
+        "jax": {"version": env.jax.__version__, "x64": bool(env.jax.config.jax_enable_x64),
+                "masked_lowering": env.jax_masked, "masked_gflops": env.jax_gflops, "note": env.jax_note}
+        if env.jax else {"note": env.jax_note},
+    })
+    return env, ctx, info
+
+
+def run(args, op: str, chosen_specs: list) -> int:
+    t_start = time.perf_counter()
+    opts, chosen = timing_options(args), select_variants(op, args)
+    env, ctx, info = environment(args, op, chosen)
+    peaks, coretype = info["fma_peak_gflops_f32"] or {}, info["coretype"]
+    report.print_header(info)
+    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {'smoke' if args.smoke else args.mode}; "
+          f"scale {args.scale:g}; seed {args.seed}", flush=True)
+
+    records, cache = [], {}
+    jobs = [(d, s) for d in args.dtype for s in chosen_specs if d in s.dtypes]
+    it, log = progress(jobs, op, not args.no_progress)
+    needed = set().union(*(v.refs for v in chosen))
+    for dtype, spec in it:
+        try:
+            c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
+            rec = run_case(c, chosen, env, opts, ctx, log)
+            if op == "moe":
+                rec["gathers"] = V.run_gathers(c, lambda fn: time_fn(fn, None, _call(fn, None)[1], opts))
+            del c
+            gc.collect()
+            if coretype and any(v.numpy for v in chosen):
+                for section, found in coretype_run(args, spec, dtype, coretype, log).items():
+                    rec["variants"][section].update(found)
+        except MemoryError:
+            log(f"  {spec.name} [{dtype}]: out of memory, skipped")
+            continue
+        report.derive(op, rec, ctx)
+        records.append(rec)
+    cache.clear()
+    gc.collect()
+
+    scaling = None
+    sname = args.scaling_spec or SCALING_SPEC[args.mode]
+    if op == "ragged_dot" and sname.lower() != "none":
+        print(f"scaling: {sname} ...", file=sys.stderr, flush=True)
+        scaling = run_scaling(sname, args.dtype[0], args, env, opts, peaks.get(ctx["peak_isa"]), log)
+
+    result = {"benchmark": op, "machine": info, "context": ctx,
+              "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
+                         "specs": [s.name for s in chosen_specs], "variants": [v.name for v in chosen],
+                         "seed": args.seed, "timing": opts, "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
+                         "jax_time_limit_s": env.jax_time_limit, "jax_max_mask_bytes": V.JAX_MAX_MASK_BYTES,
+                         "argv": sys.argv[1:]},
+              "specs": {s.name: {"op": s.op, "shape": s.shape, "pattern": s.pattern, "tags": sorted(s.tags),
+                                 "note": s.note} for s in chosen_specs},
+              "results": records, "scaling": scaling}
+    result["targets"] = report.evaluate(op, records, scaling, ctx)
+    report.print_run(result)
+    result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=machine.loadavg())
+    path = os.path.join(args.out, f"bench_{op}.json")
+    report.write_json(path, result)
+    print(f"\nwrote {path}")
+    if op == "ragged_dot" and not args.no_plot:
+        png = os.path.join(args.out, "bench_ragged_dot.png")
+        err = report.plot(result, png)
+        print(f"plot: {err}" if err else f"wrote {png}")
+    print(f"total {result['elapsed_s']:.0f} s; load average at start {info['loadavg_start']}, at end "
+          f"{result['loadavg_end']}")
+    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward")
+    failed = [(r["spec"], r["dtype"], s) for r in records for s, sec in r["variants"].items()
+              for name, vr in sec.items() if name in ours and vr["status"] == "FAILED"]
+    if failed:
+        print(f"raggeddot FAILED the accuracy check on: {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)

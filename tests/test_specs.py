@@ -1,0 +1,113 @@
+"""Every named spec of raggeddot.specs, at a reduced size, through raggeddot against the
+oracle; the spec table's own rules; the main job and the benchmark runner's use of it."""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import raggeddot
+from raggeddot import reference, specs
+
+SCALE = 1 / 64
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _ids(spec):
+    return spec.name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec", specs.SPECS, ids=_ids)
+def test_spec_matches_reference(spec, dtype):
+    inputs = specs.make_inputs(spec, dtype, scale=SCALE)
+    got, want = specs.run_raggeddot(spec, inputs), specs.run_reference(spec, inputs)
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        ok, err = specs.check(got[name], ref, dtype)
+        assert ok, f"{spec.name} {name}: rel err {err:.3g}, dtype {got[name].dtype}"
+    if spec.op != "moe":
+        loop = specs.numpy_loop(spec, inputs)()
+        for name, ref in want.items():
+            assert specs.check(loop[name], ref, dtype)[0], f"{spec.name} NumPy loop {name}"
+
+
+@pytest.mark.parametrize("spec", specs.select("moe"), ids=_ids)
+def test_moe_spec_backward_runs(spec):
+    inputs = specs.make_inputs(spec, "float64", scale=SCALE)
+    args = [inputs[a] for a in specs.MOE_ARGS]
+    out, vjp_fn = raggeddot.moe_block_vjp(*args, **inputs["options"])
+    assert specs.check(out, reference.moe_block(*args, **inputs["options"]), "float64")[0]
+    grads = vjp_fn(inputs["ct"])
+    for name, a in zip(specs.MOE_ARGS, args):
+        assert grads[name].shape == a.shape and np.isfinite(grads[name]).all()
+
+
+def test_names_ops_tags_patterns():
+    assert len({s.name for s in specs.SPECS}) == len(specs.SPECS)
+    for s in specs.SPECS:
+        assert s.op in specs.OPS and s.tags <= set(specs.TAGS), s.name
+        assert set(s.dtypes) <= {"float32", "float64"}
+        if s.op == "moe":
+            assert s.shape["E"] % s.options.get("n_groups", 1) == 0
+            continue
+        assert s.pattern in specs.PATTERNS
+        rows = s.shape["m"] // s.shape["g"]
+        assert ("memory-bound" in s.tags) == (rows <= specs.MEMORY_BOUND_ROWS), s.name
+    for op in specs.OPS:
+        assert specs.select(op, tags=["quick"]), op
+    assert {s.op for s in specs.select(tags=["main"])} >= {"ragged_dot", "backward"}
+
+
+def test_inputs_are_deterministic_and_follow_the_pattern():
+    for name in ("qwen3-m16384-g128-empty", "deepseek-m16384-g256-partial", "bwd-qwen3-m4096-g64-skewed", "gpt-oss"):
+        s = specs.get(name)
+        a, b = specs.make_inputs(s, scale=SCALE), specs.make_inputs(s, scale=SCALE)
+        for key, value in a.items():
+            if isinstance(value, np.ndarray):
+                assert np.array_equal(value, b[key]), (name, key)
+    m = specs.get("qwen3-m16384-g128-empty").resized(SCALE).shape["m"]
+    gs = specs.make_inputs(specs.get("qwen3-m16384-g128-empty"), scale=SCALE)["group_sizes"]
+    assert gs.sum() == m and (gs == 0).sum() >= 128 // 4
+    gs = specs.make_inputs(specs.get("deepseek-m16384-g256-partial"), scale=SCALE)["group_sizes"]
+    assert gs.sum() == 3 * (16384 // 64) // 4
+    assert specs.get("dense-2048").resized(0.5).shape == {"m": 1024, "k": 1024, "n": 1024, "g": 1}
+
+
+def test_select_by_glob_and_errors():
+    assert [s.name for s in specs.select("backward", ["qwen3-m4096-*"])] == [
+        "bwd-qwen3-m4096-g64-skewed", "bwd-qwen3-m4096-g128-balanced"]
+    with pytest.raises(ValueError):
+        specs.select("ragged_dot", ["no-such-spec*"])
+    with pytest.raises(KeyError):
+        specs.get("no-such-spec")
+
+
+def test_runner_uses_existing_tags_and_specs():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+        import run
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert set(run.TAGS_USED) <= set(specs.TAGS)
+    for name in run.SCALING_SPEC.values():
+        assert specs.get(name).op == "ragged_dot"
+    for op in specs.OPS:
+        record = {"dtype": "float32", "variants": {s: {} for s in run.V.SECTIONS[op]}}
+        report.derive(op, record, {})
+        targets = report.load_targets(op)
+        assert targets, op
+        for t in targets:
+            assert set(t.get("tags", ())) <= set(specs.TAGS), t
+            assert t.get("over", "worst") in ("worst", "best", "each", "scaling"), t
+            assert t["metric"] in record["metrics"] or t.get("over") == "scaling", t
+
+
+def test_main_job_runs(capsys):
+    from raggeddot.__main__ import main
+
+    assert main(["--scale", "0.02", "--budget", "0"]) == 0
+    out = capsys.readouterr().out
+    n = len([s for s in specs.select(tags=["main"]) if s.op != "moe"])
+    assert f"{n} passed, 0 failed" in out

@@ -34,13 +34,17 @@ __all__ = [
 ]
 
 
-def _int_at_least(value, least, name, fn):
+def _integer(value, name, fn):
     if isinstance(value, bool):
         raise TypeError(f"{fn}: '{name}' must be an integer, got {value!r}")
     try:
-        value = operator.index(value)
+        return operator.index(value)
     except TypeError:
         raise TypeError(f"{fn}: '{name}' must be an integer, got {value!r}") from None
+
+
+def _int_at_least(value, least, name, fn):
+    value = _integer(value, name, fn)
     if value < least:
         raise ValueError(f"{fn}: '{name}' must be >= {least}, got {value}")
     return value
@@ -101,13 +105,7 @@ def set_stream_threshold(nbytes):
     """Outputs of at least ``nbytes`` that a call writes once (no accumulation,
     the whole contraction in one KC block) get non-temporal stores; a
     negative value turns streaming off. Returns the previous threshold."""
-    if isinstance(nbytes, bool):
-        raise TypeError(f"set_stream_threshold: 'nbytes' must be an integer, got {nbytes!r}")
-    try:
-        nbytes = operator.index(nbytes)
-    except TypeError:
-        raise TypeError(f"set_stream_threshold: 'nbytes' must be an integer, got {nbytes!r}") from None
-    return _core.set_stream_threshold(nbytes)
+    return _core.set_stream_threshold(_integer(nbytes, "nbytes", "set_stream_threshold"))
 
 
 def get_stream_threshold():

@@ -51,20 +51,12 @@ rd_f16_to_float(uint16_t h)
 #define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_s_s_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 #define RD_SRC double
 #define RD_DST double
 #define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_d_d_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 /* float32 operands of a float64 product: widened exactly while packing */
 #define RD_SRC float
@@ -72,10 +64,6 @@ rd_f16_to_float(uint16_t h)
 #define RD_CVT(v) ((double)(v))
 #define RD_FN(x) rd_pack_s_d_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 /* 16-bit float operands, widened exactly while packing (never as a whole-array copy) */
 #define RD_SRC uint16_t
@@ -83,40 +71,24 @@ rd_f16_to_float(uint16_t h)
 #define RD_CVT(v) rd_f16_to_float(v)
 #define RD_FN(x) rd_pack_h_s_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 #define RD_SRC uint16_t
 #define RD_DST float
 #define RD_CVT(v) rd_bf16_to_float(v)
 #define RD_FN(x) rd_pack_b_s_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 #define RD_SRC uint16_t
 #define RD_DST double
 #define RD_CVT(v) ((double)rd_f16_to_float(v))
 #define RD_FN(x) rd_pack_h_d_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 #define RD_SRC uint16_t
 #define RD_DST double
 #define RD_CVT(v) ((double)rd_bf16_to_float(v))
 #define RD_FN(x) rd_pack_b_d_##x
 #include "rd_pack_impl.h"
-#undef RD_SRC
-#undef RD_DST
-#undef RD_CVT
-#undef RD_FN
 
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {

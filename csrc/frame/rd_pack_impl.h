@@ -10,6 +10,7 @@
  * X[i][p] = src[i*rs + p*cs] into r-row micro-panels, panel q holding rows
  * q*r .. q*r+r-1 as dst[q*r*depth + p*r + i], rows past `rows` zero.  It
  * serves A (r = MR) and B, read as its transpose (r = NR), for any r.
+ * The macros are undefined at the end, ready for the next instantiation.
  */
 
 /* dst[0..w) = src[0..w): a run of w contiguous values, converted; copied in
@@ -66,3 +67,8 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
         dst += (rd_int)r * depth;
     }
 }
+
+#undef RD_SRC
+#undef RD_DST
+#undef RD_CVT
+#undef RD_FN

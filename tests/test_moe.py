@@ -3,7 +3,7 @@
 - Forward: every routing preset (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss,
   Switch), every activation, both weight layouts, biases, shared experts,
   capacity dropping, E in {1, 8, 64} x top_k in {1, 2, 8}, experts without
-  tokens, T = 1, leading batch dims, against ``raggeddot._moe_reference`` with
+  tokens, T = 1, leading batch dims, against ``raggeddot.reference.moe`` with
   conftest's scaled-error tolerance (1e-5 float32, 1e-12 float64); the aux
   outputs are compared too (indices, sizes, drops and bias updates exactly).
 - Routing semantics stated by hand: ties go to the lower index, group-limited

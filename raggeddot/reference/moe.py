@@ -155,7 +155,6 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         if topk_groups * (E // n_groups) < top_k:
             raise ValueError(f"moe_block: 'top_k'={top_k} exceeds the experts of the kept groups")
     w0, w1, wo = _expert_weights(w0, w1, wo, d, E, weights_layout)
-    f = w0.shape[2]
     f64 = lambda a: None if a is None else np.asarray(a, dtype=np.float64)  # noqa: E731
     b0, b1, bo = f64(w0_bias), f64(w1_bias), f64(wo_bias)
     sel_bias = f64(selection_bias)

@@ -33,6 +33,7 @@ import inspect
 
 import numpy as np
 
+from . import _gateway as gw
 from . import _validate as v
 from ._megablox import gmm, tgmm
 from ._ops import ragged_dot
@@ -317,7 +318,7 @@ def grad(fun, argnums=0):
 
 
 def _compute_dtype(lhs, rhs, out):
-    return v.compute_dtype(np.asarray(lhs).dtype, np.asarray(rhs).dtype, out.dtype)
+    return gw.compute_dtype(np.asarray(lhs).dtype, np.asarray(rhs).dtype, out.dtype)
 
 
 def _sum_terms(terms, like):

@@ -1,6 +1,6 @@
 """ragged_dot_general: jax.lax.ragged_dot_general's three modes on the C kernels.
 
-Every mode is mapped onto ``_core.ragged_rows`` or ``_core.ragged_contract`` by
+Every mode is mapped onto the gateway's ``rows`` or ``contract`` kernels by
 permuting and reshaping views of the operands (the kernels read any strides):
 no dense group masks and no per-group copies. A reshape copies only when the
 operand's memory layout cannot be viewed with the merged dimensions.
@@ -11,7 +11,7 @@ import operator
 
 import numpy as np
 
-from . import _core
+from . import _gateway as gw
 from . import _validate as v
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
@@ -266,9 +266,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         )
     rf = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb and d not in groups)
 
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    lhs = v.operand(lhs, ct)
-    rhs = v.operand(rhs, ct)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    # converted before the modes reshape them, so that a reshape that must copy
+    # copies the compute dtype
+    lhs = gw.operand(lhs, ct)
+    rhs = gw.operand(rhs, ct)
     if r in lf:
         out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
     elif r in lc:
@@ -317,8 +319,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
         first, last = int(bd[0]), int(bd[-1])
         o[:first] = 0
         o[last:] = 0
-        if last > first:
-            _core.ragged_rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o, False)
+        gw.rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o)
     return out
 
 
@@ -383,7 +384,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
         o = out4[(slice(None),) + bi]
         for j, vi in enumerate(np.ndindex(*v_shape)):
             idx = bi + vi
-            _core.ragged_contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, j > 0)
+            gw.contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, accumulate=j > 0)
     return out
 
 
@@ -414,11 +415,11 @@ def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
     lhs2 = _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
-        _core.ragged_rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), False)
+        gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size))
         return out
     lhs3 = lhs_t.reshape(b_shape + (m_size, k_size))
     out3 = out.reshape(b_shape + (m_size, n_size))
     bounds = np.array([0, m_size], dtype=np.int64)
     for i, bi in enumerate(np.ndindex(*b_shape)):
-        _core.ragged_rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi], False)
+        gw.rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi])
     return out

@@ -1,7 +1,5 @@
 """megablox's grouped matmuls, gmm and tgmm, on the same C kernels as ragged_dot."""
-import numpy as np
-
-from . import _core
+from . import _gateway as gw
 from . import _validate as v
 from ._ops import _group_bounds
 
@@ -50,7 +48,7 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
         return dt
     if existing is not None:
         return existing.dtype
-    return v.compute_dtype(v.promote(lt, rt, fn))
+    return gw.compute_dtype(v.promote(lt, rt, fn))
 
 
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -101,15 +99,13 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
     # megablox: group_offset None means 0, and rhs may hold fewer groups than group_sizes
     bounds = _group_bounds(gs, 0 if group_offset is None else group_offset, w.shape[0], fn)
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    res = v.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
-    first, last = int(bounds[0]), int(bounds[-1])
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     if existing is None:
-        res[:first] = 0
-        res[last:] = 0
-    if last > first and n > 0:
-        _core.ragged_rows(v.operand(lhs, ct), v.operand(w, ct), bounds, res, False)
-    return v.deliver(res, out, out_dtype)
+        res[:bounds[0]] = 0
+        res[bounds[-1]:] = 0
+    gw.rows(lhs, w, bounds, res)
+    return gw.deliver(res, out, out_dtype)
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -173,9 +169,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     shape = (count, k, n)
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    res = v.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
-    if count and k and n:
-        _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res,
-                              existing is not None)
-    return v.deliver(res, out, out_dtype)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
+    return gw.deliver(res, out, out_dtype)

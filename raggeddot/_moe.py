@@ -21,46 +21,15 @@ import math
 
 import numpy as np
 
-from . import _core
 from . import _autodiff
+from . import _gateway as gw
 from . import _validate as v
 
 __all__ = ["moe_block", "moe_block_vjp", "ragged_gather", "ragged_gather_reduce"]
 
-_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "swiglu_oai": 4}
-_SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
 
 
 # --------------------------------------------------------------------- gathers
-
-def _rows_operand(arr, dtype):
-    """A 2-D operand whose rows are contiguous (what the gather kernels read)."""
-    arr = v.operand(arr, dtype)
-    if arr.shape[0] > 0 and arr.shape[1] > 1 and arr.strides[1] != arr.itemsize:
-        arr = np.ascontiguousarray(arr)
-    return arr
-
-
-def _matmul(a, b, out=None, accumulate=False):
-    """a [m, k] @ b [k, n] on raggeddot's own kernel (one group of m rows).
-
-    moe_block keeps its dense products (router, shared experts, their
-    gradients) off NumPy's BLAS: OpenBLAS leaves its worker threads spinning
-    after each call, and they take the cores from the OpenMP threads of the
-    grouped kernels that run next."""
-    m, n = a.shape[0], b.shape[1]
-    if out is None:
-        out = np.empty((m, n), dtype=a.dtype)
-        accumulate = False
-    if m == 0 or n == 0:
-        return out
-    if a.shape[1] == 0:
-        if not accumulate:
-            out[...] = 0
-        return out
-    _core.ragged_rows(a, b[None], np.array([0, m], dtype=np.int64), out, accumulate)
-    return out
-
 
 def _gather_indices(indices, ndim, shape_doc, lo, hi, fn):
     """The index argument of the gathers: integers in [lo, hi), as int64."""
@@ -99,10 +68,10 @@ def ragged_gather(x, indices, weights=None):
     """
     fn = "ragged_gather"
     x = v.as_array(x, "x", fn, ndim=2, shape_doc=" [T, d]")
-    ct = v.compute_dtype(v.float_dtype(x, "x", fn))
+    ct = gw.compute_dtype(v.float_dtype(x, "x", fn))
     idx = _gather_indices(indices, 1, " [N]", 0, x.shape[0], fn)
     scale = _gather_weights(weights, idx, " [N]", ct, fn)
-    out = _core.gather_rows(_rows_operand(x, ct), idx, scale)
+    out = gw.gather_rows(x, idx, scale)
     return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
@@ -124,10 +93,10 @@ def ragged_gather_reduce(y, indices, weights=None):
     """
     fn = "ragged_gather_reduce"
     y = v.as_array(y, "y", fn, ndim=2, shape_doc=" [N, d]")
-    ct = v.compute_dtype(v.float_dtype(y, "y", fn))
+    ct = gw.compute_dtype(v.float_dtype(y, "y", fn))
     idx = _gather_indices(indices, 2, " [T, k]", -1, y.shape[0], fn)
     w = _gather_weights(weights, idx, " [T, k]", ct, fn)
-    out = _core.gather_reduce(_rows_operand(y, ct), idx, w)
+    out = gw.gather_reduce(y, idx, w)
     return out if out.dtype == y.dtype else out.astype(y.dtype)
 
 
@@ -183,15 +152,15 @@ def _prepare(x, router_weights, w0, w1, wo, top_k, score_func, router_bias, sele
     out_dtype = dts[0]
     for dt in dts[1:]:
         out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
-    ct = v.compute_dtype(*dts)
+    ct = gw.compute_dtype(*dts)
 
     top_k = v.index(top_k, "top_k", fn)
     if not 1 <= top_k <= E:
         raise ValueError(f"{fn}: 'top_k' must be in [1, E={E}], got {top_k}")
-    if score_func not in _SCORE_FUNCS:
+    if score_func not in gw.SCORE_FUNCS:
         raise ValueError(f"{fn}: 'score_func' must be 'softmax' or 'sigmoid', got {score_func!r}")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"{fn}: 'activation' must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    if activation not in gw.ACTIVATIONS:
+        raise ValueError(f"{fn}: 'activation' must be one of {sorted(gw.ACTIVATIONS)}, got {activation!r}")
     if n_groups is None:
         if topk_groups is not None:
             raise ValueError(f"{fn}: 'topk_groups'={topk_groups} needs 'n_groups'")
@@ -228,7 +197,7 @@ def _prepare(x, router_weights, w0, w1, wo, top_k, score_func, router_bias, sele
         v.float_dtype(a, name, fn)
         if a.shape != (E, size):
             raise ValueError(f"{fn}: '{name}' must have shape ({E}, {size}), got {a.shape}")
-        return v.operand(a, ct)
+        return gw.operand(a, ct)
 
     c.router_bias = vec(router_bias, "router_bias", E)
     c.selection_bias = vec(selection_bias, "selection_bias", E)
@@ -249,24 +218,24 @@ def _prepare(x, router_weights, w0, w1, wo, top_k, score_func, router_bias, sele
             v.float_dtype(a, name, fn)
             if a.shape != want:
                 raise ValueError(f"{fn}: '{name}' must have shape {want}, got {a.shape}")
-        c.shared = tuple(v.operand(a, ct) for a in (s0, s1, so))
+        c.shared = tuple(gw.operand(a, ct) for a in (s0, s1, so))
 
     c.x_shape, c.out_dtype, c.ct = x.shape, out_dtype, ct
     T = int(np.prod(x.shape[:-1], dtype=np.int64))
-    c.xf = _rows_operand(x.reshape(T, d), ct)
-    c.rw = v.operand(rw, ct)
+    c.xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)
+    c.rw = gw.operand(rw, ct)
     c.layout = weights_layout
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     if weights_layout == "edf":
-        c.w0, c.w1, c.wo = v.operand(w0, ct), v.operand(w1, ct), v.operand(wo, ct)
+        c.w0, c.w1, c.wo = gw.operand(w0, ct), gw.operand(w1, ct), gw.operand(wo, ct)
     else:
-        c.w0 = v.operand(w0, ct).transpose(0, 2, 1)
-        c.w1 = v.operand(w1, ct).transpose(0, 2, 1)
-        c.wo = v.operand(wo, ct).transpose(0, 2, 1)
+        c.w0 = gw.operand(w0, ct).transpose(0, 2, 1)
+        c.w1 = gw.operand(w1, ct).transpose(0, 2, 1)
+        c.wo = gw.operand(wo, ct).transpose(0, 2, 1)
     c.T, c.d, c.E, c.f, c.top_k = T, d, E, f, top_k
     c.score_func, c.n_groups, c.topk_groups = score_func, n_groups, topk_groups
     c.norm, c.scale = bool(norm_topk_prob), scale
-    c.act, c.limit = _ACTIVATIONS[activation], float(swiglu_limit)
+    c.act, c.limit = activation, float(swiglu_limit)
     c.capacity = -1 if capacity_factor is None else int(math.ceil(T * top_k / E * capacity_factor))
     return c
 
@@ -282,37 +251,37 @@ def _add_group_bias(h, bias, bounds):
 
 def _forward(c, save):
     ct = c.ct
-    logits = _matmul(c.xf, c.rw)
+    logits = gw.matmul(c.xf, c.rw)
     if c.router_bias is not None:
         logits += c.router_bias
-    scores, idx, w = _core.moe_route(logits, _SCORE_FUNCS[c.score_func], c.selection_bias, c.n_groups,
-                                     c.topk_groups, c.top_k, c.norm, c.scale)
-    slot_of, tok, gs = _core.moe_sort(idx, c.E, c.capacity)
+    scores, idx, w = gw.route(logits, c.score_func, c.selection_bias, c.n_groups,
+                              c.topk_groups, c.top_k, c.norm, c.scale)
+    slot_of, tok, gs = gw.sort_by_expert(idx, c.E, c.capacity)
     bounds = np.zeros(c.E + 1, dtype=np.int64)
     np.cumsum(gs, out=bounds[1:])
     N = int(bounds[-1])
 
-    xs = _core.gather_rows(c.xf, tok, None)                       # dispatch  [N, d]
-    h0 = v.aligned_empty((N, c.f), ct)
-    h1 = v.aligned_empty((N, c.f), ct)
+    xs = gw.gather_rows(c.xf, tok, None)                       # dispatch  [N, d]
+    h0 = gw.empty((N, c.f), ct)
+    h1 = gw.empty((N, c.f), ct)
     if N and c.f:
-        _core.ragged_rows(xs, c.w0, bounds, h0, False)
-        _core.ragged_rows(xs, c.w1, bounds, h1, False)
+        gw.rows(xs, c.w0, bounds, h0)
+        gw.rows(xs, c.w1, bounds, h1)
     _add_group_bias(h0, c.b0, bounds)
     _add_group_bias(h1, c.b1, bounds)
-    a = _core.gated_act(h0, h1, c.act, c.limit)
+    a = gw.gated_act(h0, h1, c.act, c.limit)
     y = np.zeros((N, c.d), dtype=ct)
     if N and c.f:
-        _core.ragged_rows(a, c.wo, bounds, y, False)
+        gw.rows(a, c.wo, bounds, y)
     _add_group_bias(y, c.bo, bounds)
-    out = _core.gather_reduce(y, slot_of, w)                      # combine  [T, d]
+    out = gw.gather_reduce(y, slot_of, w)                      # combine  [T, d]
 
     hs = None
     if c.shared is not None:
         s0, s1, so = c.shared
-        hs0, hs1 = _matmul(c.xf, s0), _matmul(c.xf, s1)
-        as_ = _core.gated_act(hs0, hs1, c.act, c.limit)
-        _matmul(as_, so, out=out, accumulate=True)
+        hs0, hs1 = gw.matmul(c.xf, s0), gw.matmul(c.xf, s1)
+        as_ = gw.gated_act(hs0, hs1, c.act, c.limit)
+        gw.matmul(as_, so, out=out, accumulate=True)
         hs = (hs0, hs1, as_)
 
     res = None
@@ -414,12 +383,8 @@ def _weight_grad(lhs_t, rhs, bounds, E, transposed):
     [E, b, a] by contracting the other way round (for the "efd" layout)."""
     if transposed:
         lhs_t, rhs = rhs.T, lhs_t.T
-    out = v.aligned_empty((E, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
-    if out.size:
-        _core.ragged_contract(lhs_t, rhs, bounds, out, False)
-    else:
-        out[...] = 0
-    return out
+    out = gw.empty((E, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
+    return gw.contract(lhs_t, rhs, bounds, out)
 
 
 def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
@@ -453,14 +418,14 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
         g = v.as_array(d_out, "d_out", "moe_block_vjp")
         if g.shape != c.x_shape:
             raise ValueError(f"moe_block_vjp: cotangent must have shape {c.x_shape}, got {g.shape}")
-        g = _rows_operand(g.reshape(c.T, c.d), ct)
+        g = gw.operand(g.reshape(c.T, c.d), ct, gw.ROWS)
         bounds, E = r["bounds"], c.E
         N = int(bounds[-1])
         kept = r["slot_of"] >= 0
         # combine^T: each slot receives its token's cotangent times its router weight
         w_slot = np.zeros(N, dtype=ct)
         w_slot[r["slot_of"][kept]] = r["w"][kept]
-        dy = _core.gather_rows(g, r["tok"], w_slot)                       # [N, d]
+        dy = gw.gather_rows(g, r["tok"], w_slot)                       # [N, d]
         # router weight gradients: d_w[t, j] = <d_out[t], y[slot(t, j)]>
         dw = np.zeros((c.T, c.top_k), dtype=ct)
         for j in range(c.top_k):
@@ -468,23 +433,23 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             if kj.any():
                 dw[kj, j] = np.einsum("td,td->t", g[kj], r["y"][r["slot_of"][kj, j]])
         # down projection
-        da = v.aligned_empty((N, c.f), ct)
+        da = gw.empty((N, c.f), ct)
         if N and c.f:
-            _core.ragged_rows(dy, c.wo.transpose(0, 2, 1), bounds, da, False)
+            gw.rows(dy, c.wo.transpose(0, 2, 1), bounds, da)
         dwo = _weight_grad(r["a"].T, dy, bounds, E, c.layout == "efd")
         dbo = _segment_sum(dy, bounds, E) if c.bo is not None else None
-        dh0, dh1 = _core.gated_act_grad(r["h0"], r["h1"], da, c.act, c.limit)
+        dh0, dh1 = gw.gated_act_grad(r["h0"], r["h1"], da, c.act, c.limit)
         # gate and up projections
         dxs = np.zeros((N, c.d), dtype=ct)
         if N and c.f:
-            _core.ragged_rows(dh0, c.w0.transpose(0, 2, 1), bounds, dxs, False)
-            _core.ragged_rows(dh1, c.w1.transpose(0, 2, 1), bounds, dxs, True)
+            gw.rows(dh0, c.w0.transpose(0, 2, 1), bounds, dxs)
+            gw.rows(dh1, c.w1.transpose(0, 2, 1), bounds, dxs, accumulate=True)
         dw0 = _weight_grad(r["xs"].T, dh0, bounds, E, c.layout == "efd")
         dw1 = _weight_grad(r["xs"].T, dh1, bounds, E, c.layout == "efd")
         db0 = _segment_sum(dh0, bounds, E) if c.b0 is not None else None
         db1 = _segment_sum(dh1, bounds, E) if c.b1 is not None else None
         # dispatch^T: every slot's gradient goes back to its token
-        dx = _core.gather_reduce(dxs, r["slot_of"], None)                  # [T, d]
+        dx = gw.gather_reduce(dxs, r["slot_of"], None)                  # [T, d]
         # router: weights -> scores -> logits
         scores, idx, w = r["scores"], r["idx"], r["w"]
         dwn = dw * c.scale                        # through routed_scaling_factor
@@ -503,18 +468,18 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             dlogits = scores * (dscores - np.sum(dscores * scores, axis=1, keepdims=True))
         else:
             dlogits = dscores * scores * (1 - scores)
-        drw = _matmul(c.xf.T, dlogits)
-        _matmul(dlogits, c.rw.T, out=dx, accumulate=True)
+        drw = gw.matmul(c.xf.T, dlogits)
+        gw.matmul(dlogits, c.rw.T, out=dx, accumulate=True)
         grads = {}
         if c.shared is not None:
             s0, s1, so = c.shared
             hs0, hs1, as_ = r["hs"]
-            dso = _matmul(as_.T, g)
-            das = _matmul(g, so.T)
-            dhs0, dhs1 = _core.gated_act_grad(hs0, hs1, das, c.act, c.limit)
-            ds0, ds1 = _matmul(c.xf.T, dhs0), _matmul(c.xf.T, dhs1)
-            _matmul(dhs0, s0.T, out=dx, accumulate=True)
-            _matmul(dhs1, s1.T, out=dx, accumulate=True)
+            dso = gw.matmul(as_.T, g)
+            das = gw.matmul(g, so.T)
+            dhs0, dhs1 = gw.gated_act_grad(hs0, hs1, das, c.act, c.limit)
+            ds0, ds1 = gw.matmul(c.xf.T, dhs0), gw.matmul(c.xf.T, dhs1)
+            gw.matmul(dhs0, s0.T, out=dx, accumulate=True)
+            gw.matmul(dhs1, s1.T, out=dx, accumulate=True)
             sh = kw["shared_experts"]
             grads["shared_experts"] = tuple(
                 gr.astype(np.asarray(p).dtype, copy=False) for gr, p in zip((ds0, ds1, dso), sh))

@@ -1,7 +1,7 @@
-"""ragged_dot and make_group_metadata: validation here, arithmetic in _core."""
+"""ragged_dot and make_group_metadata: validation here, arithmetic through the gateway."""
 import numpy as np
 
-from . import _core
+from . import _gateway as gw
 from . import _validate as v
 
 __all__ = ["ragged_dot", "make_group_metadata"]
@@ -9,11 +9,8 @@ __all__ = ["ragged_dot", "make_group_metadata"]
 
 def _group_bounds(gs, group_offset, num_local, fn):
     """Row boundaries [num_local + 1] of groups [group_offset, group_offset + num_local)."""
-    g = gs.shape[0]
-    start = v.local_group_start(group_offset, g, num_local, fn)
-    offsets = np.zeros(g + 1, dtype=np.int64)
-    np.cumsum(gs, out=offsets[1:])
-    return np.ascontiguousarray(offsets[start:start + num_local + 1])
+    start = v.local_group_start(group_offset, gs.shape[0], num_local, fn)
+    return gw.group_bounds(gs, start, num_local)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None, *,
@@ -69,15 +66,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
     bounds = _group_bounds(gs, group_offset, rhs.shape[0], fn)
 
-    ct = v.compute_dtype(lt, rt, out_dtype)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
     n = rhs.shape[2]
-    res = v.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
-    first, last = int(bounds[0]), int(bounds[-1])
-    res[:first] = 0
-    res[last:] = 0
-    if last > first and n > 0:
-        _core.ragged_rows(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res, False)
-    return v.deliver(res, out, out_dtype)
+    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res[:bounds[0]] = 0
+    res[bounds[-1]:] = 0
+    gw.rows(lhs, rhs, bounds, res)
+    return gw.deliver(res, out, out_dtype)
 
 
 def make_group_metadata(*, group_sizes, m, tm, start_group=0, num_nonzero_groups=None,
@@ -133,4 +128,4 @@ def make_group_metadata(*, group_sizes, m, tm, start_group=0, num_nonzero_groups
             f"{fn}: 'num_nonzero_groups'={num_nonzero_groups} with start_group={start_group} "
             f"exceeds the {g} groups"
         )
-    return _core.make_group_metadata(gs, m, tm, start_group, num_nonzero_groups, bool(visit_empty_groups))
+    return gw.group_metadata(gs, m, tm, start_group, num_nonzero_groups, visit_empty_groups)

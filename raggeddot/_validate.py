@@ -1,15 +1,11 @@
 """Argument checking shared by the public functions.
 
-Every check raises with the name of the argument and what was received, and
-every conversion copies only when the C kernels cannot read the array as it is
-(a different dtype, misaligned or byte-swapped memory). Strided, transposed and
-negative-stride views are passed through without a copy.
+Every check raises with the name of the argument and what was received. Nothing
+here computes or converts an operand: that is the gateway's (``_gateway``).
 """
 import operator
 
 import numpy as np
-
-from . import _core
 
 __all__ = []
 
@@ -67,21 +63,6 @@ def output_dtype(preferred_element_type, promoted, fn):
         f"{fn}: 'preferred_element_type' must be a float dtype "
         f"(float16, bfloat16, float32, float64), got {_dtype_name(dt)}"
     )
-
-
-def compute_dtype(*dtypes):
-    """float64 when any participant is float64, else float32 (at least float32
-    accumulation for half-precision inputs)."""
-    return np.dtype(np.float64) if any(np.dtype(d).itemsize == 8 for d in dtypes) else np.dtype(np.float32)
-
-
-def operand(arr, dtype):
-    """`arr` as an array of `dtype` that the kernels can read through its strides."""
-    if arr.dtype != dtype:
-        return arr.astype(dtype)
-    if not arr.flags.aligned or not arr.dtype.isnative:
-        return np.array(arr, dtype=dtype.newbyteorder("="))
-    return arr
 
 
 def as_array(x, name, fn, ndim=None, shape_doc=""):
@@ -203,39 +184,3 @@ def same_buffer(a, b):
     """Whether two arrays are the same elements in the same layout."""
     return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
-
-
-def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
-    """The array a kernel writes the result into: the caller's `out` (checked
-    by out_buffer) when it has the compute dtype `ct`, else a fresh one;
-    holding existing_out's values when `existing` is given (a copy, unless
-    `out` is existing_out itself: inputs are never written otherwise)."""
-    if out is not None:
-        out = out_buffer(out, shape, out_dtype, fn, inputs)
-        if existing is not None and not same_buffer(out, existing) and np.may_share_memory(out, existing):
-            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
-    if out is not None and out_dtype == ct:
-        if existing is not None and not same_buffer(out, existing):
-            np.copyto(out, existing)
-        return out
-    res = aligned_empty(shape, ct)
-    if existing is not None:
-        np.copyto(res, existing)
-    return res
-
-
-def deliver(res, out, out_dtype):
-    """The result `res` (held in the compute dtype) as `out_dtype`: written
-    into `out` and returned as `out` when a caller gave one."""
-    if out is None:
-        return res if res.dtype == out_dtype else res.astype(out_dtype)
-    if res is not out:
-        np.copyto(out, res, casting="unsafe")
-    return out
-
-
-def aligned_empty(shape, dtype):
-    """An uninitialised C-contiguous result array, 64-byte aligned (the kernels
-    write whole cache lines of it with non-temporal stores), whose memory comes
-    from the cache of result buffers (``set_buffer_cache``)."""
-    return _core.empty(tuple(shape), np.dtype(dtype))

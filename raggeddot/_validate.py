@@ -155,6 +155,110 @@ def local_group_start(group_offset, g, num_local, fn, local_doc="rhs.shape[0]"):
     return start
 
 
+# ----------------------------------------------------- ragged_dot_general
+
+def _check_dims(dims, rank, what, arg, fn):
+    for d in dims:
+        if not 0 <= d < rank:
+            raise ValueError(
+                f"{fn}: {what} {d} is out of range for '{arg}' of rank {rank} "
+                "(dimension numbers must be in [0, rank))"
+            )
+
+
+def _check_distinct(dims, arg, what, fn):
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"{fn}: the {what} of '{arg}' repeat a dimension: {list(dims)}")
+
+
+def prefixed_group_sizes(group_sizes, fn, prefix_shape, prefix_doc, ragged_size, r):
+    """group_sizes of ragged_dot_general, checked, as int64 of shape ``[g]``
+    or ``prefix_shape + (g,)``; every row sums to at most ``ragged_size``
+    (lhs.shape[r])."""
+    gs = as_array(group_sizes, "group_sizes", fn)
+    if gs.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: 'group_sizes' must have an integer dtype, got {gs.dtype}")
+    if gs.ndim == 0:
+        raise ValueError(f"{fn}: 'group_sizes' must be at least 1-D [g], got a scalar")
+    if gs.ndim > 1 and gs.shape != prefix_shape + gs.shape[-1:]:
+        raise ValueError(
+            f"{fn}: 'group_sizes' must have shape [g] or {prefix_shape + gs.shape[-1:]} "
+            f"(lhs.shape at {prefix_doc} + (g,)), got {gs.shape}"
+        )
+    if gs.size == 0:
+        return gs.astype(np.int64)
+    if gs.dtype.kind == "i" and gs.min() < 0:
+        i = tuple(int(j) for j in np.argwhere(gs < 0)[0])
+        raise ValueError(f"{fn}: 'group_sizes' has a negative entry: group_sizes[{', '.join(map(str, i))}]={gs[i]}")
+    if int(gs.max()) > 2**40:  # sums could overflow int64: add exactly
+        totals = gs.astype(object).sum(axis=-1)
+    else:
+        totals = gs.sum(axis=-1, dtype=np.int64)
+    over = np.asarray(totals > ragged_size)
+    if over.any():
+        where = tuple(int(j) for j in np.argwhere(over)[0]) if over.ndim else ()
+        at = f" at group_sizes[{', '.join(map(str, where))}, :]" if where else ""
+        raise ValueError(
+            f"{fn}: sum(group_sizes)={int(np.asarray(totals)[where])} exceeds lhs.shape[{r}]={ragged_size} "
+            f"(the lhs ragged dimension){at}"
+        )
+    return gs.astype(np.int64)
+
+
+def ragged_dimensions(dn, lhs_shape, rhs_shape, fn):
+    """The dimension numbers ``dn`` of ragged_dot_general checked against the
+    operand shapes: ``(lb, rb, lc, rc, lf, rf, r, groups)``, the lhs/rhs
+    batch, contracting and free dims (free dims in increasing order, rhs's
+    without the group dim), the lhs ragged dim and the rhs group dims."""
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
+    if len(lc) != len(rc):
+        raise ValueError(
+            f"{fn}: 'lhs' and 'rhs' list different numbers of contracting dimensions: {list(lc)} vs {list(rc)}"
+        )
+    if len(lb) != len(rb):
+        raise ValueError(f"{fn}: 'lhs' and 'rhs' list different numbers of batch dimensions: {list(lb)} vs {list(rb)}")
+    _check_dims(lc + lb, len(lhs_shape), "contracting/batch dimension", "lhs", fn)
+    _check_dims(rc + rb, len(rhs_shape), "contracting/batch dimension", "rhs", fn)
+    _check_distinct(lc + lb, "lhs", "contracting and batch dimensions", fn)
+    _check_distinct(rc + rb, "rhs", "contracting and batch dimensions", fn)
+    for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
+        for a, b in zip(ld, rd):
+            if lhs_shape[a] != rhs_shape[b]:
+                raise ValueError(
+                    f"{fn}: {what} dimensions differ: lhs.shape[{a}]={lhs_shape[a]} (lhs shape {lhs_shape}) "
+                    f"but rhs.shape[{b}]={rhs_shape[b]} (rhs shape {rhs_shape})"
+                )
+
+    if len(dn.lhs_ragged_dimensions) != 1:
+        raise ValueError(
+            f"{fn}: 'lhs_ragged_dimensions' must hold exactly one dimension, got {list(dn.lhs_ragged_dimensions)}"
+        )
+    r = dn.lhs_ragged_dimensions[0]
+    _check_dims((r,), len(lhs_shape), "ragged dimension", "lhs", fn)
+    lf = tuple(d for d in range(len(lhs_shape)) if d not in lc and d not in lb)
+    groups = dn.rhs_group_dimensions
+    if r in lf:
+        if len(groups) != 1:
+            raise ValueError(
+                f"{fn}: 'rhs_group_dimensions' must hold exactly one dimension when the lhs ragged "
+                f"dimension {r} is non-contracting, got {list(groups)}"
+            )
+        _check_dims(groups, len(rhs_shape), "group dimension", "rhs", fn)
+        if groups[0] in rc or groups[0] in rb:
+            raise ValueError(
+                f"{fn}: the rhs group dimension {groups[0]} must not be a contracting or batch dimension "
+                f"of 'rhs' (contracting {list(rc)}, batch {list(rb)})"
+            )
+    elif groups:
+        kind = "contracting" if r in lc else "batch"
+        raise ValueError(
+            f"{fn}: 'rhs_group_dimensions' must be empty when the lhs ragged dimension {r} is {kind}, "
+            f"got {list(groups)}"
+        )
+    rf = tuple(d for d in range(len(rhs_shape)) if d not in rc and d not in rb and d not in groups)
+    return lb, rb, lc, rc, lf, rf, r, groups
+
+
 def out_buffer(out, shape, dtype, fn, inputs):
     """A caller's ``out=`` array, checked: an ndarray of exactly `shape` and of
     the result's `dtype`, writeable, aligned, native, with no repeated

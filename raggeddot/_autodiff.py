@@ -121,7 +121,8 @@ def _bind(op, pargs, pkwargs, primals, what):
 
 
 def _primal_dtype(x):
-    return np.asarray(x).dtype
+    """The dtype of a primal's gradient: the primal's, in native byte order."""
+    return v.native(np.asarray(x).dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -104,12 +104,12 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
     float64: the CPU has no reason to round a float64 problem)."""
     if preferred_element_type is not None:
         dt = v.output_dtype(preferred_element_type, None, fn)
-        if existing is not None and existing.dtype != dt:
+        if existing is not None and v.native(existing.dtype) != dt:
             raise ValueError(f"{fn}: 'existing_out' has dtype {existing.dtype} but "
                              f"preferred_element_type is {dt}; they must match")
         return dt
     if existing is not None:
-        return existing.dtype
+        return v.native(existing.dtype)
     return gw.compute_dtype(v.promote(lt, rt, fn))
 
 

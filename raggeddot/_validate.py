@@ -20,11 +20,19 @@ def is_bfloat16(dtype):
     return _dtype_name(dtype) == "bfloat16"
 
 
+def native(dtype):
+    """``dtype`` in the machine's byte order (a byte-swapped '>f4' is float32)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def float_dtype(arr, name, fn):
-    """The dtype of a float operand, or TypeError naming `name`."""
+    """The dtype of a float operand, in native byte order (a byte-swapped
+    operand is converted once, by the gateway, and its results are native),
+    or TypeError naming `name`."""
     dt = arr.dtype
     if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
-        return dt
+        return native(dt)
     raise TypeError(
         f"{fn}: unsupported dtype for '{name}': {_dtype_name(dt)} "
         "(supported: float16, bfloat16, float32, float64)"
@@ -58,7 +66,7 @@ def output_dtype(preferred_element_type, promoted, fn):
             f"{fn}: 'preferred_element_type' must be a float dtype, got {preferred_element_type!r}"
         ) from None
     if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
-        return dt
+        return native(dt)
     raise TypeError(
         f"{fn}: 'preferred_element_type' must be a float dtype "
         f"(float16, bfloat16, float32, float64), got {_dtype_name(dt)}"

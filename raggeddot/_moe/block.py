@@ -182,7 +182,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
         raise ValueError("moe_block_vjp: 'return_aux' is not differentiable; call moe_block for aux")
     layer = prepare(**kw)
     out, res = forward(layer)
-    dtypes = {name: np.asarray(kw[name]).dtype for name in ("x", "router_weights", "w0", "w1", "wo",
+    dtypes = {name: v.native(np.asarray(kw[name]).dtype) for name in ("x", "router_weights", "w0", "w1", "wo",
                                                              "router_bias", "w0_bias", "w1_bias", "wo_bias")
               if kw[name] is not None}
     T, d = layer.x.shape
@@ -197,7 +197,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
         result = {}
         if layer.shared is not None:
             result["shared_experts"] = tuple(
-                gr.astype(np.asarray(p).dtype, copy=False)
+                gr.astype(v.native(np.asarray(p).dtype), copy=False)
                 for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
         for name, dtype in dtypes.items():   # the inputs given, in moe_block's order
             result[name] = grads[name].astype(dtype, copy=False)

@@ -43,15 +43,17 @@ def ragged_gather(x, indices, weights=None):
       indices: ``[N]`` integers in ``[0, T)``.
       weights: optional ``[N]`` scale per output row.
     Returns:
-      ``[N, d]`` in x's dtype (float16/bfloat16 computed in float32).
+      ``[N, d]`` in x's dtype, native byte order (float16/bfloat16 computed
+      in float32).
     """
     fn = "ragged_gather"
     x = v.as_array(x, "x", fn, ndim=2, shape_doc=" [T, d]")
-    ct = gw.compute_dtype(v.float_dtype(x, "x", fn))
+    xt = v.float_dtype(x, "x", fn)
+    ct = gw.compute_dtype(xt)
     idx = _gather_indices(indices, 1, " [N]", 0, x.shape[0], fn)
     scale = _gather_weights(weights, idx, " [N]", ct, fn)
     out = gw.gather_rows(x, idx, scale)
-    return out if out.dtype == x.dtype else out.astype(x.dtype)
+    return out if out.dtype == xt else out.astype(xt)
 
 
 def ragged_gather_reduce(y, indices, weights=None):
@@ -68,12 +70,13 @@ def ragged_gather_reduce(y, indices, weights=None):
       indices: ``[T, k]`` integers in ``[-1, N)``.
       weights: optional ``[T, k]`` (default 1).
     Returns:
-      ``[T, d]`` in y's dtype.
+      ``[T, d]`` in y's dtype, native byte order.
     """
     fn = "ragged_gather_reduce"
     y = v.as_array(y, "y", fn, ndim=2, shape_doc=" [N, d]")
-    ct = gw.compute_dtype(v.float_dtype(y, "y", fn))
+    yt = v.float_dtype(y, "y", fn)
+    ct = gw.compute_dtype(yt)
     idx = _gather_indices(indices, 2, " [T, k]", -1, y.shape[0], fn)
     w = _gather_weights(weights, idx, " [T, k]", ct, fn)
     out = gw.gather_reduce(y, idx, w)
-    return out if out.dtype == y.dtype else out.astype(y.dtype)
+    return out if out.dtype == yt else out.astype(yt)

@@ -22,9 +22,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       lhs: ``[m, k]`` float array (float16, bfloat16, float32 or float64).
       rhs: ``[g, k, n]`` float array, one ``[k, n]`` matrix per group.
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
-      precision: accepted for compatibility with jax (None, "default", "high",
-        "highest" or a ``jax.lax.Precision``); the CPU always accumulates in at
-        least float32.
+      precision: as jax's: None, "default", "high", "highest", a
+        ``jax.lax.Precision`` or a pair of them (all compute alike here: the
+        CPU accumulates in float32, or float64 when an input or the output
+        is float64); or a ``jax.lax.DotAlgorithmPreset`` / ``DotAlgorithm``,
+        accepted when that accumulation is at least as precise as the one it
+        asks for (ANY, float16, bfloat16, float32; float64 only with a
+        float64 input or output), ValueError naming the algorithm otherwise.
       preferred_element_type: dtype of the result; default is the promoted type
         of lhs and rhs (the wider float wins; float16 with bfloat16 is an error).
       group_offset: megablox's expert sharding. When given, ``rhs`` holds only
@@ -51,7 +55,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     lt = v.float_dtype(lhs, "lhs", fn)
     rt = v.float_dtype(rhs, "rhs", fn)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
-    v.check_precision(precision, fn)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    v.check_precision(precision, ct, fn)
     m, k = lhs.shape
     if rhs.shape[1] != k:
         raise ValueError(
@@ -62,7 +67,6 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     start = v.local_group_start(group_offset, gs.shape[0], rhs.shape[0], fn)
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
-    ct = gw.compute_dtype(lt, rt, out_dtype)
     n = rhs.shape[2]
     res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     res[:bounds[0]] = 0

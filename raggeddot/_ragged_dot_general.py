@@ -154,8 +154,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         ``lhs.shape[r]``.
       ragged_dot_dimension_numbers: a ``RaggedDotDimensionNumbers`` (this
         module's or jax's).
-      precision: accepted for compatibility with jax; the CPU always
-        accumulates in at least float32.
+      precision: as for ``ragged_dot``: a ``jax.lax.Precision`` (or pair)
+        computes alike; a ``DotAlgorithmPreset`` / ``DotAlgorithm`` is
+        accepted when the CPU's accumulation (float32, or float64 with a
+        float64 input or output) is at least as precise as the one it asks
+        for, ValueError naming it otherwise.
       preferred_element_type: dtype of the result; default is the promoted
         type of lhs and rhs.
       group_offset: mode 1 only, megablox's meaning as in ``ragged_dot``: rhs's
@@ -173,11 +176,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     lt = v.float_dtype(lhs, "lhs", _FN)
     rt = v.float_dtype(rhs, "rhs", _FN)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
-    v.check_precision(precision, _FN)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    v.check_precision(precision, ct, _FN)
 
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 
-    ct = gw.compute_dtype(lt, rt, out_dtype)
     # converted before the modes reshape them, so that a reshape that must copy
     # copies the compute dtype
     lhs = gw.operand(lhs, ct)

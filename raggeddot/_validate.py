@@ -3,13 +3,35 @@
 Every check raises with the name of the argument and what was received. Nothing
 here computes or converts an operand: that is the gateway's (``_gateway``).
 """
+import enum
 import operator
 
 import numpy as np
 
 __all__ = []
 
-_PRECISIONS = {"default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "fastest"}
+# Names of jax.lax.Precision values and of the strings jax takes for them.
+_PRECISIONS = {"default", "high", "highest", "bfloat16", "bfloat16_3x", "tensorfloat32", "float32", "fastest"}
+# jax.lax.DotAlgorithmPreset names -> the accumulation type each asks for
+# (None: any, the backend's choice).
+_PRESET_ACCUMULATION = {
+    "DEFAULT": None,
+    "ANY_F8_ANY_F8_F32": "float32",
+    "ANY_F8_ANY_F8_F32_FAST_ACCUM": "float32",
+    "ANY_F8_ANY_F8_ANY": None,
+    "ANY_F8_ANY_F8_ANY_FAST_ACCUM": None,
+    "F16_F16_F16": "float16",
+    "F16_F16_F32": "float32",
+    "BF16_BF16_BF16": "bfloat16",
+    "BF16_BF16_F32": "float32",
+    "BF16_BF16_F32_X3": "float32",
+    "BF16_BF16_F32_X6": "float32",
+    "BF16_BF16_F32_X9": "float32",
+    "TF32_TF32_F32": "float32",
+    "TF32_TF32_F32_X3": "float32",
+    "F32_F32_F32": "float32",
+    "F64_F64_F64": "float64",
+}
 
 
 def _dtype_name(dtype):
@@ -123,22 +145,88 @@ def group_sizes_array(group_sizes, fn, limit=None, limit_doc="lhs.shape[0]"):
     return np.ascontiguousarray(gs, dtype=np.int64), total
 
 
-def check_precision(precision, fn):
-    """Accept what jax.lax accepts for `precision`; the CPU computes in at least
-    float32 whatever is asked."""
+def _is_precision(value):
+    """A jax.lax.Precision value or one of the strings jax takes for one."""
+    name = getattr(value, "name", value)
+    return isinstance(name, str) and name.lower() in _PRECISIONS
+
+
+def _is_dot_algorithm(value):
+    """Duck-typed jax.lax.DotAlgorithm (a NamedTuple, so tested before pairs)."""
+    return all(hasattr(value, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type"))
+
+
+def _type_name(t):
+    if t is None:
+        return "ANY"
+    try:
+        return np.dtype(t).name
+    except TypeError:
+        return getattr(t, "__name__", repr(t))
+
+
+def _check_accumulation(label, accumulation, compute_dtype, fn):
+    """An algorithm that accumulates in `accumulation` (a dtype-like or None
+    for any) is honoured when the CPU's accumulation in `compute_dtype` is at
+    least as precise; ValueError naming the algorithm otherwise."""
+    if accumulation is None:
+        return
+    try:
+        acc = np.dtype(accumulation)
+    except TypeError:
+        raise ValueError(f"{fn}: precision={label}: its accumulation type {accumulation!r} is not a dtype") from None
+    if not (acc.kind == "f" or acc.name.startswith(("float", "bfloat"))):
+        raise ValueError(f"{fn}: precision={label} accumulates in {acc.name}, but raggeddot multiplies "
+                         f"float operands and accumulates them in a float type ({compute_dtype.name} here)")
+    if acc.itemsize > compute_dtype.itemsize:
+        raise ValueError(
+            f"{fn}: precision={label} asks for {acc.name} accumulation, but this call accumulates in "
+            f"{compute_dtype.name} (the CPU accumulates in float32, or in float64 when an input or the "
+            "output is float64); pass float64 operands or preferred_element_type=float64, or an "
+            "algorithm that accumulates in float32 or narrower")
+
+
+def check_precision(precision, compute_dtype, fn):
+    """Accept what jax.lax accepts for `precision` when the CPU can honour it.
+
+    The CPU accumulates in ``compute_dtype`` (float32, or float64 when an
+    input or the output is float64) whatever is asked, so:
+
+    - None, a ``jax.lax.Precision`` (or its string: "default", "high",
+      "highest", ...) or a pair of them: accepted;
+    - a ``jax.lax.DotAlgorithmPreset`` (an enum member, or its name) or a
+      ``jax.lax.DotAlgorithm``: accepted when its accumulation type is ANY
+      or no wider than ``compute_dtype`` (an F64 accumulation needs float64
+      operands or output), else ValueError naming the algorithm.
+
+    Duck-typed: jax is not imported.
+    """
     if precision is None:
+        return
+    if _is_dot_algorithm(precision):
+        label = (f"DotAlgorithm(lhs_precision_type={_type_name(precision.lhs_precision_type)}, "
+                 f"rhs_precision_type={_type_name(precision.rhs_precision_type)}, "
+                 f"accumulation_type={_type_name(precision.accumulation_type)})")
+        _check_accumulation(label, precision.accumulation_type, compute_dtype, fn)
         return
     if isinstance(precision, (tuple, list)):
         if len(precision) != 2:
             raise ValueError(f"{fn}: 'precision' as a sequence must have two entries, got {precision!r}")
         for p in precision:
-            check_precision(p, fn)
+            if not _is_precision(p):
+                raise ValueError(f"{fn}: 'precision' as a pair must hold two jax.lax.Precision values "
+                                 f"(or their names), got {precision!r}")
         return
-    name = getattr(precision, "name", precision)
-    if isinstance(name, str) and name.lower() in _PRECISIONS:
+    if _is_precision(precision):
+        return
+    name = precision if isinstance(precision, str) else getattr(precision, "name", None)
+    if (isinstance(precision, (str, enum.Enum)) and isinstance(name, str)
+            and name in _PRESET_ACCUMULATION):
+        _check_accumulation(f"DotAlgorithmPreset.{name}", _PRESET_ACCUMULATION[name], compute_dtype, fn)
         return
     raise ValueError(
-        f"{fn}: 'precision' must be None, 'default', 'high', 'highest' or a jax.lax.Precision, got {precision!r}"
+        f"{fn}: 'precision' must be None, 'default', 'high', 'highest', a jax.lax.Precision, a pair of "
+        f"them, a jax.lax.DotAlgorithmPreset or a jax.lax.DotAlgorithm, got {precision!r}"
     )
 
 

@@ -53,6 +53,8 @@ SCORE_FUNCS = tuple(_core.SCORE_FUNCS)
 #: Layouts an operand may be asked for (see :func:`operand`).
 STRIDED, ROWS, CONTIGUOUS = "strided", "rows", "contiguous"
 
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+
 
 # --------------------------------------------------------------- policies
 
@@ -60,7 +62,10 @@ def compute_dtype(*dtypes):
     """The dtype the kernels compute in for inputs/outputs of ``dtypes``:
     float64 when any of them is float64, else float32 (so half-precision
     inputs are accumulated in float32)."""
-    return np.dtype(np.float64) if any(np.dtype(d).itemsize == 8 for d in dtypes) else np.dtype(np.float32)
+    for d in dtypes:
+        if (d if isinstance(d, np.dtype) else np.dtype(d)).itemsize == 8:
+            return _FLOAT64
+    return _FLOAT32
 
 
 def operand(arr, dtype, layout=STRIDED):
@@ -74,10 +79,13 @@ def operand(arr, dtype, layout=STRIDED):
     read whole rows (``layout="rows"``: unit column stride, copied
     otherwise) and the element-wise kernels flat memory
     (``layout="contiguous"``: C-contiguous)."""
-    if arr.dtype != dtype:
-        arr = arr.astype(dtype)
-    elif not arr.flags.aligned or not arr.dtype.isnative:
-        arr = np.array(arr, dtype=dtype.newbyteorder("="))
+    if arr.dtype is not dtype or not arr.flags.aligned:   # else: nothing to do (the common case)
+        if arr.dtype != dtype:
+            arr = arr.astype(dtype)
+        elif not arr.flags.aligned or not arr.dtype.isnative:
+            arr = np.array(arr, dtype=dtype.newbyteorder("="))
+    if layout == STRIDED:
+        return arr
     if layout == ROWS:
         if arr.ndim == 2 and arr.shape[0] > 0 and arr.shape[1] > 1 and arr.strides[1] != arr.itemsize:
             arr = np.ascontiguousarray(arr)
@@ -138,9 +146,10 @@ def group_bounds(group_sizes, start, count):
     """Row bounds ``[count + 1]`` (int64) of groups ``[start, start + count)``
     of ``group_sizes [g]`` (checked: non-negative, ``start + count <= g``):
     ``bounds[j] = sum(group_sizes[:start + j])``."""
-    offsets = np.zeros(group_sizes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(group_sizes, out=offsets[1:])
-    return np.ascontiguousarray(offsets[start:start + count + 1])
+    offsets = np.empty(group_sizes.shape[0] + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.add.accumulate(group_sizes, out=offsets[1:])
+    return offsets[start:start + count + 1]          # a unit-stride slice: contiguous
 
 
 def rows(lhs, rhs, bounds, out, accumulate=False):
@@ -152,7 +161,7 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     :func:`operand`). Rows outside ``[bounds[0], bounds[g])`` are left as
     they are; with ``k = 0`` the group rows become 0 (or stay, when
     accumulating). Returns ``out``."""
-    if bounds[-1] > bounds[0] and out.shape[1] > 0:
+    if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = out.dtype
         _core.ragged_rows(operand(lhs, ct), operand(rhs, ct), bounds, out, bool(accumulate))
     return out

@@ -10,8 +10,6 @@ from . import _validate as v
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
 
-
-
 def make_group_metadata(*, group_sizes, m, tm, start_group=0, num_nonzero_groups=None,
                         visit_empty_groups=True):
     """megablox's tile metadata for a grouped matmul with row tiles of ``tm``.

@@ -17,7 +17,7 @@ from .shared import SharedExperts
 __all__ = ["Layer", "prepare"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Layer:
     """One moe_block call, checked.
 

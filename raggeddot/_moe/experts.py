@@ -34,7 +34,7 @@ from .. import _validate as v
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "forward", "backward"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Experts:
     """The expert FFNs a step holds, in the compute dtype.
 

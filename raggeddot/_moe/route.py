@@ -25,7 +25,7 @@ from .. import _gateway as gw
 __all__ = ["Router", "RouteResiduals", "forward", "backward"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Router:
     """The router's parameters, checked and in the compute dtype.
 

@@ -25,7 +25,7 @@ from .. import _gateway as gw
 __all__ = ["SharedExperts", "SharedResiduals", "forward", "backward"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class SharedExperts:
     """The shared MLP's weights in the compute dtype: w0, w1 ``[d, fs]``, wo
     ``[fs, d]``; ``activation`` and ``limit`` as the routed experts'."""

@@ -44,7 +44,9 @@ def forward(layer):
     compute dtype."""
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
     xs, plan = dispatch.forward(layer.x, topk_idx, layer.num_experts, layer.capacity)
+    # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
     y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes)
+    # (... and y comes back here, in the plan's slot order)
     out, r_combine = combine.forward(y, plan, topk_weights)
     r_shared = None
     if layer.shared is not None:

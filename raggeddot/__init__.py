@@ -7,10 +7,10 @@ the same math in plain NumPy.
 """
 from . import runtime
 from ._autodiff import grad, jvp, vjp
-from ._general import RaggedDotDimensionNumbers, ragged_dot_general
-from ._megablox import gmm, tgmm
+from ._megablox import gmm, make_group_metadata, tgmm
 from ._moe import moe_block, moe_block_vjp, ragged_gather, ragged_gather_reduce
-from ._ops import make_group_metadata, ragged_dot
+from ._ragged_dot import ragged_dot
+from ._ragged_dot_general import RaggedDotDimensionNumbers, ragged_dot_general
 from .runtime import build_info, get_num_threads, set_buffer_cache, set_num_threads
 
 __version__ = "0.1.0"

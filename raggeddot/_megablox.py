@@ -1,11 +1,69 @@
-"""megablox's grouped matmuls, gmm and tgmm, on the same C kernels as ragged_dot."""
+"""megablox's make_group_metadata and grouped matmuls gmm and tgmm, with the
+derivative rules of gmm and tgmm (megablox ops.py), on the same kernels as
+ragged_dot."""
 import numpy as np
 
-from . import _core
+from . import _autodiff
+from . import _gateway as gw
 from . import _validate as v
-from ._ops import _group_bounds
 
-__all__ = ["gmm", "tgmm"]
+__all__ = ["make_group_metadata", "gmm", "tgmm"]
+
+
+def make_group_metadata(*, group_sizes, m, tm, start_group=0, num_nonzero_groups=None,
+                        visit_empty_groups=True):
+    """megablox's tile metadata for a grouped matmul with row tiles of ``tm``.
+
+    A tiled kernel visits (group, m-tile) pairs; a tile that straddles a group
+    boundary is visited once per group it holds. With ``tiles_m = m // tm`` and
+    ``g = len(group_sizes)``:
+
+    1. ``group_offsets = [0, cumsum(group_sizes)...]``  (int32 ``[g + 1]``).
+    2. Group i needs ``(round_up(end_i, tm) - round_down(start_i, tm)) // tm``
+       tiles; an empty group needs 0, or 1 when ``visit_empty_groups`` (tgmm
+       must still zero its output).
+    3. ``group_ids``: each group id repeated by its tile count, padded (with the
+       last group id) or cut to ``tiles_m + g - 1`` entries.
+    4. ``m_tile_ids``: tile t repeated once, plus once for every non-empty group
+       starting strictly inside it (and every empty group falling in it when
+       ``visit_empty_groups``), padded or cut the same way.
+    5. Both lists are rolled left past the entries of groups before
+       ``start_group``; ``num_tiles`` counts the tiles of groups
+       ``[start_group, start_group + num_nonzero_groups)``.
+
+    Returns:
+      ``((group_offsets, group_ids, m_tile_ids), num_tiles)``: three int32
+      arrays and an int, equal element for element to megablox's.
+    """
+    fn = "make_group_metadata"
+    gs, total = v.group_sizes_array(group_sizes, fn)
+    g = gs.shape[0]
+    if g < 1:
+        raise ValueError(f"{fn}: 'group_sizes' must hold at least one group, got shape {gs.shape}")
+    m = v.index(m, "m", fn)
+    tm = v.index(tm, "tm", fn)
+    if tm < 1:
+        raise ValueError(f"{fn}: 'tm' must be positive, got {tm}")
+    if m < 1:
+        raise ValueError(f"{fn}: 'm' must be positive, got {m}")
+    if m % tm:
+        raise ValueError(f"{fn}: m={m} must be divisible by the m-dimension tile size tm={tm}")
+    if m > np.iinfo(np.int32).max:
+        raise ValueError(f"{fn}: m={m} does not fit the int32 metadata")
+    if total > m:
+        raise ValueError(f"{fn}: sum(group_sizes)={total} exceeds m={m}")
+    start_group = v.index(start_group, "start_group", fn)
+    if not 0 <= start_group < g:
+        raise ValueError(f"{fn}: 'start_group'={start_group} must be in [0, {g})")
+    if num_nonzero_groups is None:
+        num_nonzero_groups = g - start_group
+    num_nonzero_groups = v.index(num_nonzero_groups, "num_nonzero_groups", fn)
+    if num_nonzero_groups < 0 or start_group + num_nonzero_groups > g:
+        raise ValueError(
+            f"{fn}: 'num_nonzero_groups'={num_nonzero_groups} with start_group={start_group} "
+            f"exceeds the {g} groups"
+        )
+    return gw.group_metadata(gs, m, tm, start_group, num_nonzero_groups, visit_empty_groups)
 
 
 def _check_tiling(tiling, m, k, n, fn):
@@ -44,13 +102,13 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
     float64: the CPU has no reason to round a float64 problem)."""
     if preferred_element_type is not None:
         dt = v.output_dtype(preferred_element_type, None, fn)
-        if existing is not None and existing.dtype != dt:
+        if existing is not None and v.native(existing.dtype) != dt:
             raise ValueError(f"{fn}: 'existing_out' has dtype {existing.dtype} but "
                              f"preferred_element_type is {dt}; they must match")
         return dt
     if existing is not None:
-        return existing.dtype
-    return v.compute_dtype(v.promote(lt, rt, fn))
+        return v.native(existing.dtype)
+    return gw.compute_dtype(v.promote(lt, rt, fn))
 
 
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -100,16 +158,15 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
     # megablox: group_offset None means 0, and rhs may hold fewer groups than group_sizes
-    bounds = _group_bounds(gs, 0 if group_offset is None else group_offset, w.shape[0], fn)
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    res = v.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
-    first, last = int(bounds[0]), int(bounds[-1])
+    start = v.local_group_start(0 if group_offset is None else group_offset, gs.shape[0], w.shape[0], fn)
+    bounds = gw.group_bounds(gs, start, w.shape[0])
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
     if existing is None:
-        res[:first] = 0
-        res[last:] = 0
-    if last > first and n > 0:
-        _core.ragged_rows(v.operand(lhs, ct), v.operand(w, ct), bounds, res, False)
-    return v.deliver(res, out, out_dtype)
+        res[:bounds[0]] = 0
+        res[bounds[-1]:] = 0
+    gw.rows(lhs, w, bounds, res)
+    return gw.deliver(res, out, out_dtype)
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -169,13 +226,124 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
             + (" (num_actual_groups defaults to len(group_sizes); pass it with group_offset)"
                if num_actual_groups is None else "")
         )
-    bounds = _group_bounds(gs, start, count, fn)
+    bounds = gw.group_bounds(gs, start, count)
     shape = (count, k, n)
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    res = v.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
-    if count and k and n:
-        _core.ragged_contract(v.operand(lhs, ct), v.operand(rhs, ct), bounds, res,
-                              existing is not None)
-    return v.deliver(res, out, out_dtype)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
+    return gw.deliver(res, out, out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules (megablox ops.py)
+# ---------------------------------------------------------------------------
+# gmm: out[rows_i] = lhs[rows_i] @ w[i - off] (w = rhs, or rhs^T per group when
+# transpose_rhs) for the local groups; other rows are existing_out's (or 0).
+#   d_lhs = gmm(ct, rhs, transpose_rhs=not transpose_rhs)
+#   d_rhs = tgmm(lhs^T, ct) [g_local, k, n], or tgmm(ct^T, lhs) [g_local, n, k] when transpose_rhs
+#   d_existing_out = ct with the computed rows zeroed
+
+
+def _computed_rows(gs, off, num_local):
+    """[first, last): the rows of groups [off, off + num_local) (contiguous)."""
+    sizes = np.asarray(gs).astype(np.int64)
+    start = 0 if off is None else v.index(off, "group_offset", "gmm")
+    ends = np.concatenate([[0], np.cumsum(sizes)])
+    return int(ends[start]), int(ends[start + num_local])
+
+
+def _gmm_vjp(a, wanted):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(gmm, a)
+    off, tr = a["group_offset"], bool(a["transpose_rhs"])
+    g_local = rhs.shape[0]
+
+    def backward(ct):
+        ct = ct.astype(cdt, copy=False)
+        grads = {}
+        if "lhs" in wanted:
+            grads["lhs"] = gmm(ct, rhs, gs, preferred_element_type=cdt, group_offset=off,
+                               transpose_rhs=not tr)
+        if "rhs" in wanted:
+            if tr:  # rhs is [g_local, n, k]: tgmm(ct^T [n, m], lhs [m, k])
+                grads["rhs"] = tgmm(ct.T, lhs, gs, preferred_element_type=cdt, group_offset=off,
+                                    num_actual_groups=g_local)
+            else:
+                grads["rhs"] = tgmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=off,
+                                    num_actual_groups=g_local)
+        if "existing_out" in wanted:
+            first, last = _computed_rows(gs, off, g_local)
+            d = np.array(ct, copy=True)
+            d[first:last] = 0
+            grads["existing_out"] = d
+        return grads
+
+    return out, backward
+
+
+def _gmm_jvp(a, t):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(gmm, a)
+    off, tr = a["group_offset"], bool(a["transpose_rhs"])
+    kw = dict(preferred_element_type=cdt, group_offset=off, transpose_rhs=tr)
+    terms = []
+    if t.get("lhs") is not None:
+        terms.append(gmm(t["lhs"], rhs, gs, **kw))
+    if t.get("rhs") is not None:
+        terms.append(gmm(lhs, t["rhs"], gs, **kw))
+    if t.get("existing_out") is not None:
+        first, last = _computed_rows(gs, off, rhs.shape[0])
+        d = np.array(t["existing_out"], dtype=cdt, copy=True)
+        d[first:last] = 0
+        terms.append(d)
+    return out, _autodiff.sum_terms(terms, out)
+
+
+# tgmm: out[j] = lhs[:, rows_i] @ rhs[rows_i] (+ existing_out[j]), i = off + j.
+#   d_lhs[:, rows_i] = ct[j] @ rhs[rows_i]^T  ->  d_lhs = gmm(rhs, ct^T, gs, group_offset=off)^T
+#   d_rhs[rows_i]    = lhs[:, rows_i]^T @ ct[j] ->  d_rhs = gmm(lhs^T, ct, gs, group_offset=off)
+#   d_existing_out = ct
+# (positions of no computed group, rows past sum(gs) included, get 0.)
+
+
+def _tgmm_start(a):
+    return 0 if a["group_offset"] is None else v.index(a["group_offset"], "group_offset", "tgmm")
+
+
+def _tgmm_vjp(a, wanted):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(tgmm, a)
+    start = _tgmm_start(a)
+
+    def backward(ct):
+        ct = ct.astype(cdt, copy=False)
+        grads = {}
+        if "lhs" in wanted:  # [m, n] x [count, n, k] -> [m, k] -> [k, m]
+            d = gmm(rhs, ct.transpose(0, 2, 1), gs, preferred_element_type=cdt, group_offset=start)
+            grads["lhs"] = np.ascontiguousarray(d.T)
+        if "rhs" in wanted:  # [m, k] x [count, k, n] -> [m, n]
+            grads["rhs"] = gmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=start)
+        if "existing_out" in wanted:
+            grads["existing_out"] = np.array(ct, copy=True)
+        return grads
+
+    return out, backward
+
+
+def _tgmm_jvp(a, t):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(tgmm, a)
+    kw = dict(preferred_element_type=cdt, group_offset=a["group_offset"],
+              num_actual_groups=out.shape[0])
+    terms = []
+    if t.get("lhs") is not None:
+        terms.append(tgmm(t["lhs"], rhs, gs, **kw))
+    if t.get("rhs") is not None:
+        terms.append(tgmm(lhs, t["rhs"], gs, **kw))
+    if t.get("existing_out") is not None:
+        terms.append(t["existing_out"].astype(cdt))
+    return out, _autodiff.sum_terms(terms, out)
+
+
+_autodiff.defvjp(gmm, _gmm_vjp, ("lhs", "rhs", "existing_out"))
+_autodiff.defjvp(gmm, _gmm_jvp, ("lhs", "rhs", "existing_out"))
+_autodiff.defvjp(tgmm, _tgmm_vjp, ("lhs", "rhs", "existing_out"))
+_autodiff.defjvp(tgmm, _tgmm_jvp, ("lhs", "rhs", "existing_out"))

@@ -1,19 +1,37 @@
 """Argument checking shared by the public functions.
 
-Every check raises with the name of the argument and what was received, and
-every conversion copies only when the C kernels cannot read the array as it is
-(a different dtype, misaligned or byte-swapped memory). Strided, transposed and
-negative-stride views are passed through without a copy.
+Every check raises with the name of the argument and what was received. Nothing
+here computes or converts an operand: that is the gateway's (``_gateway``).
 """
+import enum
 import operator
 
 import numpy as np
 
-from . import _core
-
 __all__ = []
 
-_PRECISIONS = {"default", "high", "highest", "bfloat16", "tensorfloat32", "float32", "fastest"}
+# Names of jax.lax.Precision values and of the strings jax takes for them.
+_PRECISIONS = {"default", "high", "highest", "bfloat16", "bfloat16_3x", "tensorfloat32", "float32", "fastest"}
+# jax.lax.DotAlgorithmPreset names -> the accumulation type each asks for
+# (None: any, the backend's choice).
+_PRESET_ACCUMULATION = {
+    "DEFAULT": None,
+    "ANY_F8_ANY_F8_F32": "float32",
+    "ANY_F8_ANY_F8_F32_FAST_ACCUM": "float32",
+    "ANY_F8_ANY_F8_ANY": None,
+    "ANY_F8_ANY_F8_ANY_FAST_ACCUM": None,
+    "F16_F16_F16": "float16",
+    "F16_F16_F32": "float32",
+    "BF16_BF16_BF16": "bfloat16",
+    "BF16_BF16_F32": "float32",
+    "BF16_BF16_F32_X3": "float32",
+    "BF16_BF16_F32_X6": "float32",
+    "BF16_BF16_F32_X9": "float32",
+    "TF32_TF32_F32": "float32",
+    "TF32_TF32_F32_X3": "float32",
+    "F32_F32_F32": "float32",
+    "F64_F64_F64": "float64",
+}
 
 
 def _dtype_name(dtype):
@@ -24,11 +42,19 @@ def is_bfloat16(dtype):
     return _dtype_name(dtype) == "bfloat16"
 
 
+def native(dtype):
+    """``dtype`` in the machine's byte order (a byte-swapped '>f4' is float32)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def float_dtype(arr, name, fn):
-    """The dtype of a float operand, or TypeError naming `name`."""
+    """The dtype of a float operand, in native byte order (a byte-swapped
+    operand is converted once, by the gateway, and its results are native),
+    or TypeError naming `name`."""
     dt = arr.dtype
     if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
-        return dt
+        return native(dt)
     raise TypeError(
         f"{fn}: unsupported dtype for '{name}': {_dtype_name(dt)} "
         "(supported: float16, bfloat16, float32, float64)"
@@ -62,26 +88,11 @@ def output_dtype(preferred_element_type, promoted, fn):
             f"{fn}: 'preferred_element_type' must be a float dtype, got {preferred_element_type!r}"
         ) from None
     if (dt.kind == "f" and dt.itemsize in (2, 4, 8)) or is_bfloat16(dt):
-        return dt
+        return native(dt)
     raise TypeError(
         f"{fn}: 'preferred_element_type' must be a float dtype "
         f"(float16, bfloat16, float32, float64), got {_dtype_name(dt)}"
     )
-
-
-def compute_dtype(*dtypes):
-    """float64 when any participant is float64, else float32 (at least float32
-    accumulation for half-precision inputs)."""
-    return np.dtype(np.float64) if any(np.dtype(d).itemsize == 8 for d in dtypes) else np.dtype(np.float32)
-
-
-def operand(arr, dtype):
-    """`arr` as an array of `dtype` that the kernels can read through its strides."""
-    if arr.dtype != dtype:
-        return arr.astype(dtype)
-    if not arr.flags.aligned or not arr.dtype.isnative:
-        return np.array(arr, dtype=dtype.newbyteorder("="))
-    return arr
 
 
 def as_array(x, name, fn, ndim=None, shape_doc=""):
@@ -134,22 +145,88 @@ def group_sizes_array(group_sizes, fn, limit=None, limit_doc="lhs.shape[0]"):
     return np.ascontiguousarray(gs, dtype=np.int64), total
 
 
-def check_precision(precision, fn):
-    """Accept what jax.lax accepts for `precision`; the CPU computes in at least
-    float32 whatever is asked."""
+def _is_precision(value):
+    """A jax.lax.Precision value or one of the strings jax takes for one."""
+    name = getattr(value, "name", value)
+    return isinstance(name, str) and name.lower() in _PRECISIONS
+
+
+def _is_dot_algorithm(value):
+    """Duck-typed jax.lax.DotAlgorithm (a NamedTuple, so tested before pairs)."""
+    return all(hasattr(value, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type"))
+
+
+def _type_name(t):
+    if t is None:
+        return "ANY"
+    try:
+        return np.dtype(t).name
+    except TypeError:
+        return getattr(t, "__name__", repr(t))
+
+
+def _check_accumulation(label, accumulation, compute_dtype, fn):
+    """An algorithm that accumulates in `accumulation` (a dtype-like or None
+    for any) is honoured when the CPU's accumulation in `compute_dtype` is at
+    least as precise; ValueError naming the algorithm otherwise."""
+    if accumulation is None:
+        return
+    try:
+        acc = np.dtype(accumulation)
+    except TypeError:
+        raise ValueError(f"{fn}: precision={label}: its accumulation type {accumulation!r} is not a dtype") from None
+    if not (acc.kind == "f" or acc.name.startswith(("float", "bfloat"))):
+        raise ValueError(f"{fn}: precision={label} accumulates in {acc.name}, but raggeddot multiplies "
+                         f"float operands and accumulates them in a float type ({compute_dtype.name} here)")
+    if acc.itemsize > compute_dtype.itemsize:
+        raise ValueError(
+            f"{fn}: precision={label} asks for {acc.name} accumulation, but this call accumulates in "
+            f"{compute_dtype.name} (the CPU accumulates in float32, or in float64 when an input or the "
+            "output is float64); pass float64 operands or preferred_element_type=float64, or an "
+            "algorithm that accumulates in float32 or narrower")
+
+
+def check_precision(precision, compute_dtype, fn):
+    """Accept what jax.lax accepts for `precision` when the CPU can honour it.
+
+    The CPU accumulates in ``compute_dtype`` (float32, or float64 when an
+    input or the output is float64) whatever is asked, so:
+
+    - None, a ``jax.lax.Precision`` (or its string: "default", "high",
+      "highest", ...) or a pair of them: accepted;
+    - a ``jax.lax.DotAlgorithmPreset`` (an enum member, or its name) or a
+      ``jax.lax.DotAlgorithm``: accepted when its accumulation type is ANY
+      or no wider than ``compute_dtype`` (an F64 accumulation needs float64
+      operands or output), else ValueError naming the algorithm.
+
+    Duck-typed: jax is not imported.
+    """
     if precision is None:
+        return
+    if _is_dot_algorithm(precision):
+        label = (f"DotAlgorithm(lhs_precision_type={_type_name(precision.lhs_precision_type)}, "
+                 f"rhs_precision_type={_type_name(precision.rhs_precision_type)}, "
+                 f"accumulation_type={_type_name(precision.accumulation_type)})")
+        _check_accumulation(label, precision.accumulation_type, compute_dtype, fn)
         return
     if isinstance(precision, (tuple, list)):
         if len(precision) != 2:
             raise ValueError(f"{fn}: 'precision' as a sequence must have two entries, got {precision!r}")
         for p in precision:
-            check_precision(p, fn)
+            if not _is_precision(p):
+                raise ValueError(f"{fn}: 'precision' as a pair must hold two jax.lax.Precision values "
+                                 f"(or their names), got {precision!r}")
         return
-    name = getattr(precision, "name", precision)
-    if isinstance(name, str) and name.lower() in _PRECISIONS:
+    if _is_precision(precision):
+        return
+    name = precision if isinstance(precision, str) else getattr(precision, "name", None)
+    if (isinstance(precision, (str, enum.Enum)) and isinstance(name, str)
+            and name in _PRESET_ACCUMULATION):
+        _check_accumulation(f"DotAlgorithmPreset.{name}", _PRESET_ACCUMULATION[name], compute_dtype, fn)
         return
     raise ValueError(
-        f"{fn}: 'precision' must be None, 'default', 'high', 'highest' or a jax.lax.Precision, got {precision!r}"
+        f"{fn}: 'precision' must be None, 'default', 'high', 'highest', a jax.lax.Precision, a pair of "
+        f"them, a jax.lax.DotAlgorithmPreset or a jax.lax.DotAlgorithm, got {precision!r}"
     )
 
 
@@ -172,6 +249,110 @@ def local_group_start(group_offset, g, num_local, fn, local_doc="rhs.shape[0]"):
             f"0 <= group_offset and group_offset + {local_doc} <= len(group_sizes)={g}"
         )
     return start
+
+
+# ----------------------------------------------------- ragged_dot_general
+
+def _check_dims(dims, rank, what, arg, fn):
+    for d in dims:
+        if not 0 <= d < rank:
+            raise ValueError(
+                f"{fn}: {what} {d} is out of range for '{arg}' of rank {rank} "
+                "(dimension numbers must be in [0, rank))"
+            )
+
+
+def _check_distinct(dims, arg, what, fn):
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"{fn}: the {what} of '{arg}' repeat a dimension: {list(dims)}")
+
+
+def prefixed_group_sizes(group_sizes, fn, prefix_shape, prefix_doc, ragged_size, r):
+    """group_sizes of ragged_dot_general, checked, as int64 of shape ``[g]``
+    or ``prefix_shape + (g,)``; every row sums to at most ``ragged_size``
+    (lhs.shape[r])."""
+    gs = as_array(group_sizes, "group_sizes", fn)
+    if gs.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: 'group_sizes' must have an integer dtype, got {gs.dtype}")
+    if gs.ndim == 0:
+        raise ValueError(f"{fn}: 'group_sizes' must be at least 1-D [g], got a scalar")
+    if gs.ndim > 1 and gs.shape != prefix_shape + gs.shape[-1:]:
+        raise ValueError(
+            f"{fn}: 'group_sizes' must have shape [g] or {prefix_shape + gs.shape[-1:]} "
+            f"(lhs.shape at {prefix_doc} + (g,)), got {gs.shape}"
+        )
+    if gs.size == 0:
+        return gs.astype(np.int64)
+    if gs.dtype.kind == "i" and gs.min() < 0:
+        i = tuple(int(j) for j in np.argwhere(gs < 0)[0])
+        raise ValueError(f"{fn}: 'group_sizes' has a negative entry: group_sizes[{', '.join(map(str, i))}]={gs[i]}")
+    if int(gs.max()) > 2**40:  # sums could overflow int64: add exactly
+        totals = gs.astype(object).sum(axis=-1)
+    else:
+        totals = gs.sum(axis=-1, dtype=np.int64)
+    over = np.asarray(totals > ragged_size)
+    if over.any():
+        where = tuple(int(j) for j in np.argwhere(over)[0]) if over.ndim else ()
+        at = f" at group_sizes[{', '.join(map(str, where))}, :]" if where else ""
+        raise ValueError(
+            f"{fn}: sum(group_sizes)={int(np.asarray(totals)[where])} exceeds lhs.shape[{r}]={ragged_size} "
+            f"(the lhs ragged dimension){at}"
+        )
+    return gs.astype(np.int64)
+
+
+def ragged_dimensions(dn, lhs_shape, rhs_shape, fn):
+    """The dimension numbers ``dn`` of ragged_dot_general checked against the
+    operand shapes: ``(lb, rb, lc, rc, lf, rf, r, groups)``, the lhs/rhs
+    batch, contracting and free dims (free dims in increasing order, rhs's
+    without the group dim), the lhs ragged dim and the rhs group dims."""
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
+    if len(lc) != len(rc):
+        raise ValueError(
+            f"{fn}: 'lhs' and 'rhs' list different numbers of contracting dimensions: {list(lc)} vs {list(rc)}"
+        )
+    if len(lb) != len(rb):
+        raise ValueError(f"{fn}: 'lhs' and 'rhs' list different numbers of batch dimensions: {list(lb)} vs {list(rb)}")
+    _check_dims(lc + lb, len(lhs_shape), "contracting/batch dimension", "lhs", fn)
+    _check_dims(rc + rb, len(rhs_shape), "contracting/batch dimension", "rhs", fn)
+    _check_distinct(lc + lb, "lhs", "contracting and batch dimensions", fn)
+    _check_distinct(rc + rb, "rhs", "contracting and batch dimensions", fn)
+    for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
+        for a, b in zip(ld, rd):
+            if lhs_shape[a] != rhs_shape[b]:
+                raise ValueError(
+                    f"{fn}: {what} dimensions differ: lhs.shape[{a}]={lhs_shape[a]} (lhs shape {lhs_shape}) "
+                    f"but rhs.shape[{b}]={rhs_shape[b]} (rhs shape {rhs_shape})"
+                )
+
+    if len(dn.lhs_ragged_dimensions) != 1:
+        raise ValueError(
+            f"{fn}: 'lhs_ragged_dimensions' must hold exactly one dimension, got {list(dn.lhs_ragged_dimensions)}"
+        )
+    r = dn.lhs_ragged_dimensions[0]
+    _check_dims((r,), len(lhs_shape), "ragged dimension", "lhs", fn)
+    lf = tuple(d for d in range(len(lhs_shape)) if d not in lc and d not in lb)
+    groups = dn.rhs_group_dimensions
+    if r in lf:
+        if len(groups) != 1:
+            raise ValueError(
+                f"{fn}: 'rhs_group_dimensions' must hold exactly one dimension when the lhs ragged "
+                f"dimension {r} is non-contracting, got {list(groups)}"
+            )
+        _check_dims(groups, len(rhs_shape), "group dimension", "rhs", fn)
+        if groups[0] in rc or groups[0] in rb:
+            raise ValueError(
+                f"{fn}: the rhs group dimension {groups[0]} must not be a contracting or batch dimension "
+                f"of 'rhs' (contracting {list(rc)}, batch {list(rb)})"
+            )
+    elif groups:
+        kind = "contracting" if r in lc else "batch"
+        raise ValueError(
+            f"{fn}: 'rhs_group_dimensions' must be empty when the lhs ragged dimension {r} is {kind}, "
+            f"got {list(groups)}"
+        )
+    rf = tuple(d for d in range(len(rhs_shape)) if d not in rc and d not in rb and d not in groups)
+    return lb, rb, lc, rc, lf, rf, r, groups
 
 
 def out_buffer(out, shape, dtype, fn, inputs):
@@ -203,39 +384,3 @@ def same_buffer(a, b):
     """Whether two arrays are the same elements in the same layout."""
     return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
-
-
-def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
-    """The array a kernel writes the result into: the caller's `out` (checked
-    by out_buffer) when it has the compute dtype `ct`, else a fresh one;
-    holding existing_out's values when `existing` is given (a copy, unless
-    `out` is existing_out itself: inputs are never written otherwise)."""
-    if out is not None:
-        out = out_buffer(out, shape, out_dtype, fn, inputs)
-        if existing is not None and not same_buffer(out, existing) and np.may_share_memory(out, existing):
-            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
-    if out is not None and out_dtype == ct:
-        if existing is not None and not same_buffer(out, existing):
-            np.copyto(out, existing)
-        return out
-    res = aligned_empty(shape, ct)
-    if existing is not None:
-        np.copyto(res, existing)
-    return res
-
-
-def deliver(res, out, out_dtype):
-    """The result `res` (held in the compute dtype) as `out_dtype`: written
-    into `out` and returned as `out` when a caller gave one."""
-    if out is None:
-        return res if res.dtype == out_dtype else res.astype(out_dtype)
-    if res is not out:
-        np.copyto(out, res, casting="unsafe")
-    return out
-
-
-def aligned_empty(shape, dtype):
-    """An uninitialised C-contiguous result array, 64-byte aligned (the kernels
-    write whole cache lines of it with non-temporal stores), whose memory comes
-    from the cache of result buffers (``set_buffer_cache``)."""
-    return _core.empty(tuple(shape), np.dtype(dtype))

@@ -1,6 +1,7 @@
-"""ragged_dot_general: jax.lax.ragged_dot_general's three modes on the C kernels.
+"""ragged_dot_general: jax.lax.ragged_dot_general's three modes on the C
+kernels, and their derivative rules.
 
-Every mode is mapped onto ``_core.ragged_rows`` or ``_core.ragged_contract`` by
+Every mode is mapped onto the gateway's ``rows`` or ``contract`` kernels by
 permuting and reshaping views of the operands (the kernels read any strides):
 no dense group masks and no per-group copies. A reshape copies only when the
 operand's memory layout cannot be viewed with the merged dimensions.
@@ -11,7 +12,8 @@ import operator
 
 import numpy as np
 
-from . import _core
+from . import _autodiff
+from . import _gateway as gw
 from . import _validate as v
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
@@ -100,52 +102,6 @@ def _view(arr, shape):
         return out
 
 
-def _check_dims(dims, rank, what, arg):
-    for d in dims:
-        if not 0 <= d < rank:
-            raise ValueError(
-                f"{_FN}: {what} {d} is out of range for '{arg}' of rank {rank} "
-                "(dimension numbers must be in [0, rank))"
-            )
-
-
-def _check_distinct(dims, arg, what):
-    if len(set(dims)) != len(dims):
-        raise ValueError(f"{_FN}: the {what} of '{arg}' repeat a dimension: {list(dims)}")
-
-
-def _group_sizes(group_sizes, prefix_shape, prefix_doc, ragged_size, r):
-    """group_sizes checked and as int64 of shape [g] or prefix_shape + (g,)."""
-    gs = v.as_array(group_sizes, "group_sizes", _FN)
-    if gs.dtype.kind not in "iu":
-        raise TypeError(f"{_FN}: 'group_sizes' must have an integer dtype, got {gs.dtype}")
-    if gs.ndim == 0:
-        raise ValueError(f"{_FN}: 'group_sizes' must be at least 1-D [g], got a scalar")
-    if gs.ndim > 1 and gs.shape != prefix_shape + gs.shape[-1:]:
-        raise ValueError(
-            f"{_FN}: 'group_sizes' must have shape [g] or {prefix_shape + gs.shape[-1:]} "
-            f"(lhs.shape at {prefix_doc} + (g,)), got {gs.shape}"
-        )
-    if gs.size == 0:
-        return gs.astype(np.int64)
-    if gs.dtype.kind == "i" and gs.min() < 0:
-        i = tuple(int(j) for j in np.argwhere(gs < 0)[0])
-        raise ValueError(f"{_FN}: 'group_sizes' has a negative entry: group_sizes[{', '.join(map(str, i))}]={gs[i]}")
-    if int(gs.max()) > 2**40:  # sums could overflow int64: add exactly
-        totals = gs.astype(object).sum(axis=-1)
-    else:
-        totals = gs.sum(axis=-1, dtype=np.int64)
-    over = np.asarray(totals > ragged_size)
-    if over.any():
-        where = tuple(int(j) for j in np.argwhere(over)[0]) if over.ndim else ()
-        at = f" at group_sizes[{', '.join(map(str, where))}, :]" if where else ""
-        raise ValueError(
-            f"{_FN}: sum(group_sizes)={int(np.asarray(totals)[where])} exceeds lhs.shape[{r}]={ragged_size} "
-            f"(the lhs ragged dimension){at}"
-        )
-    return gs.astype(np.int64)
-
-
 def _offsets(gs):
     """[..., g + 1] group start offsets along the last axis: 0, cumsum(gs)."""
     out = np.zeros(gs.shape[:-1] + (gs.shape[-1] + 1,), dtype=np.int64)
@@ -198,8 +154,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         ``lhs.shape[r]``.
       ragged_dot_dimension_numbers: a ``RaggedDotDimensionNumbers`` (this
         module's or jax's).
-      precision: accepted for compatibility with jax; the CPU always
-        accumulates in at least float32.
+      precision: as for ``ragged_dot``: a ``jax.lax.Precision`` (or pair)
+        computes alike; a ``DotAlgorithmPreset`` / ``DotAlgorithm`` is
+        accepted when the CPU's accumulation (float32, or float64 with a
+        float64 input or output) is at least as precise as the one it asks
+        for, ValueError naming it otherwise.
       preferred_element_type: dtype of the result; default is the promoted
         type of lhs and rhs.
       group_offset: mode 1 only, megablox's meaning as in ``ragged_dot``: rhs's
@@ -217,58 +176,15 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     lt = v.float_dtype(lhs, "lhs", _FN)
     rt = v.float_dtype(rhs, "rhs", _FN)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
-    v.check_precision(precision, _FN)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    v.check_precision(precision, ct, _FN)
 
-    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
-    if len(lc) != len(rc):
-        raise ValueError(
-            f"{_FN}: 'lhs' and 'rhs' list different numbers of contracting dimensions: {list(lc)} vs {list(rc)}"
-        )
-    if len(lb) != len(rb):
-        raise ValueError(f"{_FN}: 'lhs' and 'rhs' list different numbers of batch dimensions: {list(lb)} vs {list(rb)}")
-    _check_dims(lc + lb, lhs.ndim, "contracting/batch dimension", "lhs")
-    _check_dims(rc + rb, rhs.ndim, "contracting/batch dimension", "rhs")
-    _check_distinct(lc + lb, "lhs", "contracting and batch dimensions")
-    _check_distinct(rc + rb, "rhs", "contracting and batch dimensions")
-    for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
-        for a, b in zip(ld, rd):
-            if lhs.shape[a] != rhs.shape[b]:
-                raise ValueError(
-                    f"{_FN}: {what} dimensions differ: lhs.shape[{a}]={lhs.shape[a]} (lhs shape {lhs.shape}) "
-                    f"but rhs.shape[{b}]={rhs.shape[b]} (rhs shape {rhs.shape})"
-                )
+    lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 
-    if len(dn.lhs_ragged_dimensions) != 1:
-        raise ValueError(
-            f"{_FN}: 'lhs_ragged_dimensions' must hold exactly one dimension, got {list(dn.lhs_ragged_dimensions)}"
-        )
-    r = dn.lhs_ragged_dimensions[0]
-    _check_dims((r,), lhs.ndim, "ragged dimension", "lhs")
-    lf = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
-    groups = dn.rhs_group_dimensions
-    if r in lf:
-        if len(groups) != 1:
-            raise ValueError(
-                f"{_FN}: 'rhs_group_dimensions' must hold exactly one dimension when the lhs ragged "
-                f"dimension {r} is non-contracting, got {list(groups)}"
-            )
-        _check_dims(groups, rhs.ndim, "group dimension", "rhs")
-        if groups[0] in rc or groups[0] in rb:
-            raise ValueError(
-                f"{_FN}: the rhs group dimension {groups[0]} must not be a contracting or batch dimension "
-                f"of 'rhs' (contracting {list(rc)}, batch {list(rb)})"
-            )
-    elif groups:
-        kind = "contracting" if r in lc else "batch"
-        raise ValueError(
-            f"{_FN}: 'rhs_group_dimensions' must be empty when the lhs ragged dimension {r} is {kind}, "
-            f"got {list(groups)}"
-        )
-    rf = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb and d not in groups)
-
-    ct = v.compute_dtype(lt, rt, out_dtype)
-    lhs = v.operand(lhs, ct)
-    rhs = v.operand(rhs, ct)
+    # converted before the modes reshape them, so that a reshape that must copy
+    # copies the compute dtype
+    lhs = gw.operand(lhs, ct)
+    rhs = gw.operand(rhs, ct)
     if r in lf:
         out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
     elif r in lc:
@@ -293,7 +209,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
     prefix_shape = _shape(lhs, prefix_dims)
     ragged_size = lhs.shape[r]
     inner = _size(_shape(lhs, lf[p + 1:]))
-    gs = _group_sizes(group_sizes, prefix_shape, f"batch + free dims before {r}: {list(prefix_dims)}",
+    gs = v.prefixed_group_sizes(group_sizes, _FN, prefix_shape, f"batch + free dims before {r}: {list(prefix_dims)}",
                       ragged_size, r)
     g = gs.shape[-1]
     local = rhs.shape[rg]
@@ -317,8 +233,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
         first, last = int(bd[0]), int(bd[-1])
         o[:first] = 0
         o[last:] = 0
-        if last > first:
-            _core.ragged_rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o, False)
+        gw.rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o)
     return out
 
 
@@ -340,7 +255,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     prefix_dims = lb + lc[:p]
     prefix_shape = _shape(lhs, prefix_dims)
     ragged_size = lhs.shape[r]
-    gs = _group_sizes(group_sizes, prefix_shape,
+    gs = v.prefixed_group_sizes(group_sizes, _FN, prefix_shape,
                       f"batch + contracting dims listed before {r}: {list(prefix_dims)}", ragged_size, r)
     g = gs.shape[-1]
     nb = len(lb)
@@ -383,7 +298,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
         o = out4[(slice(None),) + bi]
         for j, vi in enumerate(np.ndindex(*v_shape)):
             idx = bi + vi
-            _core.ragged_contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, j > 0)
+            gw.contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, accumulate=j > 0)
     return out
 
 
@@ -399,7 +314,7 @@ def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
         )
     q = lb.index(r)
     prefix_dims = lb[:q]
-    _group_sizes(group_sizes, _shape(lhs, prefix_dims), f"batch dims listed before {r}: {list(prefix_dims)}",
+    v.prefixed_group_sizes(group_sizes, _FN, _shape(lhs, prefix_dims), f"batch dims listed before {r}: {list(prefix_dims)}",
                  lhs.shape[r], r)
     b_shape = _shape(lhs, lb)
     m_shape = _shape(lhs, lf)
@@ -414,11 +329,149 @@ def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
     lhs2 = _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
-        _core.ragged_rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), False)
+        gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size))
         return out
     lhs3 = lhs_t.reshape(b_shape + (m_size, k_size))
     out3 = out.reshape(b_shape + (m_size, n_size))
     bounds = np.array([0, m_size], dtype=np.int64)
     for i, bi in enumerate(np.ndindex(*b_shape)):
-        _core.ragged_rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi], False)
+        gw.rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi])
     return out
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules, all three modes
+# ---------------------------------------------------------------------------
+# Each operand is first viewed (a free transpose) in a canonical layout:
+#   L = lhs as [B, F, K]       B: batch dims (listed order), F: lhs free dims
+#                              (ascending), K: contracting dims (listed order)
+#   R = rhs as [(G,) B, K, N]  G: the group dim (mode 1 only), N: rhs free dims
+# The output layout ([B, F, N], or [g, B, F, N] in mode 2) is the same for the
+# canonical and the original operands, and so is group_sizes' prefix (B, then
+# the F or K dims before the ragged one, in these orders). Each gradient is one
+# ragged_dot_general on canonical operands, transposed back:
+#   mode 1 (ragged F, rhs [g, B, K, N], ct [B, F, N]):
+#     dL [B,F,K] = rdg(ct, R)  contract N, batch B, ragged F (mode 1, rhs group 0)
+#     dR [g,B,K,N] = rdg(L, ct) contract F, batch B, ragged F (mode 2)
+#   mode 2 (ragged K, rhs [B, K, N], ct [g, B, F, N]):
+#     dL [B,K,F] = rdg(R, ct)  contract N, batch B, ragged K (mode 1, ct's group 0)
+#     dR [B,K,N] = rdg(L, ct)  contract F, batch B, ragged K (mode 1, ct's group 0)
+#   mode 3 (ragged B, a plain batched dot, ct [B, F, N]):
+#     dL [B,F,K] = rdg(ct, R)  contract N, batch B, ragged B (mode 3)
+#     dR [B,K,N] = rdg(L, ct)  contract F, batch B, ragged B (mode 3)
+# group_offset (mode 1 only): dL passes it on; dR, a mode-2 product that takes
+# no group_offset, contracts only the rows of the local groups: with [g] group
+# sizes L and ct are sliced to those rows; with per-prefix sizes one leading
+# pseudo-group takes the rows before them and is dropped.
+
+
+def _rdg_layout(dn, lhs_ndim, rhs_ndim):
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
+    lc, rc, lb, rb = ([int(d) for d in x] for x in (lc, rc, lb, rb))
+    r = int(list(dn.lhs_ragged_dimensions)[0])
+    rg = [int(d) for d in dn.rhs_group_dimensions]
+    lf = [d for d in range(lhs_ndim) if d not in lc and d not in lb]
+    rn = [d for d in range(rhs_ndim) if d not in rc and d not in rb and d not in rg]
+    if r in lf:
+        mode, pos = 1, lf.index(r)
+    elif r in lc:
+        mode, pos = 2, lc.index(r)
+    else:
+        mode, pos = 3, lb.index(r)
+    return dict(mode=mode, pos=pos, lperm=lb + lf + lc, rperm=rg + rb + rc + rn,
+                nb=len(lb), nf=len(lf), nc=len(lc), nn=len(rn))
+
+
+def _rng(a, b):
+    return list(range(a, b))
+
+
+def _rdg_vjp(a, wanted):
+    rdg, DN = ragged_dot_general, RaggedDotDimensionNumbers
+    lhs, rhs = np.asarray(a["lhs"]), np.asarray(a["rhs"])
+    gs = np.asarray(a["group_sizes"])
+    dn = a["ragged_dot_dimension_numbers"]
+    off = a.get("group_offset")
+    extra = {k: val for k, val in a.items()
+             if k not in ("lhs", "rhs", "group_sizes", "ragged_dot_dimension_numbers",
+                          "preferred_element_type")}
+    out = rdg(lhs, rhs, gs, dn, preferred_element_type=a["preferred_element_type"], **extra)
+    cdt = gw.compute_dtype(lhs.dtype, rhs.dtype, out.dtype)
+    lay = _rdg_layout(dn, lhs.ndim, rhs.ndim)
+    L, R = lhs.transpose(lay["lperm"]), rhs.transpose(lay["rperm"])
+    mode, p, nb, nf, nc, nn = (lay[x] for x in ("mode", "pos", "nb", "nf", "nc", "nn"))
+    B = _rng(0, nb)
+    precision = a.get("precision")
+
+    def call(x, y, contract, batch, ragged, group, sizes=gs, group_offset=None):
+        d = DN(dot_dimension_numbers=(contract, batch), lhs_ragged_dimensions=[ragged],
+               rhs_group_dimensions=group)
+        kw = {} if group_offset is None else {"group_offset": group_offset}
+        return rdg(x, y, sizes, d, precision=precision, preferred_element_type=cdt, **kw)
+
+    def mode1_drhs(ct):
+        """[g_local, B, K, N]: a ragged contracting product over the local groups."""
+        contract, batch, ragged = (_rng(nb, nb + nf), _rng(nb, nb + nf)), (B, B), nb + p
+        if off is None:
+            return call(L, ct, contract, batch, ragged, [])
+        start, local = v.index(off, "group_offset", "ragged_dot_general"), R.shape[0]
+        if gs.ndim == 1:  # the local groups are one range of the ragged dim: slice it
+            ends = np.concatenate([[0], np.cumsum(gs.astype(np.int64))])
+            rows = [slice(None)] * L.ndim
+            rows[ragged] = slice(int(ends[start]), int(ends[start + local]))
+            return call(L[tuple(rows)], ct[tuple(rows)], contract, batch, ragged, [],
+                        sizes=gs[start:start + local])
+        # group_sizes varies with the prefix: one leading pseudo-group for the
+        # rows before the local groups, dropped; rows after belong to no group.
+        lead = gs[..., :start].astype(np.int64).sum(axis=-1, keepdims=True)
+        sizes = np.concatenate([lead, gs[..., start:start + local].astype(np.int64)], axis=-1)
+        return call(L, ct, contract, batch, ragged, [], sizes=sizes)[1:]
+
+    def backward(ct):
+        ct = ct.astype(cdt, copy=False)
+        grads = {}
+        if "lhs" in wanted:
+            if mode == 1:
+                dL = call(ct, R, (_rng(nb + nf, nb + nf + nn), _rng(1 + nb + nc, 1 + nb + nc + nn)),
+                          (B, _rng(1, 1 + nb)), nb + p, [0], group_offset=off)
+            elif mode == 2:
+                dL = call(R, ct, (_rng(nb + nc, nb + nc + nn), _rng(1 + nb + nf, 1 + nb + nf + nn)),
+                          (B, _rng(1, 1 + nb)), nb + p, [0])          # [B, K, F]
+                dL = dL.transpose(B + _rng(nb + nc, nb + nc + nf) + _rng(nb, nb + nc))
+            else:
+                dL = call(ct, R, (_rng(nb + nf, nb + nf + nn), _rng(nb + nc, nb + nc + nn)),
+                          (B, B), p, [])
+            grads["lhs"] = dL.transpose(np.argsort(lay["lperm"]))
+        if "rhs" in wanted:
+            if mode == 1:
+                dR = mode1_drhs(ct)
+            elif mode == 2:
+                dR = call(L, ct, (_rng(nb, nb + nf), _rng(1 + nb, 1 + nb + nf)),
+                          (B, _rng(1, 1 + nb)), nb + nf + p, [0])
+            else:
+                dR = call(L, ct, (_rng(nb, nb + nf), _rng(nb, nb + nf)), (B, B), p, [])
+            grads["rhs"] = dR.transpose(np.argsort(lay["rperm"]))
+        return grads
+
+    return out, backward
+
+
+def _rdg_jvp(a, t):
+    rdg = ragged_dot_general
+    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
+    dn = a["ragged_dot_dimension_numbers"]
+    extra = {k: val for k, val in a.items()
+             if k not in ("lhs", "rhs", "group_sizes", "ragged_dot_dimension_numbers",
+                          "preferred_element_type")}
+    out = rdg(lhs, rhs, gs, dn, preferred_element_type=a["preferred_element_type"], **extra)
+    cdt = gw.compute_dtype(lhs.dtype, rhs.dtype, out.dtype)
+    terms = []
+    if t.get("lhs") is not None:
+        terms.append(rdg(t["lhs"], rhs, gs, dn, preferred_element_type=cdt, **extra))
+    if t.get("rhs") is not None:
+        terms.append(rdg(lhs, t["rhs"], gs, dn, preferred_element_type=cdt, **extra))
+    return out, _autodiff.sum_terms(terms, out)
+
+
+_autodiff.defvjp(ragged_dot_general, _rdg_vjp, ("lhs", "rhs"))
+_autodiff.defjvp(ragged_dot_general, _rdg_jvp, ("lhs", "rhs"))

@@ -1,0 +1,284 @@
+"""The one door to the compiled kernels: every computation of the package
+reaches ``raggeddot._core`` through the functions here.
+
+The functions take already-checked arguments (the public ops validate them)
+and hold three policies that would otherwise be repeated by every op:
+
+- the compute dtype (:func:`compute_dtype`): what precision the kernels
+  accumulate in for given input and output dtypes;
+- the operand policy (:func:`operand`): how an input array becomes something
+  a kernel can read, copying only when it has to. It is the one function to
+  change when the kernels learn to read more dtypes directly;
+- the result buffers (:func:`empty`, :func:`result_buffer`, :func:`deliver`):
+  64-byte aligned, cached blocks the kernels can stream into, and the
+  caller's ``out=`` array.
+
+Shapes below: ``g`` groups, ``bounds`` an int64 array of ``g + 1``
+non-decreasing row offsets, group ``j`` owning rows ``[bounds[j],
+bounds[j + 1])``. Every kernel result is deterministic: the order of each
+reduction depends on the blocking alone, never on the number of threads.
+"""
+import numpy as np
+
+from . import _core
+from . import _validate as v
+
+__all__ = [
+    "ACTIVATIONS",
+    "SCORE_FUNCS",
+    "compute_dtype",
+    "operand",
+    "empty",
+    "result_buffer",
+    "deliver",
+    "group_bounds",
+    "rows",
+    "contract",
+    "matmul",
+    "group_metadata",
+    "route",
+    "sort_by_expert",
+    "gather_rows",
+    "gather_reduce",
+    "gated_act",
+    "gated_act_grad",
+]
+
+#: Names of the gated activations the kernels compute (``act(gate) * up``
+#: for all but "swiglu_oai"); the codes are the C enum's, read from _core.
+ACTIVATIONS = tuple(_core.ACTIVATIONS)
+#: Names of the router score functions ("softmax", "sigmoid").
+SCORE_FUNCS = tuple(_core.SCORE_FUNCS)
+
+#: Layouts an operand may be asked for (see :func:`operand`).
+STRIDED, ROWS, CONTIGUOUS = "strided", "rows", "contiguous"
+
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+# --------------------------------------------------------------- policies
+
+def compute_dtype(*dtypes):
+    """The dtype the kernels compute in for inputs/outputs of ``dtypes``:
+    float64 when any of them is float64, else float32 (so half-precision
+    inputs are accumulated in float32)."""
+    for d in dtypes:
+        if (d if isinstance(d, np.dtype) else np.dtype(d)).itemsize == 8:
+            return _FLOAT64
+    return _FLOAT32
+
+
+def operand(arr, dtype, layout=STRIDED):
+    """``arr`` as the kernels read an operand of compute dtype ``dtype``.
+
+    The operand policy, in one place: an array of another dtype is converted
+    (one copy, keeping its memory order); a misaligned or byte-swapped array
+    of the right dtype is copied into aligned native memory; anything else
+    is returned as it is: the matmul kernels read any strides, transposed
+    and negative-stride views included (``layout="strided"``). The gathers
+    read whole rows (``layout="rows"``: unit column stride, copied
+    otherwise) and the element-wise kernels flat memory
+    (``layout="contiguous"``: C-contiguous)."""
+    if arr.dtype is not dtype or not arr.flags.aligned:   # else: nothing to do (the common case)
+        if arr.dtype != dtype:
+            arr = arr.astype(dtype)
+        elif not arr.flags.aligned or not arr.dtype.isnative:
+            arr = np.array(arr, dtype=dtype.newbyteorder("="))
+    if layout == STRIDED:
+        return arr
+    if layout == ROWS:
+        if arr.ndim == 2 and arr.shape[0] > 0 and arr.shape[1] > 1 and arr.strides[1] != arr.itemsize:
+            arr = np.ascontiguousarray(arr)
+    elif layout == CONTIGUOUS:
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+def _indices(idx):
+    return np.ascontiguousarray(idx, dtype=np.int64)
+
+
+# ----------------------------------------------------------- result buffers
+
+def empty(shape, dtype):
+    """An uninitialised C-contiguous array of ``shape`` (float32 or float64),
+    64-byte aligned (the kernels write whole cache lines of it with
+    non-temporal stores), whose memory comes from, and goes back to, the
+    cache of result buffers (``runtime.set_buffer_cache``)."""
+    return _core.empty(tuple(shape), np.dtype(dtype))
+
+
+def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
+    """The array a kernel writes a result of ``shape`` into.
+
+    The caller's ``out`` (checked: ``_validate.out_buffer``) when it has the
+    compute dtype ``ct``, else a fresh :func:`empty` array of ``ct``. When
+    ``existing`` is given the buffer starts with its values (a copy, unless
+    ``out`` is ``existing`` itself: inputs are never written otherwise).
+    ``inputs`` maps names to the arrays ``out`` must not overlap."""
+    if out is not None:
+        out = v.out_buffer(out, shape, out_dtype, fn, inputs)
+        if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
+            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
+    if out is not None and out_dtype == ct:
+        if existing is not None and not v.same_buffer(out, existing):
+            np.copyto(out, existing)
+        return out
+    res = empty(shape, ct)
+    if existing is not None:
+        np.copyto(res, existing)
+    return res
+
+
+def deliver(res, out, out_dtype):
+    """The result ``res`` (held in the compute dtype) as ``out_dtype``:
+    written into ``out`` and returned as ``out`` when the caller gave one."""
+    if out is None:
+        return res if res.dtype == out_dtype else res.astype(out_dtype)
+    if res is not out:
+        np.copyto(out, res, casting="unsafe")
+    return out
+
+
+# ------------------------------------------------------------- grouped matmuls
+
+def group_bounds(group_sizes, start, count):
+    """Row bounds ``[count + 1]`` (int64) of groups ``[start, start + count)``
+    of ``group_sizes [g]`` (checked: non-negative, ``start + count <= g``):
+    ``bounds[j] = sum(group_sizes[:start + j])``."""
+    offsets = np.empty(group_sizes.shape[0] + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.add.accumulate(group_sizes, out=offsets[1:])
+    return offsets[start:start + count + 1]          # a unit-stride slice: contiguous
+
+
+def rows(lhs, rhs, bounds, out, accumulate=False):
+    """Ragged rows, the forward of ragged_dot/gmm: for each group j,
+    ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
+
+    lhs ``[m, k]``, rhs ``[g, k, n]``, bounds ``[g + 1]``, out ``[m, n]``
+    (writeable, of the compute dtype; operands are brought to it by
+    :func:`operand`). Rows outside ``[bounds[0], bounds[g])`` are left as
+    they are; with ``k = 0`` the group rows become 0 (or stay, when
+    accumulating). Returns ``out``."""
+    if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
+        ct = out.dtype
+        _core.ragged_rows(operand(lhs, ct), operand(rhs, ct), bounds, out, bool(accumulate))
+    return out
+
+
+def contract(lhs, rhs, bounds, out, accumulate=False):
+    """Ragged contraction, the weight gradient (tgmm): for each group j,
+    ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],
+    bounds[j + 1])``.
+
+    lhs ``[k, m]``, rhs ``[m, n]``, bounds ``[g + 1]``, out ``[g, k, n]``
+    of the compute dtype. An empty group gives zeros (or leaves ``out[j]``
+    as it is when accumulating). Each output tile is owned by one thread: no
+    reduction across threads. Returns ``out``."""
+    if out.size:
+        ct = out.dtype
+        _core.ragged_contract(operand(lhs, ct), operand(rhs, ct), bounds, out, bool(accumulate))
+    return out
+
+
+def matmul(a, b, out=None, accumulate=False):
+    """Dense ``out (+)= a [m, k] @ b [k, n]`` on the grouped kernel (one group
+    of m rows); a new ``[m, n]`` array of the compute dtype when ``out`` is
+    None. Returns ``out``.
+
+    The MoE layer keeps its dense products (router, shared experts, their
+    gradients) off NumPy's BLAS: OpenBLAS leaves its worker threads spinning
+    after each call, and they take the cores from the OpenMP threads of the
+    grouped kernels that run next."""
+    m, n = a.shape[0], b.shape[1]
+    if out is None:
+        out = np.empty((m, n), dtype=compute_dtype(a.dtype, b.dtype))
+        accumulate = False
+    if m == 0 or n == 0:
+        return out
+    if a.shape[1] == 0:
+        if not accumulate:
+            out[...] = 0
+        return out
+    ct = out.dtype
+    _core.ragged_rows(operand(a, ct), operand(b, ct)[None], np.array([0, m], dtype=np.int64), out,
+                      bool(accumulate))
+    return out
+
+
+def group_metadata(group_sizes, m, tm, start_group, num_nonzero_groups, visit_empty_groups):
+    """megablox's tile metadata (see ``make_group_metadata``) for checked
+    arguments: ``((group_offsets, group_ids, m_tile_ids), num_tiles)``."""
+    return _core.make_group_metadata(_indices(group_sizes), m, tm, start_group, num_nonzero_groups,
+                                     bool(visit_empty_groups))
+
+
+# ------------------------------------------------------------------ MoE pieces
+
+def route(logits, score_func, selection_bias, n_groups, topk_groups, top_k, norm_topk_prob, scaling):
+    """Router scores and top-k choice of ``logits [T, E]`` (compute dtype).
+
+    ``scores = softmax(logits)`` or ``sigmoid(logits)`` (``score_func``);
+    the top_k experts of ``scores + selection_bias`` per token (ties to the
+    lower index), among the topk_groups best of n_groups expert groups (a
+    group ranked by the sum of its two best biased scores; ``n_groups = 1``
+    for none); weights = the unbiased scores of the chosen experts, divided
+    by their sum when ``norm_topk_prob`` (+1e-20 for sigmoid), times
+    ``scaling``. Returns ``(scores [T, E], topk_idx [T, k] int64,
+    topk_weights [T, k])``."""
+    ct = logits.dtype
+    if selection_bias is not None:
+        selection_bias = operand(selection_bias, ct, CONTIGUOUS)
+    return _core.moe_route(operand(logits, ct, CONTIGUOUS), _core.SCORE_FUNCS[score_func], selection_bias,
+                           n_groups, topk_groups, top_k, bool(norm_topk_prob), float(scaling))
+
+
+def sort_by_expert(topk_idx, num_experts, capacity):
+    """Stable counting sort of the ``[T, k]`` assignments by expert.
+
+    Returns ``(slot_of [T, k], token_of_slot [N], group_sizes [E])`` (int64):
+    assignment (t, j) goes to sorted slot ``slot_of[t, j]``, expert e's
+    slots are consecutive and in token order. ``capacity >= 0`` keeps at
+    most that many assignments per expert, first come first served; a
+    dropped one gets slot -1. ``N = sum(group_sizes)``."""
+    return _core.moe_sort(_indices(topk_idx), num_experts, capacity)
+
+
+def gather_rows(x, indices, scale=None):
+    """``out[i] = x[indices[i]]`` (times ``scale[i]``): x ``[T, d]``,
+    indices ``[n]`` in ``[0, T)``, scale ``[n]`` or None; ``out [n, d]`` in
+    x's compute dtype."""
+    ct = compute_dtype(x.dtype)
+    if scale is not None:
+        scale = operand(np.asarray(scale), ct, CONTIGUOUS)
+    return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale)
+
+
+def gather_reduce(y, indices, weights=None):
+    """``out[t] = sum_j weights[t, j] * y[indices[t, j]]``, j in order: y
+    ``[n, d]``, indices ``[T, k]`` in ``[-1, n)`` (-1 adds nothing),
+    weights ``[T, k]`` or None (ones); ``out [T, d]`` in y's compute
+    dtype."""
+    ct = compute_dtype(y.dtype)
+    if weights is not None:
+        weights = operand(np.asarray(weights), ct, CONTIGUOUS)
+    return _core.gather_reduce(operand(y, ct, ROWS), _indices(indices), weights)
+
+
+def gated_act(gate, up, activation, limit):
+    """Element-wise ``act(gate) * up`` (``activation`` one of
+    :data:`ACTIVATIONS`; "swiglu_oai" is ``g * sigmoid(1.702 g) * (u + 1)``
+    with ``g = min(gate, limit)``, ``u = clip(up, -limit, limit)``). gate
+    and up: one shape, one compute dtype."""
+    ct = gate.dtype
+    return _core.gated_act(operand(gate, ct, CONTIGUOUS), operand(up, ct, CONTIGUOUS),
+                           _core.ACTIVATIONS[activation], float(limit))
+
+
+def gated_act_grad(gate, up, d_out, activation, limit):
+    """``(d_gate, d_up)`` of :func:`gated_act` for the cotangent ``d_out``
+    (all three of one shape and compute dtype)."""
+    ct = gate.dtype
+    return _core.gated_act_grad(operand(gate, ct, CONTIGUOUS), operand(up, ct, CONTIGUOUS),
+                                operand(d_out, ct, CONTIGUOUS), _core.ACTIVATIONS[activation], float(limit))

@@ -1,0 +1,179 @@
+"""moe_block's arguments, checked once (errors name the argument) and brought
+to the compute dtype as the steps take them: a :class:`Layer` holding the
+tokens, the :class:`~.route.Router`, the :class:`~.experts.Experts` and the
+:class:`~.shared.SharedExperts`."""
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+
+from .. import _gateway as gw
+from .. import _validate as v
+from .experts import Experts
+from .route import Router
+from .shared import SharedExperts
+
+__all__ = ["Layer", "prepare"]
+
+
+@dataclasses.dataclass
+class Layer:
+    """One moe_block call, checked.
+
+    Attributes:
+      x: the tokens ``[T, d]`` in the compute dtype, contiguous rows.
+      x_shape: the shape ``x`` was given in (``[..., d]``).
+      out_dtype: the dtype of the result (the promoted input dtype).
+      compute_dtype: float32, or float64 when an input is float64.
+      router, experts, shared: the steps' parameters (shared may be None).
+      num_experts: E.
+      capacity: assignments kept per expert, -1 for all (dropless).
+    """
+    x: np.ndarray
+    x_shape: tuple
+    out_dtype: np.dtype
+    compute_dtype: np.dtype
+    router: Router
+    experts: Experts
+    shared: Optional[SharedExperts]
+    num_experts: int
+    capacity: int
+
+
+def _check_weight(arr, name, shape, axes_doc, fn, layout):
+    if arr.ndim != 3:
+        raise ValueError(f"{fn}: expected 3-D '{name}' {axes_doc} (weights_layout={layout!r}), "
+                         f"got shape {arr.shape}")
+    for axis, (got, want, label) in enumerate(zip(arr.shape, shape, axes_doc.strip("[]").split(", "))):
+        if got != want:
+            raise ValueError(f"{fn}: '{name}' {axes_doc} (weights_layout={layout!r}) has {label}={got} "
+                             f"on axis {axis}, expected {want}; got shape {arr.shape}")
+
+
+def _group_limits(n_groups, topk_groups, top_k, E, fn):
+    """(n_groups, topk_groups) checked; (1, 1) when routing is not group-limited."""
+    if n_groups is None:
+        if topk_groups is not None:
+            raise ValueError(f"{fn}: 'topk_groups'={topk_groups} needs 'n_groups'")
+        return 1, 1
+    n_groups = v.index(n_groups, "n_groups", fn)
+    if n_groups < 1 or E % n_groups:
+        raise ValueError(f"{fn}: 'n_groups'={n_groups} must be positive and divide E={E}")
+    topk_groups = n_groups if topk_groups is None else v.index(topk_groups, "topk_groups", fn)
+    if not 1 <= topk_groups <= n_groups:
+        raise ValueError(f"{fn}: 'topk_groups'={topk_groups} must be in [1, n_groups={n_groups}]")
+    if topk_groups * (E // n_groups) < top_k:
+        raise ValueError(f"{fn}: top_k={top_k} exceeds the {topk_groups * (E // n_groups)} experts "
+                         f"in topk_groups={topk_groups} groups of {E // n_groups}")
+    return n_groups, topk_groups
+
+
+def _shared(shared_experts, d, ct, fn):
+    """The shared experts' three weights checked and in the compute dtype."""
+    try:
+        s0, s1, so = shared_experts
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: 'shared_experts' must be a tuple (w0 [d, fs], w1 [d, fs], wo [fs, d])") from None
+    s0 = v.as_array(s0, "shared_experts[0]", fn, ndim=2, shape_doc=" [d, fs]")
+    fs = s0.shape[1]
+    s1 = v.as_array(s1, "shared_experts[1]", fn, ndim=2, shape_doc=" [d, fs]")
+    so = v.as_array(so, "shared_experts[2]", fn, ndim=2, shape_doc=" [fs, d]")
+    for a, name, want in ((s0, "shared_experts[0]", (d, fs)), (s1, "shared_experts[1]", (d, fs)),
+                          (so, "shared_experts[2]", (fs, d))):
+        v.float_dtype(a, name, fn)
+        if a.shape != want:
+            raise ValueError(f"{fn}: '{name}' must have shape {want}, got {a.shape}")
+    return tuple(gw.operand(a, ct) for a in (s0, s1, so))
+
+
+def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, selection_bias,
+            n_groups, topk_groups, norm_topk_prob, routed_scaling_factor, activation, w0_bias,
+            w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit):
+    """The :class:`Layer` of moe_block's arguments (see moe_block for their
+    meaning); ValueError or TypeError naming the argument when one is bad."""
+    fn = "moe_block"
+    x = v.as_array(x, "x", fn)
+    if x.ndim < 1:
+        raise ValueError(f"{fn}: 'x' must have at least one dimension [..., d], got a scalar")
+    rw = v.as_array(router_weights, "router_weights", fn, ndim=2, shape_doc=" [d, E]")
+    d = x.shape[-1]
+    if rw.shape[0] != d:
+        raise ValueError(f"{fn}: 'router_weights' [d, E] has d={rw.shape[0]} but 'x' has d={d} "
+                         f"(x.shape={x.shape})")
+    E = rw.shape[1]
+    if E < 1:
+        raise ValueError(f"{fn}: 'router_weights' must have at least one expert, got shape {rw.shape}")
+    w0, w1, wo = (v.as_array(a, name, fn) for a, name in ((w0, "w0"), (w1, "w1"), (wo, "wo")))
+    if weights_layout not in ("edf", "efd"):
+        raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
+    if w0.ndim != 3:
+        raise ValueError(f"{fn}: expected 3-D 'w0', got shape {w0.shape}")
+    f = w0.shape[2] if weights_layout == "edf" else w0.shape[1]
+    if weights_layout == "edf":
+        _check_weight(w0, "w0", (E, d, f), "[E, d, f]", fn, weights_layout)
+        _check_weight(w1, "w1", (E, d, f), "[E, d, f]", fn, weights_layout)
+        _check_weight(wo, "wo", (E, f, d), "[E, f, d]", fn, weights_layout)
+    else:
+        _check_weight(w0, "w0", (E, f, d), "[E, f, d]", fn, weights_layout)
+        _check_weight(w1, "w1", (E, f, d), "[E, f, d]", fn, weights_layout)
+        _check_weight(wo, "wo", (E, d, f), "[E, d, f]", fn, weights_layout)
+
+    dts = [v.float_dtype(a, n, fn) for a, n in ((x, "x"), (rw, "router_weights"), (w0, "w0"),
+                                                 (w1, "w1"), (wo, "wo"))]
+    out_dtype = dts[0]
+    for dt in dts[1:]:
+        out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
+    ct = gw.compute_dtype(*dts)
+
+    top_k = v.index(top_k, "top_k", fn)
+    if not 1 <= top_k <= E:
+        raise ValueError(f"{fn}: 'top_k' must be in [1, E={E}], got {top_k}")
+    if score_func not in gw.SCORE_FUNCS:
+        raise ValueError(f"{fn}: 'score_func' must be 'softmax' or 'sigmoid', got {score_func!r}")
+    if activation not in gw.ACTIVATIONS:
+        raise ValueError(f"{fn}: 'activation' must be one of {sorted(gw.ACTIVATIONS)}, got {activation!r}")
+    n_groups, topk_groups = _group_limits(n_groups, topk_groups, top_k, E, fn)
+    scale = float(routed_scaling_factor)
+    if capacity_factor is not None:
+        capacity_factor = float(capacity_factor)
+        if not capacity_factor > 0:
+            raise ValueError(f"{fn}: 'capacity_factor' must be positive or None, got {capacity_factor}")
+
+    def vec(a, name, size):
+        if a is None:
+            return None
+        a = v.as_array(a, name, fn, ndim=1, shape_doc=f" [{size}]")
+        v.float_dtype(a, name, fn)
+        if a.shape[0] != size:
+            raise ValueError(f"{fn}: '{name}' must have shape ({size},), got {a.shape}")
+        return np.ascontiguousarray(a, dtype=ct)
+
+    def bias(a, name, size):
+        if a is None:
+            return None
+        a = v.as_array(a, name, fn, ndim=2, shape_doc=f" [E, {size}]")
+        v.float_dtype(a, name, fn)
+        if a.shape != (E, size):
+            raise ValueError(f"{fn}: '{name}' must have shape ({E}, {size}), got {a.shape}")
+        return gw.operand(a, ct)
+
+    router_bias = vec(router_bias, "router_bias", E)
+    selection_bias = vec(selection_bias, "selection_bias", E)
+    b0, b1, bo = bias(w0_bias, "w0_bias", f), bias(w1_bias, "w1_bias", f), bias(wo_bias, "wo_bias", d)
+    limit = float(swiglu_limit)
+    shared = None
+    if shared_experts is not None:
+        shared = SharedExperts(*_shared(shared_experts, d, ct, fn), activation, limit)
+
+    T = int(np.prod(x.shape[:-1], dtype=np.int64))
+    xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)
+    router = Router(gw.operand(rw, ct), router_bias, selection_bias, score_func, top_k, n_groups,
+                    topk_groups, bool(norm_topk_prob), scale)
+    # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
+    w0, w1, wo = (gw.operand(a, ct) for a in (w0, w1, wo))
+    if weights_layout == "efd":
+        w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
+    experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd")
+    capacity = -1 if capacity_factor is None else int(math.ceil(T * top_k / E * capacity_factor))
+    return Layer(xf, x.shape, out_dtype, ct, router, experts, shared, E, capacity)

@@ -1,0 +1,47 @@
+"""Step 2 of the MoE layer, dispatch: sort the token-expert assignments by
+expert and gather the token rows into that order; and its backward.
+
+Forward, for tokens ``x [T, d]`` and ``topk_idx [T, k]``::
+
+    plan = the T*k assignments counted by expert (a stable counting sort:
+           expert e's slots are consecutive, in token order)
+    xs[i] = x[plan.token_of_slot[i]]                                   [N, d]
+
+N = sum(plan.group_sizes) is T*k, less the assignments dropped by a
+capacity. Backward: the transpose of the gather, ``d_x[t] = sum_j
+d_xs[slot_of[t, j]]`` (j in order, dropped slots adding nothing).
+
+An expert-parallel layer sends ``xs`` (and ``plan.group_sizes``) to the
+ranks that hold the experts between this step and the experts step.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _gateway as gw
+
+__all__ = ["Plan", "forward", "backward"]
+
+
+class Plan(NamedTuple):
+    """Where each assignment goes: dispatch's residuals, and combine's input."""
+    slot_of: np.ndarray        # [T, k] int64: sorted slot of assignment (t, j), -1 if dropped
+    token_of_slot: np.ndarray  # [N] int64: token of each sorted slot
+    group_sizes: np.ndarray    # [E] int64: slots per expert
+
+
+def forward(x, topk_idx, num_experts, capacity=-1):
+    """Sort the assignments ``topk_idx [T, k]`` (experts in ``[0,
+    num_experts)``) by expert and gather the rows of ``x [T, d]`` (compute
+    dtype) into that order. ``capacity >= 0`` keeps at most that many
+    assignments per expert, first come first served in token order; -1
+    keeps all. Returns ``(xs [N, d], plan)``."""
+    slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, capacity)
+    xs = gw.gather_rows(x, token_of_slot)
+    return xs, Plan(slot_of, token_of_slot, group_sizes)
+
+
+def backward(plan, d_xs):
+    """``d_x [T, d]`` of :func:`forward` for the cotangent ``d_xs [N, d]``:
+    every slot's gradient goes back to its token."""
+    return gw.gather_reduce(d_xs, plan.slot_of)

@@ -1,0 +1,183 @@
+"""Step 3 of the MoE layer, the experts: three grouped matmuls and a gated
+activation over the rows sorted by expert; and its backward.
+
+Forward, for rows ``xs [N, d]`` whose expert groups have ``group_sizes``,
+with rows of expert e (local index ``l = e - group_offset``) in
+``rows_e``::
+
+    h0[rows_e] = xs[rows_e] @ w0[l] (+ b0[l])                          [N, f]
+    h1[rows_e] = xs[rows_e] @ w1[l] (+ b1[l])                          [N, f]
+    a          = act(h0) * h1        (or gpt-oss's clipped swiglu)     [N, f]
+    y[rows_e]  = a[rows_e] @ wo[l] (+ bo[l])                           [N, d]
+
+The step computes the experts it holds, groups ``[group_offset,
+group_offset + n)`` of ``group_sizes`` (megablox's group_offset meaning);
+rows of other experts get ``y = 0``. A layer on one process holds every
+expert; an expert-parallel one calls it with its local experts only.
+
+Backward (``d_y`` -> ``d_xs`` and the weight gradients)::
+
+    d_a        = d_y[rows_e] @ wo[l]^T;  d_h0, d_h1 = act's gradient
+    d_xs[rows] = d_h0 @ w0[l]^T + d_h1 @ w1[l]^T
+    d_w0[l]    = xs[rows_e]^T @ d_h0[rows_e]   (the ragged contraction, tgmm)
+    d_w1[l]    = xs[rows_e]^T @ d_h1[rows_e];  d_wo[l] = a[rows_e]^T @ d_y[rows_e]
+    d_b*[l]    = the column sums of d_h0, d_h1, d_y over rows_e
+"""
+import dataclasses
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from .. import _gateway as gw
+from .. import _validate as v
+
+__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "forward", "backward"]
+
+
+@dataclasses.dataclass
+class Experts:
+    """The expert FFNs a step holds, in the compute dtype.
+
+    Attributes:
+      w0, w1: gate and up projections ``[n, d, f]`` (views: with the
+        "efd" layout they are transposes of the stored ``[n, f, d]``).
+      wo: down projection ``[n, f, d]``.
+      b0, b1: ``[n, f]`` or None; bo: ``[n, d]`` or None.
+      activation: one of ``_gateway.ACTIVATIONS``.
+      limit: the clip of "swiglu_oai".
+      transposed: the weights are stored "efd" (``[n, f, d]`` gate and up,
+        ``[n, d, f]`` down): their gradients are returned in that layout.
+    """
+    w0: np.ndarray
+    w1: np.ndarray
+    wo: np.ndarray
+    b0: Optional[np.ndarray]
+    b1: Optional[np.ndarray]
+    bo: Optional[np.ndarray]
+    activation: str
+    limit: float
+    transposed: bool = False
+
+    @property
+    def num_experts(self):
+        return self.w0.shape[0]
+
+
+class ExpertsResiduals(NamedTuple):
+    """What the experts backward reads. h0, h1 and a hold only the rows of
+    the held experts, ``[first, first + len(h0))`` of xs; ``bounds [n + 1]``
+    are their group bounds counted from ``first``."""
+    xs: np.ndarray      # [N, d]
+    h0: np.ndarray      # [rows, f]
+    h1: np.ndarray      # [rows, f]
+    a: np.ndarray       # [rows, f]
+    bounds: np.ndarray  # [n + 1] int64
+    first: int
+
+
+class ExpertGrads(NamedTuple):
+    """Gradients of the held experts' parameters, in their stored layout
+    (None for an absent bias)."""
+    w0: np.ndarray
+    w1: np.ndarray
+    wo: np.ndarray
+    w0_bias: Optional[np.ndarray]
+    w1_bias: Optional[np.ndarray]
+    wo_bias: Optional[np.ndarray]
+
+
+def _add_group_bias(h, bias, bounds):
+    """h[rows of group l] += bias[l]."""
+    if bias is not None:
+        for e in range(bias.shape[0]):
+            if bounds[e + 1] > bounds[e]:
+                h[bounds[e]:bounds[e + 1]] += bias[e]
+
+
+def _segment_sum(rows, bounds, num_groups):
+    """[num_groups, d]: the sum of each group's rows (0 for an empty group)."""
+    out = np.zeros((num_groups, rows.shape[1]), dtype=rows.dtype)
+    for e in range(num_groups):
+        if bounds[e + 1] > bounds[e]:
+            rows[bounds[e]:bounds[e + 1]].sum(axis=0, out=out[e])
+    return out
+
+
+def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed):
+    """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]); `transposed` gives
+    [n, b, a] by contracting the other way round (for the "efd" layout)."""
+    if transposed:
+        lhs_t, rhs = rhs.T, lhs_t.T
+    out = gw.empty((num_groups, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
+    return gw.contract(lhs_t, rhs, bounds, out)
+
+
+def forward(experts, xs, group_sizes, group_offset=0):
+    """The held experts' FFNs over ``xs [N, d]`` (compute dtype).
+
+    Args:
+      experts: the :class:`Experts` held, ``n`` of them.
+      xs: ``[N, d]`` rows sorted by expert.
+      group_sizes: ``[g]`` int64 rows per expert (``sum <= N``).
+      group_offset: the held experts are groups ``[group_offset,
+        group_offset + n)``; ``0 <= group_offset <= g - n``.
+
+    Returns:
+      ``(y [N, d], residuals)``; rows outside the held experts' are 0.
+    """
+    n = experts.num_experts
+    f, d = experts.w0.shape[2], experts.wo.shape[2]
+    gs = np.asarray(group_sizes)
+    start = v.local_group_start(group_offset, gs.shape[0], n, "moe experts", local_doc="len(experts)")
+    bounds = gw.group_bounds(gs, start, n)
+    first, last = int(bounds[0]), int(bounds[-1])
+    if first:
+        bounds = bounds - first
+    ct = xs.dtype
+    rows = xs[first:last]
+    h0 = gw.empty((last - first, f), ct)
+    h1 = gw.empty((last - first, f), ct)
+    if last > first and f:
+        gw.rows(rows, experts.w0, bounds, h0)
+        gw.rows(rows, experts.w1, bounds, h1)
+    _add_group_bias(h0, experts.b0, bounds)
+    _add_group_bias(h1, experts.b1, bounds)
+    a = gw.gated_act(h0, h1, experts.activation, experts.limit)
+    y = np.zeros((xs.shape[0], d), dtype=ct)
+    if last > first and f:
+        gw.rows(a, experts.wo, bounds, y[first:last])
+    _add_group_bias(y[first:last], experts.bo, bounds)
+    return y, ExpertsResiduals(xs, h0, h1, a, bounds, first)
+
+
+def backward(experts, res, d_y):
+    """Backward of :func:`forward` for the cotangent ``d_y [N, d]``.
+
+    Returns ``(d_xs [N, d], grads)``, ``grads`` an :class:`ExpertGrads`;
+    rows of ``d_xs`` outside the held experts' are 0.
+    """
+    n = experts.num_experts
+    f, d = experts.w0.shape[2], experts.wo.shape[2]
+    bounds, first = res.bounds, res.first
+    count = res.h0.shape[0]
+    last = first + count
+    ct = res.h0.dtype
+    dy = d_y[first:last]
+    # down projection
+    da = gw.empty((count, f), ct)
+    if count and f:
+        gw.rows(dy, experts.wo.transpose(0, 2, 1), bounds, da)
+    dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed)
+    dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
+    dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit)
+    # gate and up projections
+    d_xs = np.zeros((res.xs.shape[0], d), dtype=ct)
+    if count and f:
+        gw.rows(dh0, experts.w0.transpose(0, 2, 1), bounds, d_xs[first:last])
+        gw.rows(dh1, experts.w1.transpose(0, 2, 1), bounds, d_xs[first:last], accumulate=True)
+    xs = res.xs[first:last]
+    dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed)
+    dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed)
+    db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
+    db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
+    return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)

@@ -1,0 +1,117 @@
+"""ragged_dot (jax.lax.ragged_dot) and its derivative rules: validation here,
+arithmetic through the gateway."""
+from . import _autodiff
+from . import _gateway as gw
+from . import _validate as v
+from ._megablox import tgmm
+
+__all__ = ["ragged_dot"]
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None, *,
+               out=None):
+    """Grouped matrix multiplication with the semantics of ``jax.lax.ragged_dot``.
+
+    The rows of ``lhs`` are split into consecutive groups; group ``i`` owns rows
+    ``[s_i, s_i + group_sizes[i])`` with ``s_i = sum(group_sizes[:i])``, and::
+
+        out[r, :] = lhs[r, :] @ rhs[i]      for every row r of group i
+        out[r, :] = 0                        for r >= sum(group_sizes)
+
+    Args:
+      lhs: ``[m, k]`` float array (float16, bfloat16, float32 or float64).
+      rhs: ``[g, k, n]`` float array, one ``[k, n]`` matrix per group.
+      group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
+      precision: as jax's: None, "default", "high", "highest", a
+        ``jax.lax.Precision`` or a pair of them (all compute alike here: the
+        CPU accumulates in float32, or float64 when an input or the output
+        is float64); or a ``jax.lax.DotAlgorithmPreset`` / ``DotAlgorithm``,
+        accepted when that accumulation is at least as precise as the one it
+        asks for (ANY, float16, bfloat16, float32; float64 only with a
+        float64 input or output), ValueError naming the algorithm otherwise.
+      preferred_element_type: dtype of the result; default is the promoted type
+        of lhs and rhs (the wider float wins; float16 with bfloat16 is an error).
+      group_offset: megablox's expert sharding. When given, ``rhs`` holds only
+        groups ``[group_offset, group_offset + rhs.shape[0])`` of the
+        ``len(group_sizes)`` groups; rows of those groups are computed and all
+        other rows are 0.
+      out: optional ``[m, n]`` array of the result's dtype to write the result
+        into (NumPy's ``out=``; it must not share memory with lhs or rhs). A
+        caller that reuses one buffer across calls skips the page faults of a
+        fresh large array.
+
+    Returns:
+      ``[m, n]`` array (``out`` when given). Products accumulate in float32
+      (float64 when an input or the output is float64) and are cast once at
+      the end.
+
+    Runs on the tiled C kernel: one list of (group, row block, column block)
+    tiles over all groups, shared by the threads (see ``set_num_threads``).
+    Results do not depend on the number of threads.
+    """
+    fn = "ragged_dot"
+    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
+    lt = v.float_dtype(lhs, "lhs", fn)
+    rt = v.float_dtype(rhs, "rhs", fn)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
+    ct = gw.compute_dtype(lt, rt, out_dtype)
+    v.check_precision(precision, ct, fn)
+    m, k = lhs.shape
+    if rhs.shape[1] != k:
+        raise ValueError(
+            f"{fn}: contracting dimensions differ: 'lhs' has k={k} (shape {lhs.shape}) "
+            f"but 'rhs' has k={rhs.shape[1]} (shape {rhs.shape})"
+        )
+    gs, _ = v.group_sizes_array(group_sizes, fn, limit=m)
+    start = v.local_group_start(group_offset, gs.shape[0], rhs.shape[0], fn)
+    bounds = gw.group_bounds(gs, start, rhs.shape[0])
+
+    n = rhs.shape[2]
+    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res[:bounds[0]] = 0
+    res[bounds[-1]:] = 0
+    gw.rows(lhs, rhs, bounds, res)
+    return gw.deliver(res, out, out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# Derivative rules
+# ---------------------------------------------------------------------------
+# out[rows_i] = lhs[rows_i] @ rhs[i - off] for the local groups, 0 elsewhere.
+#   d_lhs = ragged_dot(ct, rhs^T, gs)   [m, k]        (rows of no local group: 0)
+#   d_rhs = tgmm(lhs^T, ct, gs)         [g_local, k, n] (empty groups: 0)
+#   t_out = ragged_dot(t_lhs, rhs, gs) + ragged_dot(lhs, t_rhs, gs)
+
+
+def _ragged_dot_vjp(a, wanted):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(ragged_dot, a)
+    off = a["group_offset"]
+
+    def backward(ct):
+        ct = ct.astype(cdt, copy=False)
+        grads = {}
+        if "lhs" in wanted:  # [m, n] x [g_local, n, k] -> [m, k]
+            grads["lhs"] = ragged_dot(ct, rhs.transpose(0, 2, 1), gs, precision=a["precision"],
+                                      preferred_element_type=cdt, group_offset=off)
+        if "rhs" in wanted:  # [k, m] x [m, n] -> [g_local, k, n]
+            grads["rhs"] = tgmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=off,
+                                num_actual_groups=rhs.shape[0])
+        return grads
+
+    return out, backward
+
+
+def _ragged_dot_jvp(a, t):
+    lhs, rhs, gs, out, cdt = _autodiff.primal(ragged_dot, a)
+    kw = dict(precision=a["precision"], group_offset=a["group_offset"])
+    terms = []
+    if t.get("lhs") is not None:
+        terms.append(ragged_dot(t["lhs"], rhs, gs, preferred_element_type=cdt, **kw))
+    if t.get("rhs") is not None:
+        terms.append(ragged_dot(lhs, t["rhs"], gs, preferred_element_type=cdt, **kw))
+    return out, _autodiff.sum_terms(terms, out)
+
+
+_autodiff.defvjp(ragged_dot, _ragged_dot_vjp, ("lhs", "rhs"))
+_autodiff.defjvp(ragged_dot, _ragged_dot_jvp, ("lhs", "rhs"))

@@ -51,7 +51,7 @@ ACTIVATIONS = tuple(_core.ACTIVATIONS)
 SCORE_FUNCS = tuple(_core.SCORE_FUNCS)
 
 #: Layouts an operand may be asked for (see :func:`operand`).
-STRIDED, ROWS, CONTIGUOUS = "strided", "rows", "contiguous"
+STRIDED, ROWS, CONTIGUOUS, PACKED = "strided", "rows", "contiguous", "packed"
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -68,6 +68,16 @@ def compute_dtype(*dtypes):
     return _FLOAT32
 
 
+def _packing_reads(dtype, ct):
+    """Whether the grouped-matmul kernels read storage ``dtype`` directly for
+    a product in ``ct``, converting while packing: float16, bfloat16 and
+    float32 for any product, float64 for a float64 one."""
+    if dtype.itemsize == 8:
+        return ct.itemsize == 8 and dtype.kind == "f"
+    return dtype.itemsize == 4 and dtype.kind == "f" or dtype.itemsize == 2 and (
+        dtype.kind == "f" or v.is_bfloat16(dtype))
+
+
 def operand(arr, dtype, layout=STRIDED):
     """``arr`` as the kernels read an operand of compute dtype ``dtype``.
 
@@ -75,10 +85,20 @@ def operand(arr, dtype, layout=STRIDED):
     (one copy, keeping its memory order); a misaligned or byte-swapped array
     of the right dtype is copied into aligned native memory; anything else
     is returned as it is: the matmul kernels read any strides, transposed
-    and negative-stride views included (``layout="strided"``). The gathers
-    read whole rows (``layout="rows"``: unit column stride, copied
-    otherwise) and the element-wise kernels flat memory
-    (``layout="contiguous"``: C-contiguous)."""
+    and negative-stride views included (``layout="strided"``). The grouped
+    matmuls' own operands (``layout="packed"``) keep every storage dtype
+    the packing reads (float16, bfloat16, float32; float64 for a float64
+    product): those are converted value by value while packed, never as a
+    whole-array copy. The gathers read whole rows (``layout="rows"``: unit
+    column stride, copied otherwise) and the element-wise kernels flat
+    memory (``layout="contiguous"``: C-contiguous)."""
+    if layout == PACKED:
+        native = arr.dtype.newbyteorder("=") if not arr.dtype.isnative else arr.dtype
+        if _packing_reads(native, dtype):
+            if not arr.flags.aligned or not arr.dtype.isnative:
+                arr = np.array(arr, dtype=native)
+            return arr
+        layout = STRIDED
     if arr.dtype is not dtype or not arr.flags.aligned:   # else: nothing to do (the common case)
         if arr.dtype != dtype:
             arr = arr.astype(dtype)
@@ -157,13 +177,13 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
 
     lhs ``[m, k]``, rhs ``[g, k, n]``, bounds ``[g + 1]``, out ``[m, n]``
-    (writeable, of the compute dtype; operands are brought to it by
-    :func:`operand`). Rows outside ``[bounds[0], bounds[g])`` are left as
+    (writeable, of the compute dtype; operands of any float dtype, read as
+    :func:`operand` says for ``layout="packed"``). Rows outside ``[bounds[0], bounds[g])`` are left as
     they are; with ``k = 0`` the group rows become 0 (or stay, when
     accumulating). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = out.dtype
-        _core.ragged_rows(operand(lhs, ct), operand(rhs, ct), bounds, out, bool(accumulate))
+        _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate))
     return out
 
 
@@ -178,7 +198,8 @@ def contract(lhs, rhs, bounds, out, accumulate=False):
     reduction across threads. Returns ``out``."""
     if out.size:
         ct = out.dtype
-        _core.ragged_contract(operand(lhs, ct), operand(rhs, ct), bounds, out, bool(accumulate))
+        _core.ragged_contract(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out,
+                              bool(accumulate))
     return out
 
 
@@ -202,8 +223,8 @@ def matmul(a, b, out=None, accumulate=False):
             out[...] = 0
         return out
     ct = out.dtype
-    _core.ragged_rows(operand(a, ct), operand(b, ct)[None], np.array([0, m], dtype=np.int64), out,
-                      bool(accumulate))
+    _core.ragged_rows(operand(a, ct, PACKED), operand(b, ct, PACKED)[None], np.array([0, m], dtype=np.int64),
+                      out, bool(accumulate))
     return out
 
 

@@ -294,7 +294,10 @@ def check_moe_errors():
     expect_error(lambda: vjp(np.zeros((2, 2)) if RANK == P - 1 else np.zeros_like(x)),
                  "cotangent must have shape", f"rank {P - 1}")
     expect_error(lambda: fn(x, rw, w0, w1, wo, comm="world", **kw), "intra-communicator", exc=TypeError)
-    return 7
+    # an unknown keyword on one rank
+    expect_error(lambda: fn(x, rw, w0, w1, wo, comm=COMM, **dict(kw, **({"bogus": 1} if RANK == 1 else {}))),
+                 "'bogus'", "rank 1", exc=TypeError)
+    return 8
 
 
 # -------------------------------------------------------------------- modes

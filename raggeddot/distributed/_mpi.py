@@ -49,6 +49,8 @@ def agree(comm, fn, error, same=(), values=(), signature=""):
     arguments, or None), ``same`` (pairs ``(label, int)`` that must be equal
     on every rank), ``values`` (ints every rank learns) and ``signature``
     (a string that must be equal on every rank, e.g. a dtype and row shape).
+    Errors other than ValueError and TypeError are passed on as ValueError
+    with their class name in the message.
     The number of ``same`` and ``values`` entries is the same on every rank.
 
     In the common case this is one Allgather of ``2 + len(same) +
@@ -61,7 +63,12 @@ def agree(comm, fn, error, same=(), values=(), signature=""):
     """
     MPI = mpi()
     P = comm.size
-    text = b"" if error is None else _strip(str(error), fn).encode()
+    text = b""
+    if error is not None:
+        text = _strip(str(error), fn)
+        if not isinstance(error, (ValueError, TypeError)):   # unexpected: keep its kind in the text
+            text = f"{type(error).__name__}: {text}"
+        text = text.encode()
     kind = 2 if isinstance(error, TypeError) else 1
     sig = signature.encode()
     head = np.array([len(text) * 4 + (kind if error is not None else 0), zlib.crc32(sig)]
@@ -154,13 +161,13 @@ def abort_on_error(comm):
     wait, and the exception propagates as usual."""
     try:
         yield
-    except BaseException:
+    except BaseException as e:
         if comm.size == 1:
             raise
-        print(f"raggeddot.distributed: rank {comm.rank} of {comm.size} failed while the ranks were "
-              "exchanging data; aborting every rank (MPI_Abort) so that none waits for ever:",
-              file=sys.stderr)
-        traceback.print_exc()
+        # one write: the launcher may stop forwarding output as soon as the abort begins
+        sys.stderr.write(f"raggeddot.distributed: rank {comm.rank} of {comm.size} failed while the ranks "
+                         f"were exchanging data ({type(e).__name__}: {e}); aborting every rank (MPI_Abort) "
+                         "so that none waits for ever:\n" + traceback.format_exc())
         sys.stderr.flush()
         comm.Abort(1)
         raise   # Abort does not return; should the library let it, the error still ends this rank

@@ -6,8 +6,10 @@ sent to it (and received from it) are one derived datatype, an hindexed
 type over a contiguous "row" type. Block lengths count rows and
 displacements are byte offsets (MPI_Aint), so no count overflows int32
 however large the arrays; rows are copied by MPI straight from the operand
-into the result, with no packing buffer, no pickling and no Python loop
-over rows.
+into the result (the library packs them only if its transport needs to),
+with no pickling and no Python loop over rows. Rows travel as raw bytes:
+every rank must use the same byte order (as every machine of a cluster
+does).
 """
 import numpy as np
 
@@ -203,7 +205,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
         args = _check_local(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, P)
         signature = f"dtype {args[0].dtype.str}, rows of shape {args[0].shape[1:]}"
         N = args[2].shape[0]
-    except ValueError as e:
+    except Exception as e:      # any failure here must reach every rank, or they would wait
         error = e
     # round 1: each rank's own checks, N, dtypes and row shapes
     agree(comm, FN, error, same=[("the length N of the index arrays", N)], signature=signature)

@@ -42,12 +42,14 @@ class Residuals(NamedTuple):
     counts: np.ndarray
 
 
-def _setup(comm, fn, kw):
-    """Collective: this rank's checked Layer, and every rank's token count
-    ``[P]``; or the same exception on every rank."""
+def _setup(comm, fn, bind):
+    """Collective: ``(kw, layer, tokens)``, the bound arguments (``bind()``),
+    this rank's checked Layer and every rank's token count ``[P]``; or the
+    same exception on every rank."""
     P = comm.size
-    error, layer, same, signature, T = None, None, [], "", 0
+    error, kw, layer, same, signature, T = None, None, None, [], "", 0
     try:
+        kw = bind()
         rw = np.asarray(kw["router_weights"])
         held = None
         if rw.ndim == 2:
@@ -64,11 +66,11 @@ def _setup(comm, fn, kw):
                  -1 if layer.shared is None else layer.shared.w0.shape[1])]
         signature = f"compute dtype {layer.compute_dtype}, capacity_factor={kw['capacity_factor']!r}"
         T = layer.x.shape[0]
-    except (ValueError, TypeError) as e:
+    except Exception as e:      # any failure here must reach every rank, or they would wait
         error = e
         same = [(label, 0) for label in ("E", "d", "top_k", "router_bias", "fs")]
     tokens = agree(comm, fn, error, same=same, values=[T], signature=signature)[:, 0]
-    return layer, tokens
+    return kw, layer, tokens
 
 
 def _forward(comm, layer, tokens, capacity_factor):
@@ -184,8 +186,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, comm, **kwargs):
     """
     comm = check_comm(comm, FN)
     return_aux = bool(kwargs.pop("return_aux", False))
-    kw = block.bind_arguments(FN, x, router_weights, w0, w1, wo, kwargs)
-    layer, tokens = _setup(comm, FN, kw)
+    kw, layer, tokens = _setup(comm, FN, lambda: block.bind_arguments(FN, x, router_weights, w0, w1, wo, kwargs))
     with abort_on_error(comm):
         out, res = _forward(comm, layer, tokens, _capacity_factor(kw))
         aux = _aux(comm, layer, res, tokens) if return_aux else None
@@ -217,8 +218,8 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, *, comm, **kwargs):
     differs (per rank, then across ranks): within rounding.
     """
     comm = check_comm(comm, FN_VJP)
-    kw = block.bind_arguments(FN_VJP, x, router_weights, w0, w1, wo, kwargs)
-    layer, tokens = _setup(comm, FN_VJP, kw)
+    kw, layer, tokens = _setup(comm, FN_VJP,
+                               lambda: block.bind_arguments(FN_VJP, x, router_weights, w0, w1, wo, kwargs))
     with abort_on_error(comm):
         out, res = _forward(comm, layer, tokens, _capacity_factor(kw))
 
@@ -226,7 +227,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, *, comm, **kwargs):
         error, g = None, None
         try:
             g = block.cotangent(layer, d_out, FN_VJP)
-        except (ValueError, TypeError) as e:
+        except Exception as e:
             error = e
         agree(comm, FN_VJP, error)
         with abort_on_error(comm):

@@ -289,7 +289,7 @@ def main(argv=None):
             raise
         import traceback
 
-        traceback.print_exc()
+        sys.stderr.write(traceback.format_exc())      # one write, before the abort stops the output
         sys.stderr.flush()
         comm.Abort(1)
         raise

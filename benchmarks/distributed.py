@@ -105,7 +105,8 @@ def make_layer(spec, T, dtype, smoke, seed=0):
     if s.get("selection_bias"):
         kw["selection_bias"] = randn(E, scale=0.05)
     if s.get("biases"):
-        kw["w0_bias"], kw["w1_bias"], kw["wo_bias"] = randn(E, f, scale=0.1), randn(E, f, scale=0.1), randn(E, d, scale=0.1)
+        kw["w0_bias"], kw["w1_bias"] = randn(E, f, scale=0.1), randn(E, f, scale=0.1)
+        kw["wo_bias"] = randn(E, d, scale=0.1)
     if s.get("shared"):
         fs = 32 if smoke else s["shared"]
         kw["shared_experts"] = (randn(d, fs, scale=1 / math.sqrt(d)), randn(d, fs, scale=1 / math.sqrt(d)),

@@ -49,15 +49,15 @@ def agree(comm, fn, error, same=(), values=(), signature=""):
     arguments, or None), ``same`` (pairs ``(label, int)`` that must be equal
     on every rank), ``values`` (ints every rank learns) and ``signature``
     (a string that must be equal on every rank, e.g. a dtype and row shape).
-    Errors other than ValueError and TypeError are passed on as ValueError
-    with their class name in the message.
     The number of ``same`` and ``values`` entries is the same on every rank.
 
     In the common case this is one Allgather of ``2 + len(same) +
     len(values)`` int64 per rank. When a rank has an error, or the ``same``
     entries or signatures differ, every rank raises the same exception with
     the same message naming the offending rank(s): the class of the
-    lowest-ranked error (TypeError or ValueError), else ValueError.
+    lowest-ranked error (TypeError or ValueError), else ValueError. Errors
+    of other classes are passed on as ValueError, their class name leading
+    the message.
 
     Returns ``values`` of every rank, an int64 array ``[P, len(values)]``.
     """
@@ -88,9 +88,10 @@ def agree(comm, fn, error, same=(), values=(), signature=""):
                         [gathered, sizes.tolist(), offsets.tolist(), MPI.BYTE])
         texts, sigs = [], []
         for r in range(P):
-            t, s = bytes(gathered[offsets[r]:offsets[r] + sizes[r]]).split(b"\0", 1)
-            texts.append(t.decode(errors="replace"))
-            sigs.append(s.decode(errors="replace"))
+            own = bytes(gathered[offsets[r]:offsets[r] + sizes[r]])
+            n = int(table[r, 0]) // 4        # the length of the error text
+            texts.append(own[:n].decode(errors="replace"))
+            sigs.append(own[n + 1:].decode(errors="replace"))
         if failed.size:
             cls = TypeError if table[failed[0], 0] % 4 == 2 else ValueError
             raise cls(_message(fn, failed, [texts[r] for r in failed]))

@@ -61,10 +61,11 @@ def _setup(comm, fn, bind):
         layer = prepare(**kw, held_experts=held, fn=fn)
         E, d = layer.num_experts, layer.x.shape[1]
         same = [("E (experts in 'router_weights' [d, E])", E), ("d (the last axis of 'x')", d),
-                ("'top_k'", layer.router.top_k), ("'router_bias' given (1) or not (0)", layer.router.bias is not None),
+                ("'top_k'", layer.router.top_k),
+                ("'router_bias' given (1) or not (0)", layer.router.bias is not None),
                 ("fs (the width of 'shared_experts', -1 without)",
                  -1 if layer.shared is None else layer.shared.w0.shape[1])]
-        signature = f"compute dtype {layer.compute_dtype}, capacity_factor={kw['capacity_factor']!r}"
+        signature = f"compute dtype {layer.compute_dtype}, capacity_factor={_capacity_factor(kw)!r}"
         T = layer.x.shape[0]
     except Exception as e:      # any failure here must reach every rank, or they would wait
         error = e
@@ -182,7 +183,8 @@ def moe_block(x, router_weights, w0, w1, wo, *, comm, **kwargs):
       whether router_bias or shared experts are given differ between
       ranks. An exception raised after the exchanges have started (not
       caused by checked arguments) prints its traceback and calls
-      ``comm.Abort(1)``, which ends every rank of the job.
+      ``comm.Abort(1)``, which ends every rank of the job (with a single
+      rank the exception propagates as usual).
     """
     comm = check_comm(comm, FN)
     return_aux = bool(kwargs.pop("return_aux", False))

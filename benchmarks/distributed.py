@@ -23,17 +23,18 @@ Per rank, after one warm-up call, medians over --runs calls (a barrier before ea
              waiting for the slowest rank, so load imbalance shows here
   experts    the held experts' three grouped matmuls (experts.forward)
   combine    weighted combine and shared experts (combine.forward, shared.forward)
-  other      the rest: argument checks, the per-expert count allgather
+  other      the rest: argument checks and their agreement, the per-expert count allgather
   bytes      rows sent to other ranks by the two exchanges, in bytes
 and tokens/s = T / (the slowest rank's median layer time).
 
 Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
 way, every rank sending at once through a non-blocking switch) and per-exchange latency a:
 
-    t(P, B) = c(P) + V(P) / B + 3 a        (3 collectives: counts, rows out, rows back)
+    t(P, B) = c(P) + V(P) / B + 4 a
+              (4 collectives: the argument agreement, the counts, rows out, rows back)
 
-c(P) is the measured per-rank compute time (the layer's median minus its exchange time, the
-slowest rank), V(P) the measured bytes a rank sends (the largest over ranks); with balanced
+c(P) is the measured per-rank compute time (route + dispatch + experts + combine, the slowest
+rank), V(P) the measured bytes a rank sends (the largest over ranks); with balanced
 routing V(P) = 2 (T / P) k d s (P - 1) / P for k experts per token and s bytes per value.
 The predicted throughput is T / t(P, B). With --ranks the table also gives the model with
 c(P) = c(1) / P, compute scaling perfectly (each rank on its own cores), since ranks that
@@ -212,7 +213,7 @@ def run_ranks(args):
     if r != 0:
         return None
     slowest = max(p["total_s"] for p in per_rank)
-    compute = max(p["total_s"] - p["exchange"] for p in per_rank)
+    compute = max(sum(p[s] for s in ("route", "dispatch", "experts", "combine")) for p in per_rank)
     return {"spec": args.spec, "P": P, "T": T, "E": E, "d": x.shape[1], "top_k": kw["top_k"],
             "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
             "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
@@ -221,7 +222,7 @@ def run_ranks(args):
 
 def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
     """The model of the module docstring: seconds per layer call."""
-    return compute_s + bytes_sent / (bandwidth_gbit * 1e9 / 8) + 3 * latency_us * 1e-6
+    return compute_s + bytes_sent / (bandwidth_gbit * 1e9 / 8) + 4 * latency_us * 1e-6
 
 
 def report(res, args, c1=None):

@@ -28,7 +28,8 @@ Per rank, after one warm-up call, medians over --runs calls (a barrier before ea
 and tokens/s = T / (the slowest rank's median layer time).
 
 Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
-way, every rank sending at once through a non-blocking switch) and per-exchange latency a:
+way, every rank sending at once through a non-blocking switch) and latency a per collective,
+with no overlap of compute and transfer:
 
     t(P, B) = c(P) + V(P) / B + 4 a
               (4 collectives: the argument agreement, the counts, rows out, rows back)

@@ -69,30 +69,46 @@ def backward(layer, res, d_out):
     return grads
 
 
-def _aux(layer, res):
-    """moe_block's aux dict (see its docstring)."""
-    scores, idx, w, logits = res.route.scores, res.route.topk_idx, res.route.topk_weights, res.route.logits
-    E, T, top_k = layer.num_experts, layer.x.shape[0], layer.router.top_k
-    counts = np.bincount(idx.ravel(), minlength=E).astype(np.float64)
-    frac = counts / max(1, T * top_k)
+def aux_sums(layer, res):
+    """The sums moe_block's statistics come from, over this call's tokens:
+    ``(counts [E] float64, assignments per expert before any capacity;
+    prob_sum [E], the sum over tokens of the softmax probabilities; T)``."""
+    E, logits = layer.num_experts, res.route.logits
+    counts = np.bincount(res.route.topk_idx.ravel(), minlength=E).astype(np.float64)
     if layer.router.score_func == "softmax":
-        probs = scores
+        probs = res.route.scores
     else:
         z = logits - logits.max(axis=1, keepdims=True)
         probs = np.exp(z)
         probs /= probs.sum(axis=1, keepdims=True)
-    mean_prob = probs.mean(axis=0) if T else np.zeros(E)
+    return counts, probs.sum(axis=0), layer.x.shape[0]
+
+
+def aux_dict(layer, res, counts, prob_sum, T, group_sizes, dropped):
+    """moe_block's aux dict (see its docstring) of this call's routing and
+    the statistics of ``T`` tokens: ``counts`` and ``prob_sum`` as
+    :func:`aux_sums` gives them, ``group_sizes [E]`` kept per expert and
+    ``dropped`` assignments."""
+    idx, w = res.route.topk_idx, res.route.topk_weights
+    E, top_k = layer.num_experts, layer.router.top_k
+    frac = counts / max(1, T * top_k)
+    mean_prob = prob_sum / T if T else np.zeros(E)
     load_balance = float(E * np.sum(frac * mean_prob))
     bias_updates = np.sign(counts.mean() - counts)
     lead = layer.x_shape[:-1]
     return {
         "topk_indices": idx.reshape(lead + (top_k,)),
         "topk_weights": w.reshape(lead + (top_k,)).astype(layer.out_dtype, copy=False),
-        "group_sizes": res.plan.group_sizes,
+        "group_sizes": group_sizes,
         "load_balance_loss": load_balance,
         "bias_updates": bias_updates,
-        "dropped": int(np.sum(res.plan.slot_of < 0)),
+        "dropped": int(dropped),
     }
+
+
+def _aux(layer, res):
+    """moe_block's aux dict (see its docstring)."""
+    return aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
 
 
 def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", router_bias=None,
@@ -153,7 +169,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     capacity_factor=capacity_factor, weights_layout=weights_layout,
                     swiglu_limit=swiglu_limit)
     out, res = forward(layer)
-    out = out.reshape(layer.x_shape).astype(layer.out_dtype, copy=False)
+    out = deliver_out(layer, out)
     if return_aux:
         return out, _aux(layer, res)
     return out
@@ -174,38 +190,62 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     (tgmm) for weight gradients, and the gathers with their roles swapped.
     ``vjp_fn`` may be called any number of times.
     """
+    kw = bind_arguments("moe_block_vjp", x, router_weights, w0, w1, wo, kwargs)
+    layer = prepare(**kw)
+    out, res = forward(layer)
+
+    def vjp_fn(d_out):
+        return deliver_grads(layer, kw, backward(layer, res, cotangent(layer, d_out, "moe_block_vjp")))
+
+    return deliver_out(layer, out), vjp_fn
+
+
+def bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs):
+    """moe_block's arguments with its own defaults, as a dict for
+    :func:`~.config.prepare` (``return_aux`` refused: it is not
+    differentiable). TypeError or ValueError prefixed with ``fn``."""
     try:  # the arguments and defaults of moe_block itself
         bound = inspect.signature(moe_block).bind(x, router_weights, w0, w1, wo, **kwargs)
     except TypeError as e:
-        raise TypeError(f"moe_block_vjp: {e}") from None
+        raise TypeError(f"{fn}: {e}") from None
     bound.apply_defaults()
     kw = dict(bound.arguments)
     if kw.pop("return_aux"):
-        raise ValueError("moe_block_vjp: 'return_aux' is not differentiable; call moe_block for aux")
-    layer = prepare(**kw)
-    out, res = forward(layer)
-    dtypes = {name: v.native(np.asarray(kw[name]).dtype) for name in ("x", "router_weights", "w0", "w1", "wo",
-                                                             "router_bias", "w0_bias", "w1_bias", "wo_bias")
-              if kw[name] is not None}
-    T, d = layer.x.shape
+        raise ValueError(f"{fn}: 'return_aux' is not differentiable; call moe_block for aux")
+    return kw
 
-    def vjp_fn(d_out):
-        g = v.as_array(d_out, "d_out", "moe_block_vjp")
-        if g.shape != layer.x_shape:
-            raise ValueError(f"moe_block_vjp: cotangent must have shape {layer.x_shape}, got {g.shape}")
-        g = gw.operand(g.reshape(T, d), layer.compute_dtype, gw.ROWS)
-        grads = backward(layer, res, g)
-        grads["x"] = grads["x"].reshape(layer.x_shape)
-        result = {}
-        if layer.shared is not None:
-            result["shared_experts"] = tuple(
-                gr.astype(v.native(np.asarray(p).dtype), copy=False)
-                for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
-        for name, dtype in dtypes.items():   # the inputs given, in moe_block's order
-            result[name] = grads[name].astype(dtype, copy=False)
-        return result
 
-    return out.reshape(layer.x_shape).astype(layer.out_dtype, copy=False), vjp_fn
+def deliver_out(layer, out):
+    """The layer's output ``[T, d]`` (compute dtype) as moe_block returns it:
+    x's shape, the promoted input dtype."""
+    return out.reshape(layer.x_shape).astype(layer.out_dtype, copy=False)
+
+
+def cotangent(layer, d_out, fn):
+    """The cotangent ``d_out`` of out's shape ``[..., d]``, checked, as
+    :func:`backward` reads it: ``[T, d]``, compute dtype, contiguous rows."""
+    g = v.as_array(d_out, "d_out", fn)
+    if g.shape != layer.x_shape:
+        raise ValueError(f"{fn}: cotangent must have shape {layer.x_shape}, got {g.shape}")
+    return gw.operand(g.reshape(layer.x.shape), layer.compute_dtype, gw.ROWS)
+
+
+def deliver_grads(layer, kw, grads):
+    """:func:`backward`'s gradients as moe_block_vjp returns them: the
+    shapes, layout and dtypes of the inputs ``kw`` (the arguments of
+    :func:`bind_arguments`), in moe_block's order, the absent ones left
+    out."""
+    result = {}
+    if layer.shared is not None:
+        result["shared_experts"] = tuple(
+            gr.astype(v.native(np.asarray(p).dtype), copy=False)
+            for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
+    for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias"):
+        if kw[name] is not None:
+            dtype = v.native(np.asarray(kw[name]).dtype)
+            g = grads[name].reshape(layer.x_shape) if name == "x" else grads[name]
+            result[name] = g.astype(dtype, copy=False)
+    return result
 
 
 def _moe_block_vjp_rule(args, wanted):

@@ -14,7 +14,7 @@ from .experts import Experts
 from .route import Router
 from .shared import SharedExperts
 
-__all__ = ["Layer", "prepare"]
+__all__ = ["Layer", "prepare", "capacity_of"]
 
 
 @dataclasses.dataclass
@@ -39,6 +39,14 @@ class Layer:
     shared: Optional[SharedExperts]
     num_experts: int
     capacity: int
+
+
+def capacity_of(num_tokens, top_k, num_experts, capacity_factor):
+    """Assignments kept per expert: ``ceil(T * top_k / E * capacity_factor)``
+    for T tokens (MaxText's rule), -1 (all) when capacity_factor is None."""
+    if capacity_factor is None:
+        return -1
+    return int(math.ceil(num_tokens * top_k / num_experts * capacity_factor))
 
 
 def _check_weight(arr, name, shape, axes_doc, fn, layout):
@@ -89,10 +97,12 @@ def _shared(shared_experts, d, ct, fn):
 
 def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, selection_bias,
             n_groups, topk_groups, norm_topk_prob, routed_scaling_factor, activation, w0_bias,
-            w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit):
+            w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit,
+            held_experts=None, fn="moe_block"):
     """The :class:`Layer` of moe_block's arguments (see moe_block for their
-    meaning); ValueError or TypeError naming the argument when one is bad."""
-    fn = "moe_block"
+    meaning); ValueError or TypeError naming the argument (and ``fn``) when
+    one is bad. ``held_experts``: how many experts the expert weights and
+    biases hold (the router always scores all E); None for all E."""
     x = v.as_array(x, "x", fn)
     if x.ndim < 1:
         raise ValueError(f"{fn}: 'x' must have at least one dimension [..., d], got a scalar")
@@ -104,6 +114,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     E = rw.shape[1]
     if E < 1:
         raise ValueError(f"{fn}: 'router_weights' must have at least one expert, got shape {rw.shape}")
+    H, h = (E, "E") if held_experts is None else (held_experts, "E/P")
     w0, w1, wo = (v.as_array(a, name, fn) for a, name in ((w0, "w0"), (w1, "w1"), (wo, "wo")))
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
@@ -111,13 +122,13 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         raise ValueError(f"{fn}: expected 3-D 'w0', got shape {w0.shape}")
     f = w0.shape[2] if weights_layout == "edf" else w0.shape[1]
     if weights_layout == "edf":
-        _check_weight(w0, "w0", (E, d, f), "[E, d, f]", fn, weights_layout)
-        _check_weight(w1, "w1", (E, d, f), "[E, d, f]", fn, weights_layout)
-        _check_weight(wo, "wo", (E, f, d), "[E, f, d]", fn, weights_layout)
+        _check_weight(w0, "w0", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
+        _check_weight(w1, "w1", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
+        _check_weight(wo, "wo", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
     else:
-        _check_weight(w0, "w0", (E, f, d), "[E, f, d]", fn, weights_layout)
-        _check_weight(w1, "w1", (E, f, d), "[E, f, d]", fn, weights_layout)
-        _check_weight(wo, "wo", (E, d, f), "[E, d, f]", fn, weights_layout)
+        _check_weight(w0, "w0", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
+        _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
+        _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
     dts = [v.float_dtype(a, n, fn) for a, n in ((x, "x"), (rw, "router_weights"), (w0, "w0"),
                                                  (w1, "w1"), (wo, "wo"))]
@@ -152,10 +163,10 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     def bias(a, name, size):
         if a is None:
             return None
-        a = v.as_array(a, name, fn, ndim=2, shape_doc=f" [E, {size}]")
+        a = v.as_array(a, name, fn, ndim=2, shape_doc=f" [{h}, {size}]")
         v.float_dtype(a, name, fn)
-        if a.shape != (E, size):
-            raise ValueError(f"{fn}: '{name}' must have shape ({E}, {size}), got {a.shape}")
+        if a.shape != (H, size):
+            raise ValueError(f"{fn}: '{name}' [{h}, {size}] must have shape ({H}, {size}), got {a.shape}")
         return gw.operand(a, ct)
 
     router_bias = vec(router_bias, "router_bias", E)
@@ -175,5 +186,5 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd")
-    capacity = -1 if capacity_factor is None else int(math.ceil(T * top_k / E * capacity_factor))
+    capacity = capacity_of(T, top_k, E, capacity_factor)
     return Layer(xf, x.shape, out_dtype, ct, router, experts, shared, E, capacity)

@@ -35,10 +35,29 @@ def forward(x, topk_idx, num_experts, capacity=-1):
     num_experts)``) by expert and gather the rows of ``x [T, d]`` (compute
     dtype) into that order. ``capacity >= 0`` keeps at most that many
     assignments per expert, first come first served in token order; -1
-    keeps all. Returns ``(xs [N, d], plan)``."""
-    slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, capacity)
+    keeps all; an ``[E]`` integer array gives each expert its own limit
+    (an expert-parallel layer's share of a capacity counted over every
+    rank's tokens). Returns ``(xs [N, d], plan)``."""
+    if np.ndim(capacity) == 0:
+        slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, int(capacity))
+    else:
+        slot_of, token_of_slot, group_sizes = _sort_capped(topk_idx, num_experts, capacity)
     xs = gw.gather_rows(x, token_of_slot)
     return xs, Plan(slot_of, token_of_slot, group_sizes)
+
+
+def _sort_capped(topk_idx, num_experts, capacity):
+    """The plan's arrays with at most ``capacity[e] >= 0`` slots for expert
+    e: the dropless sort, then each expert's first ``capacity[e]`` slots (its
+    slots are in token order, so that is first come first served)."""
+    slot_of, token_of_slot, sizes = gw.sort_by_expert(topk_idx, num_experts, -1)
+    kept_sizes = np.minimum(sizes, capacity)
+    starts = np.cumsum(sizes) - sizes
+    # position of each sorted slot inside its expert's group
+    rank_in_group = np.arange(token_of_slot.shape[0]) - np.repeat(starts, sizes)
+    keep = rank_in_group < np.repeat(kept_sizes, sizes)
+    new_slot = np.where(keep, np.cumsum(keep) - 1, -1)
+    return new_slot[slot_of], token_of_slot[keep], kept_sizes.astype(np.int64)
 
 
 def backward(plan, d_xs):

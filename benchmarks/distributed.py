@@ -1,0 +1,308 @@
+#!/usr/bin/env python
+"""Benchmark expert parallelism: one MoE layer (raggeddot.distributed.moe_block, forward) on P
+MPI ranks.
+
+    mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T]
+                [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...]
+                [--latency-us A] [--json PATH] [--smoke]
+    python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec itself for each P
+
+Shapes: bench_moe.py's scenarios ("mixtral": d 1024, f 512, E 8, top-2; "deepseek" is its
+"deepseek-v3": d 1024, f 128, E 64, top-8, group-limited sigmoid routing, one shared expert).
+T tokens in all (default 4096), split evenly over the ranks; rank r holds experts
+[r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32 and two timed runs, to check that the
+script runs end to end.
+
+Before timing, every rank checks the distributed layer against single-process moe_block on
+the first tokens of every rank concatenated (all experts): the outputs must be bitwise equal.
+
+Per rank, after one warm-up call, medians over --runs calls (a barrier before each):
+  route      router matmul, scores, top-k (route.forward)
+  dispatch   sort by expert and gather of the token rows (dispatch.forward)
+  exchange   the two ragged all-to-alls of rows (tokens to experts, outputs back); this includes
+             waiting for the slowest rank, so load imbalance shows here
+  experts    the held experts' three grouped matmuls (experts.forward)
+  combine    weighted combine and shared experts (combine.forward, shared.forward)
+  other      the rest: argument checks and their agreement, the per-expert count allgather
+  bytes      rows sent to other ranks by the two exchanges, in bytes
+and tokens/s = T / (the slowest rank's median layer time).
+
+Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
+way, every rank sending at once through a non-blocking switch) and latency a per collective,
+with no overlap of compute and transfer:
+
+    t(P, B) = c(P) + V(P) / B + 4 a
+              (4 collectives: the argument agreement, the counts, rows out, rows back)
+
+c(P) is the measured per-rank compute time (route + dispatch + experts + combine, the slowest
+rank), V(P) the measured bytes a rank sends (the largest over ranks); with balanced
+routing V(P) = 2 (T / P) k d s (P - 1) / P for k experts per token and s bytes per value.
+The predicted throughput is T / t(P, B). With --ranks the table also gives the model with
+c(P) = c(1) / P, compute scaling perfectly (each rank on its own cores), since ranks that
+share one machine's cores (as P = 4 on 2 cores does) inflate the measured c(P).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+from bench_moe import SCENARIOS  # noqa: E402
+
+SPECS = {"deepseek": "deepseek-v3", **{name: name for name in SCENARIOS}}
+STEPS = ("route", "dispatch", "exchange", "experts", "combine", "other")
+CHECK_TOKENS = 16
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", default="mixtral", choices=sorted(SPECS))
+    p.add_argument("--tokens", type=int, default=None, help="tokens over all ranks (default 4096)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--runs", type=int, default=None, help="timed calls (default 10, 2 with --smoke)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="raggeddot threads per rank (default: RAGGEDDOT_NUM_THREADS, else 1)")
+    p.add_argument("--bandwidth", default="10,25,100,400", help="network bandwidths in Gbit/s for the model")
+    p.add_argument("--latency-us", type=float, default=10.0, help="latency per exchange for the model")
+    p.add_argument("--json", default=None, help="write rank 0's results here")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, two runs: does it run")
+    p.add_argument("--ranks", default=None, help="e.g. 1,2,4: launch mpiexec -n P for each and compare")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec launch with --ranks")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer
+
+
+def make_layer(spec, T, dtype, smoke, seed=0):
+    """(x [T, d], router [d, E], w0, w1, wo, moe_block kwargs) of a bench_moe scenario, the same
+    on every rank (one seed)."""
+    s = SCENARIOS[SPECS[spec]]
+    d, f, E, k = (64, 32, s["E"], s["top_k"]) if smoke else (s["d"], s["f"], s["E"], s["top_k"])
+    rng = np.random.default_rng(seed)
+
+    def randn(*shape, scale=1.0):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+    x = randn(T, d)
+    rw = randn(d, E, scale=1 / math.sqrt(d))
+    w0, w1 = randn(E, d, f, scale=1 / math.sqrt(d)), randn(E, d, f, scale=1 / math.sqrt(d))
+    wo = randn(E, f, d, scale=1 / math.sqrt(f))
+    kw = dict(s["kw"], top_k=k)
+    if s.get("router_bias"):
+        kw["router_bias"] = randn(E, scale=0.2)
+    if s.get("selection_bias"):
+        kw["selection_bias"] = randn(E, scale=0.05)
+    if s.get("biases"):
+        kw["w0_bias"], kw["w1_bias"] = randn(E, f, scale=0.1), randn(E, f, scale=0.1)
+        kw["wo_bias"] = randn(E, d, scale=0.1)
+    if s.get("shared"):
+        fs = 32 if smoke else s["shared"]
+        kw["shared_experts"] = (randn(d, fs, scale=1 / math.sqrt(d)), randn(d, fs, scale=1 / math.sqrt(d)),
+                                randn(fs, d, scale=1 / math.sqrt(fs)))
+    return x, rw, w0, w1, wo, kw
+
+
+def local_share(layer, comm, T_per_rank, first=None):
+    """This rank's tokens (its first `first` of them when given) and experts."""
+    x, rw, w0, w1, wo, kw = layer
+    P, r, E = comm.size, comm.rank, rw.shape[1]
+    held = slice(r * E // P, (r + 1) * E // P)
+    start = r * T_per_rank
+    mine = x[start:start + (T_per_rank if first is None else min(first, T_per_rank))]
+    kw = {n: (a[held] if n in ("w0_bias", "w1_bias", "wo_bias") else a) for n, a in kw.items()}
+    return (mine, rw, w0[held], w1[held], wo[held]), kw
+
+
+class StepClock:
+    """Time spent in each step of raggeddot.distributed.moe_block, and the bytes its exchanges
+    send to other ranks, by wrapping the step functions the layer calls."""
+
+    def __init__(self, comm):
+        from raggeddot.distributed import moe
+
+        self.acc = defaultdict(float)
+        self.bytes = 0
+        for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
+                                   (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
+                                   (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
+            setattr(module, name, self._timed(getattr(module, name), step, comm))
+
+    def _timed(self, fn, step, comm):
+        def timed(*args, **kwargs):
+            if step == "exchange":
+                rows, moves = args[1], args[2]
+                row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:]))
+                self.bytes += moves.bytes_to_peers(comm.rank, comm.size, row_bytes)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.acc[step] += time.perf_counter() - t0
+        return timed
+
+    def reset(self):
+        self.acc.clear()
+        self.bytes = 0
+
+
+# ----------------------------------------------------------------------------------------------
+# One MPI run
+
+
+def run_ranks(args):
+    """The benchmark on the ranks of MPI.COMM_WORLD; rank 0 returns the results dict."""
+    from mpi4py import MPI
+
+    import raggeddot
+    from raggeddot import distributed as dist
+
+    comm = MPI.COMM_WORLD
+    P, r = comm.size, comm.rank
+    threads = args.threads or int(os.environ.get("RAGGEDDOT_NUM_THREADS", "1"))
+    raggeddot.set_num_threads(threads)
+    T = args.tokens or (64 if args.smoke else 4096)
+    runs = args.runs or (2 if args.smoke else 10)
+    if T % P:
+        raise SystemExit(f"--tokens {T} is not a multiple of the {P} ranks")
+    layer = make_layer(args.spec, T, np.dtype(args.dtype), args.smoke)
+    E = layer[1].shape[1]
+    if E % P:
+        raise SystemExit(f"spec {args.spec} has E={E} experts, not a multiple of {P} ranks")
+    Tr = T // P
+
+    # check: bitwise equal to single-process moe_block on every rank's first tokens
+    n = min(CHECK_TOKENS, Tr)
+    arrays, kw = local_share(layer, comm, Tr, first=n)
+    got = dist.moe_block(*arrays, comm=comm, **kw)
+    x = layer[0]
+    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:5], **layer[5])
+    ok = np.array_equal(got, want[r * n:(r + 1) * n])
+    if not all(comm.allgather(ok)):
+        raise SystemExit("check FAILED: the distributed layer differs from single-process moe_block")
+
+    arrays, kw = local_share(layer, comm, Tr)
+    clock = StepClock(comm)
+    dist.moe_block(*arrays, comm=comm, **kw)        # warm-up
+    totals, steps, sent = [], defaultdict(list), []
+    for _ in range(runs):
+        clock.reset()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        dist.moe_block(*arrays, comm=comm, **kw)
+        totals.append(time.perf_counter() - t0)
+        for s in STEPS[:-1]:
+            steps[s].append(clock.acc[s])
+        steps["other"].append(totals[-1] - sum(clock.acc.values()))
+        sent.append(clock.bytes)
+    mine = {"rank": r, "total_s": statistics.median(totals), "bytes": int(statistics.median(sent)),
+            **{s: statistics.median(v) for s, v in steps.items()}}
+    per_rank = comm.gather(mine, root=0)
+    if r != 0:
+        return None
+    slowest = max(p["total_s"] for p in per_rank)
+    compute = max(sum(p[s] for s in ("route", "dispatch", "experts", "combine")) for p in per_rank)
+    return {"spec": args.spec, "P": P, "T": T, "E": E, "d": x.shape[1], "top_k": kw["top_k"],
+            "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
+            "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
+            "bytes_max": max(p["bytes"] for p in per_rank), "machine": C.machine_info()}
+
+
+def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
+    """The model of the module docstring: seconds per layer call."""
+    return compute_s + bytes_sent / (bandwidth_gbit * 1e9 / 8) + 4 * latency_us * 1e-6
+
+
+def report(res, args, c1=None):
+    """Text tables of one run's results (and the model)."""
+    out = [f"{res['spec']}: P={res['P']} ranks x {res['threads_per_rank']} thread(s), T={res['T']} tokens, "
+           f"E={res['E']}, d={res['d']}, top_k={res['top_k']}, {res['dtype']}, medians of {res['runs']} runs"]
+    rows = [[p["rank"], *(f"{1e3 * p[s]:.2f}" for s in STEPS), f"{1e3 * p['total_s']:.2f}",
+             f"{p['bytes'] / 1e6:.2f}"] for p in res["per_rank"]]
+    out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
+    out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest rank; "
+               f"compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
+    bws = [float(b) for b in args.bandwidth.split(",")]
+    model = [[f"{b:g}", f"{res['T'] / predict(res['compute_s'], res['bytes_max'], b, args.latency_us):.0f}"]
+             + ([f"{res['T'] / predict(c1 / res['P'], res['bytes_max'], b, args.latency_us):.0f}"] if c1 else [])
+             for b in bws]
+    heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
+    out.append(C.format_table(heads, model))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points
+
+
+def launch(args, argv):
+    """--ranks: run this script under mpiexec for each P and print every report."""
+    exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    exe = exe if os.path.exists(exe) else "mpiexec"
+    forward = [a for i, a in enumerate(argv) if a != "--ranks" and (i == 0 or argv[i - 1] != "--ranks")
+               and not a.startswith("--ranks=")]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               RAGGEDDOT_NUM_THREADS=os.environ.get("RAGGEDDOT_NUM_THREADS", "1"))
+    results, c1 = [], None
+    for P in (int(p) for p in args.ranks.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "result.json")
+            cmd = [exe, "-n", str(P), sys.executable, os.path.abspath(__file__), *forward, "--json", path]
+            subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
+            with open(path) as f:
+                res = json.load(f)
+        c1 = res["compute_s"] if P == 1 else c1
+        results.append(res)
+    print()
+    for res in results:
+        print(report(res, args, c1))
+        print()
+    if args.json:
+        C.write_json(args.json, results)
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.ranks:
+        return launch(args, argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        res = run_ranks(args)
+    except SystemExit:
+        raise
+    except BaseException:
+        if comm.size == 1:
+            raise
+        import traceback
+
+        sys.stderr.write(traceback.format_exc())      # one write, before the abort stops the output
+        sys.stderr.flush()
+        comm.Abort(1)
+        raise
+    if res is not None:
+        if args.json:
+            C.write_json(args.json, res)
+        else:
+            print(report(res, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,8 @@ MPI ranks.
                 [--latency-us A] [--json PATH] [--smoke]
     python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec itself for each P
 
-Shapes: bench_moe.py's scenarios ("mixtral": d 1024, f 512, E 8, top-2; "deepseek" is its
-"deepseek-v3": d 1024, f 128, E 64, top-8, group-limited sigmoid routing, one shared expert).
+Shapes: the MoE specs of raggeddot.specs ("mixtral", "deepseek" = "deepseek-v3", "qwen3-moe",
+"gpt-oss", "small-e8"; `python benchmarks/run.py moe --list` shows them), with their options.
 T tokens in all (default 4096), split evenly over the ranks; rank r holds experts
 [r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32 and two timed runs, to check that the
 script runs end to end.
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -58,10 +57,11 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
-from bench_moe import SCENARIOS  # noqa: E402
+import machine  # noqa: E402
+import report as R  # noqa: E402
+from raggeddot import specs as S  # noqa: E402
 
-SPECS = {"deepseek": "deepseek-v3", **{name: name for name in SCENARIOS}}
+SPECS = {"deepseek": "deepseek-v3", **{s.name: s.name for s in S.select("moe")}}
 STEPS = ("route", "dispatch", "exchange", "experts", "combine", "other")
 CHECK_TOKENS = 16
 
@@ -88,32 +88,12 @@ def parse_args(argv=None):
 
 
 def make_layer(spec, T, dtype, smoke, seed=0):
-    """(x [T, d], router [d, E], w0, w1, wo, moe_block kwargs) of a bench_moe scenario, the same
-    on every rank (one seed)."""
-    s = SCENARIOS[SPECS[spec]]
-    d, f, E, k = (64, 32, s["E"], s["top_k"]) if smoke else (s["d"], s["f"], s["E"], s["top_k"])
-    rng = np.random.default_rng(seed)
-
-    def randn(*shape, scale=1.0):
-        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
-
-    x = randn(T, d)
-    rw = randn(d, E, scale=1 / math.sqrt(d))
-    w0, w1 = randn(E, d, f, scale=1 / math.sqrt(d)), randn(E, d, f, scale=1 / math.sqrt(d))
-    wo = randn(E, f, d, scale=1 / math.sqrt(f))
-    kw = dict(s["kw"], top_k=k)
-    if s.get("router_bias"):
-        kw["router_bias"] = randn(E, scale=0.2)
-    if s.get("selection_bias"):
-        kw["selection_bias"] = randn(E, scale=0.05)
-    if s.get("biases"):
-        kw["w0_bias"], kw["w1_bias"] = randn(E, f, scale=0.1), randn(E, f, scale=0.1)
-        kw["wo_bias"] = randn(E, d, scale=0.1)
-    if s.get("shared"):
-        fs = 32 if smoke else s["shared"]
-        kw["shared_experts"] = (randn(d, fs, scale=1 / math.sqrt(d)), randn(d, fs, scale=1 / math.sqrt(d)),
-                                randn(fs, d, scale=1 / math.sqrt(fs)))
-    return x, rw, w0, w1, wo, kw
+    """(x [T, d], router [d, E], w0, w1, wo, moe_block kwargs) of a raggeddot.specs MoE spec
+    with T tokens, the same on every rank (one seed); --smoke shrinks d and f to 64 and 32."""
+    s = S.get(SPECS[spec])
+    shape = dict(T=T, d=64, f=32, shared=32 if s.shape.get("shared") else 0) if smoke else dict(T=T)
+    inputs = S.make_inputs(s.resized(**shape), dtype, seed)
+    return (*(inputs[name] for name in S.MOE_ARGS), inputs["options"])
 
 
 def local_share(layer, comm, T_per_rank, first=None):
@@ -218,7 +198,7 @@ def run_ranks(args):
     return {"spec": args.spec, "P": P, "T": T, "E": E, "d": x.shape[1], "top_k": kw["top_k"],
             "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
             "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
-            "bytes_max": max(p["bytes"] for p in per_rank), "machine": C.machine_info()}
+            "bytes_max": max(p["bytes"] for p in per_rank), "machine": machine.machine_info()}
 
 
 def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
@@ -232,7 +212,7 @@ def report(res, args, c1=None):
            f"E={res['E']}, d={res['d']}, top_k={res['top_k']}, {res['dtype']}, medians of {res['runs']} runs"]
     rows = [[p["rank"], *(f"{1e3 * p[s]:.2f}" for s in STEPS), f"{1e3 * p['total_s']:.2f}",
              f"{p['bytes'] / 1e6:.2f}"] for p in res["per_rank"]]
-    out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
+    out.append(R.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
     out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest rank; "
                f"compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
     bws = [float(b) for b in args.bandwidth.split(",")]
@@ -240,7 +220,7 @@ def report(res, args, c1=None):
              + ([f"{res['T'] / predict(c1 / res['P'], res['bytes_max'], b, args.latency_us):.0f}"] if c1 else [])
              for b in bws]
     heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
-    out.append(C.format_table(heads, model))
+    out.append(R.format_table(heads, model))
     return "\n".join(out)
 
 
@@ -271,7 +251,7 @@ def launch(args, argv):
         print(report(res, args, c1))
         print()
     if args.json:
-        C.write_json(args.json, results)
+        R.write_json(args.json, results)
     return 0
 
 
@@ -298,7 +278,7 @@ def main(argv=None):
         raise
     if res is not None:
         if args.json:
-            C.write_json(args.json, res)
+            R.write_json(args.json, res)
         else:
             print(report(res, args))
     return 0

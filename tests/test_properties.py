@@ -6,7 +6,7 @@ strides, zero-stride broadcast views, misaligned and read-only data), thread
 counts and kernels: each call either matches ``raggeddot.reference`` or
 raises the documented exception, and never modifies an input.
 
-Examples per test: RAGGEDDOT_PROPERTY_EXAMPLES (default 250, 1,750 in all).
+Examples per test: RAGGEDDOT_PROPERTY_EXAMPLES (default 400, 2,800 in all).
 For a long run, e.g. 10**5 examples over the 7 tests:
 
     RAGGEDDOT_PROPERTY_EXAMPLES=14300 python -m pytest tests/test_properties.py
@@ -24,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 import raggeddot  # noqa: E402
 from raggeddot import reference, runtime  # noqa: E402
 
-EXAMPLES = int(os.environ.get("RAGGEDDOT_PROPERTY_EXAMPLES", "250"))
+EXAMPLES = int(os.environ.get("RAGGEDDOT_PROPERTY_EXAMPLES", "400"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -13,7 +13,6 @@ ragged letter: free (1), contracting (2) or batch (3).
 
 import dataclasses
 import itertools
-import math
 import types
 
 import numpy as np
@@ -23,10 +22,7 @@ import raggeddot
 from raggeddot import reference
 from raggeddot import RaggedDotDimensionNumbers, ragged_dot_general
 
-try:
-    from conftest import random_group_sizes
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import random_group_sizes
+from helpers import check_close, dtype_id, prefixed_group_sizes, random_group_sizes
 
 SIZES = dict(b=2, c=3, m=9, p=3, q=2, k=7, l=3, n=5, o=2)
 NUM_GROUPS = 4
@@ -120,13 +116,8 @@ def _layout(x, layout):
 
 def _group_sizes(rng, case, g, prefixed, full_first=True, sizes=SIZES):
     """[g] or prefix + (g,) sizes; row totals random in [0, ragged size]."""
-    ragged = sizes[case.ragged]
     prefix_shape = tuple(sizes[a] for a in case.prefix) if prefixed else ()
-    rows = []
-    for i in range(math.prod(prefix_shape)):
-        total = ragged if (i == 0 and full_first) else int(rng.integers(0, ragged + 1))
-        rows.append(random_group_sizes(rng, g, total))
-    return np.array(rows, dtype=np.int32).reshape(prefix_shape + (g,))
+    return prefixed_group_sizes(rng, prefix_shape, g, sizes[case.ragged], full_first=full_first)
 
 
 def _inputs(rng, case, dtype, g=NUM_GROUPS, layout="contiguous", sizes=None):
@@ -136,21 +127,10 @@ def _inputs(rng, case, dtype, g=NUM_GROUPS, layout="contiguous", sizes=None):
     return lhs, rhs
 
 
-def _scaled_error(actual, expected):
-    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    if e.size == 0:
-        return 0.0
-    return float(np.abs(a - e).max()) / max(1.0, float(np.abs(e).max()))
-
-
-TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3}
-
-
 def check(actual, expected, label=""):
-    assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
+    """Same dtype, and close to the oracle (helpers.check_close)."""
     assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
-    err = _scaled_error(actual, expected)
-    assert err <= TOL[np.dtype(expected.dtype)], f"{label}: scaled error {err:.3e}"
+    check_close(actual, expected, err_msg=label)
 
 
 # ---------------------------------------------------------------------------
@@ -159,7 +139,7 @@ def check(actual, expected, label=""):
 
 @pytest.mark.parametrize("layout", ["contiguous", "fortran", "strided"])
 @pytest.mark.parametrize("prefixed", [False, True], ids=["gs1d", "gsprefixed"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(rng, name, dtype, prefixed, layout):
     case = Case(*CASES[name])
@@ -327,7 +307,7 @@ def test_group_sizes_any_integer_dtype(rng):
 BASIC = RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 def test_equals_ragged_dot(rng, dtype):
     for m, k, n, g in [(1, 1, 1, 1), (50, 33, 17, 5), (130, 64, 40, 8), (20, 8, 9, 12)]:
         lhs = rng.standard_normal((m, k)).astype(dtype)
@@ -480,11 +460,6 @@ def test_errors(exc, pattern, lhs, rhs, gs, dims, kwargs):
 # Against jax.lax.ragged_dot_general itself
 # ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def jax():
-    return pytest.importorskip("jax")
-
-
 def _jax_per_last_batch(jax, case, lhs, rhs, gs):
     """jax's answer assembled from one call per index of the last listed batch
     dim (each call then has one batch dim fewer)."""
@@ -502,14 +477,14 @@ def _jax_per_last_batch(jax, case, lhs, rhs, gs):
 
 
 @pytest.mark.parametrize("prefixed", [False, True], ids=["gs1d", "gsprefixed"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_jax(jax, rng, name, dtype, prefixed):
+def test_matches_jax(jax, x64, rng, name, dtype, prefixed):
     case = Case(*CASES[name])
     lhs, rhs = _inputs(rng, case, dtype, layout="strided")
     gs = _group_sizes(rng, case, NUM_GROUPS, prefixed, full_first=False)
     jdims = case.dims(jax.lax.RaggedDotDimensionNumbers)
-    with jax.enable_x64(dtype == np.float64):
+    with x64(dtype == np.float64):
         try:
             want = np.asarray(jax.lax.ragged_dot_general(lhs, rhs, gs, jdims))
         except jax.errors.JaxRuntimeError as e:

@@ -1,7 +1,7 @@
 """raggeddot.ragged_dot against jax.lax.ragged_dot itself (CPU).
 
-float64 runs inside ``jax.enable_x64(True)`` (a context manager in jax
-0.10.x), so the global x64 flag is never flipped for other test modules.
+float64 runs inside the ``x64`` fixture's context, so the global x64 flag is
+never flipped for other test modules.
 
 NaN/inf inputs are deliberately not compared here: JAX's CPU lowering
 multiplies dense masks, so a NaN in the rhs of one group leaks into every
@@ -13,13 +13,7 @@ import pytest
 
 import raggeddot
 
-try:
-    from conftest import looser_dtype, random_group_sizes
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import looser_dtype, random_group_sizes
-
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
+from helpers import FLOATS, check_close, dtype_id, looser_dtype, random_group_sizes, randn
 
 SHAPES = [  # m, k, n, g
     (1, 1, 1, 1), (7, 3, 5, 3), (16, 16, 16, 4), (33, 65, 17, 5), (128, 64, 96, 8),
@@ -27,18 +21,15 @@ SHAPES = [  # m, k, n, g
 ]
 
 
-def _x64(enabled):
-    return jax.enable_x64(enabled)
-
-
-def _jax_ragged_dot(lhs, rhs, gs, **kwargs):
+def _jax_ragged_dot(jax, lhs, rhs, gs, **kwargs):
+    jnp = jax.numpy
     return np.asarray(jax.lax.ragged_dot(jnp.asarray(lhs), jnp.asarray(rhs),
                                          jnp.asarray(gs, dtype=jnp.int32), **kwargs))
 
 
 def _cases(rng, m, k, n, g, dtype):
-    lhs = rng.standard_normal((m, k)).astype(dtype)
-    rhs = rng.standard_normal((g, k, n)).astype(dtype)
+    lhs = randn(rng, (m, k), dtype)
+    rhs = randn(rng, (g, k, n), dtype)
     yield "full", lhs, rhs, random_group_sizes(rng, g, m)
     yield "below", lhs, rhs, random_group_sizes(rng, g, int(rng.integers(0, m)))
     gs = random_group_sizes(rng, g, m)
@@ -46,17 +37,17 @@ def _cases(rng, m, k, n, g, dtype):
     yield "holes", lhs, rhs, gs
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("m,k,n,g", SHAPES)
-def test_matches_jax(rng, assert_close, m, k, n, g, dtype):
-    with _x64(dtype == np.float64):
+def test_matches_jax(jax, x64, rng, m, k, n, g, dtype):
+    with x64(dtype == np.float64):
         for name, lhs, rhs, gs in _cases(rng, m, k, n, g, dtype):
-            want = _jax_ragged_dot(lhs, rhs, gs)
+            want = _jax_ragged_dot(jax, lhs, rhs, gs)
             assert want.dtype == dtype  # x64 really is on for float64
             got = raggeddot.ragged_dot(lhs, rhs, gs)
             label = f"{name} m={m} k={k} n={n} gs={gs.tolist()}"
             assert got.dtype == want.dtype, label
-            assert_close(got, want, dtype, err_msg=label)
+            check_close(got, want, dtype, err_msg=label)
             total = int(gs.sum())
             assert np.all(got[total:] == 0) and np.all(want[total:] == 0), label
 
@@ -69,43 +60,43 @@ def test_matches_jax(rng, assert_close, m, k, n, g, dtype):
     (np.float32, np.float64, None),
     (np.float64, np.float32, None),
     (np.float32, np.float64, np.float32),
-], ids=lambda d: np.dtype(d).name if d is not None else "None")
-def test_preferred_element_type_and_mixed(rng, assert_close, lhs_dtype, rhs_dtype, pet):
+], ids=dtype_id)
+def test_preferred_element_type_and_mixed(jax, x64, rng, lhs_dtype, rhs_dtype, pet):
     m, k, n, g = 90, 70, 40, 6
-    lhs = rng.standard_normal((m, k)).astype(lhs_dtype)
-    rhs = rng.standard_normal((g, k, n)).astype(rhs_dtype)
+    lhs = randn(rng, (m, k), lhs_dtype)
+    rhs = randn(rng, (g, k, n), rhs_dtype)
     gs = random_group_sizes(rng, g, 80)
     gs[2] = 0
-    with _x64(True):
+    with x64(True):
         kwargs = {} if pet is None else {"preferred_element_type": pet}
-        want = _jax_ragged_dot(lhs, rhs, gs, **kwargs)
+        want = _jax_ragged_dot(jax, lhs, rhs, gs, **kwargs)
         got = raggeddot.ragged_dot(lhs, rhs, gs, **kwargs)
     assert got.dtype == want.dtype
     tol = looser_dtype(got.dtype, np.result_type(lhs_dtype, rhs_dtype))
-    assert_close(got, want, tol)
+    check_close(got, want, tol)
     assert np.all(got[80:] == 0)
 
 
-def test_float32_preferred_element_type_without_x64(rng, assert_close):
+def test_float32_preferred_element_type_without_x64(jax, rng):
     m, k, n, g = 50, 20, 30, 4
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((g, k, n)).astype(np.float32)
+    lhs = randn(rng, (m, k), np.float32)
+    rhs = randn(rng, (g, k, n), np.float32)
     gs = np.array([10, 0, 25, 10], np.int32)
-    want = _jax_ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float32)
+    want = _jax_ragged_dot(jax, lhs, rhs, gs, preferred_element_type=jax.numpy.float32)
     got = raggeddot.ragged_dot(lhs, rhs, gs, preferred_element_type=np.float32)
     assert got.dtype == want.dtype == np.float32
-    assert_close(got, want, np.float32)
+    check_close(got, want, np.float32)
 
 
 @pytest.mark.parametrize("precision", ["DEFAULT", "HIGH", "HIGHEST"])
-def test_precision_enum(rng, assert_close, precision):
+def test_precision_enum(jax, rng, precision):
     m, k, n, g = 40, 24, 16, 3
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((g, k, n)).astype(np.float32)
+    lhs = randn(rng, (m, k), np.float32)
+    rhs = randn(rng, (g, k, n), np.float32)
     gs = np.array([15, 0, 20], np.int32)
     p = getattr(jax.lax.Precision, precision)
     got = raggeddot.ragged_dot(lhs, rhs, gs, precision=p)
     # On the CPU, JAX computes float32 dots in float32 at every precision.
-    want = _jax_ragged_dot(lhs, rhs, gs, precision=jax.lax.Precision.HIGHEST)
-    assert_close(got, want, np.float32)
+    want = _jax_ragged_dot(jax, lhs, rhs, gs, precision=jax.lax.Precision.HIGHEST)
+    check_close(got, want, np.float32)
 

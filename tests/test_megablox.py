@@ -5,24 +5,13 @@ import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core, reference
+from raggeddot import reference, runtime
 
-from conftest import check_close, random_group_sizes
-
-FLOATS = [np.float32, np.float64]
-
-
-def randn(rng, shape, dtype):
-    return rng.standard_normal(shape).astype(dtype)
+from helpers import (FLOATS, KERNELS, THREAD_COUNTS, assert_allclose, check_close, dtype_id,
+                     random_group_sizes, randn)
 
 
-def runnable_kernels():
-    info = raggeddot.build_info()
-    ok = {"ref": True, "avx2": info["cpu_avx2"], "avx512": info["cpu_avx512"]}
-    return [k for k in info["simd"] if ok.get(k)]
-
-
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("m,k,n,g", [(1, 1, 1, 1), (7, 5, 3, 3), (128, 64, 96, 4), (300, 257, 33, 7), (64, 17, 65, 64)])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 def test_gmm_matches_reference(rng, dtype, m, k, n, g, transpose_rhs):
@@ -36,7 +25,7 @@ def test_gmm_matches_reference(rng, dtype, m, k, n, g, transpose_rhs):
         assert (got[int(gs.sum()):] == 0).all()
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("offset,g_local", [(0, 2), (1, 2), (3, 2), (0, 5), (4, 1)])
 @pytest.mark.parametrize("with_existing", [False, True])
 def test_gmm_group_offset_and_existing_out(rng, dtype, offset, g_local, with_existing):
@@ -58,7 +47,7 @@ def test_gmm_group_offset_and_existing_out(rng, dtype, offset, g_local, with_exi
     assert np.array_equal(got[outside], np.broadcast_to(expect_outside, got[outside].shape))
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("k,m,n,g", [(1, 1, 1, 1), (5, 7, 3, 3), (64, 128, 96, 4), (257, 300, 33, 7), (17, 64, 65, 64)])
 def test_tgmm_matches_reference(rng, dtype, k, m, n, g):
     x = randn(rng, (m, k), dtype)          # lhs is x.T: a strided view, as in a backward pass
@@ -96,15 +85,14 @@ def test_tgmm_is_the_weight_gradient_of_ragged_dot(rng):
     d_rhs = raggeddot.tgmm(x.T, ct, gs)
     start = 0
     for i, size in enumerate(gs):
-        np.testing.assert_allclose(d_rhs[i], x[start:start + size].T @ ct[start:start + size],
-                                   rtol=1e-12, atol=1e-12)
+        assert_allclose(d_rhs[i], x[start:start + size].T @ ct[start:start + size])
         start += size
 
 
-@pytest.mark.parametrize("kernel", runnable_kernels())
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_tgmm_every_kernel_edge_shapes(rng, restore_runtime, kernel, dtype):
-    _core.set_kernel(kernel)
+    runtime.set_kernel(kernel)
     for k, n, m in itertools.product([1, 13, 255, 257], [1, 17, 33], [5, 300]):
         lhs = randn(rng, (k, m), dtype)
         rhs = randn(rng, (m, n), dtype)
@@ -122,7 +110,7 @@ def test_results_identical_across_thread_counts(rng, restore_runtime):
     raggeddot.set_num_threads(1)
     ref_gmm = raggeddot.gmm(lhs, rhs.transpose(0, 2, 1), gs, transpose_rhs=True)
     ref_tgmm = raggeddot.tgmm(lhs.T, ct, gs)
-    for t in (2, 3, 5):
+    for t in THREAD_COUNTS[1:] + (5,):
         raggeddot.set_num_threads(t)
         assert np.array_equal(raggeddot.gmm(lhs, rhs.transpose(0, 2, 1), gs, transpose_rhs=True), ref_gmm), t
         assert np.array_equal(raggeddot.tgmm(lhs.T, ct, gs), ref_tgmm), t

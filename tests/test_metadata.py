@@ -12,10 +12,7 @@ import pytest
 import raggeddot
 from raggeddot import reference
 
-try:
-    from conftest import random_group_sizes
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import random_group_sizes
+from helpers import dtype_id, random_group_sizes
 
 
 def _check_equal(got, want, *, g, m, tm, label):
@@ -88,7 +85,7 @@ def test_defaults(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64],
-                         ids=lambda d: np.dtype(d).name)
+                         ids=dtype_id)
 def test_group_sizes_dtypes(rng, dtype):
     gs = random_group_sizes(rng, 6, 60)
     want = reference.make_group_metadata(group_sizes=gs.astype(np.int32), m=64, tm=8)
@@ -127,14 +124,9 @@ def test_m_not_multiple_of_tm(m, tm):
 # megablox's own make_group_metadata
 # ---------------------------------------------------------------------------
 
-def test_against_megablox(rng):
-    pytest.importorskip("jax")
-    import jax.numpy as jnp
-    try:
-        from jax.experimental.pallas.ops.tpu.megablox.gmm import (
-            make_group_metadata as megablox_metadata)
-    except ImportError as exc:
-        pytest.skip(f"megablox not importable: {exc}")
+def test_against_megablox(jax, megablox, rng):
+    jnp = jax.numpy
+    megablox_metadata = megablox.make_group_metadata
 
     cases = 0
     # Eager JAX recompiles for every new (g, m, tm) (and visit flag), which costs

@@ -1,7 +1,7 @@
-"""raggeddot.ragged_dot (the compiled _core) against raggeddot.reference.
+"""raggeddot.ragged_dot (the C kernels) against raggeddot.reference.
 
 Every test compares the C result with the pure-NumPy oracle using
-``assert_close`` (scaled error, see conftest.py); rows past sum(group_sizes)
+``check_close`` (scaled error, see helpers.py); rows past sum(group_sizes)
 are additionally checked to be exactly 0 with ``==``.
 """
 
@@ -11,25 +11,15 @@ import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core, reference
+from raggeddot import reference, runtime
 
-try:
-    from conftest import group_starts, looser_dtype, random_group_sizes
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import group_starts, looser_dtype, random_group_sizes
+from helpers import (FLOATS, HALF_DTYPES, INT_DTYPES, KERNELS, THREAD_COUNTS, check_close,
+                     dtype_id, group_starts, looser_dtype, random_group_sizes, randn)
 
 pytestmark = pytest.mark.usefixtures("restore_runtime")
 
-FLOATS = [np.float32, np.float64]
-INT_DTYPES = [np.int8, np.int16, np.int32, np.int64,
-              np.uint8, np.uint16, np.uint32, np.uint64]
 
-
-def randn(rng, shape, dtype):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def check_against_reference(assert_close, lhs, rhs, group_sizes, *, label="", **kwargs):
+def check_against_reference(lhs, rhs, group_sizes, *, label="", **kwargs):
     """Run C and reference; compare; check tail rows are exactly zero; return C output."""
     out = raggeddot.ragged_dot(lhs, rhs, group_sizes, **kwargs)
     expected = reference.ragged_dot(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs),
@@ -38,7 +28,7 @@ def check_against_reference(assert_close, lhs, rhs, group_sizes, *, label="", **
     assert out.shape == (lhs.shape[0], rhs.shape[2]), label
     assert out.dtype == expected.dtype, f"{label}: dtype {out.dtype} != reference {expected.dtype}"
     tol_dtype = looser_dtype(out.dtype, np.result_type(lhs.dtype, rhs.dtype))
-    assert_close(out, expected, tol_dtype, err_msg=label)
+    check_close(out, expected, tol_dtype, err_msg=label)
     total = int(np.asarray(group_sizes).astype(np.int64).sum())
     tail = out[total:]
     assert np.all(tail == 0), (
@@ -54,18 +44,18 @@ def check_against_reference(assert_close, lhs, rhs, group_sizes, *, label="", **
 GRID = [0, 1, 7, 128, 300]
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("g", [1, 3, 64])
 @pytest.mark.parametrize("n", GRID)
 @pytest.mark.parametrize("k", GRID)
 @pytest.mark.parametrize("m", GRID)
-def test_grid(rng, assert_close, m, k, n, g, dtype):
+def test_grid(rng, m, k, n, g, dtype):
     lhs = randn(rng, (m, k), dtype)
     rhs = randn(rng, (g, k, n), dtype)
     # Two sampled group-size patterns per shape: covering all rows, and a sum below m.
     for total in sorted({m, int(rng.integers(0, m + 1)) if m else 0}, reverse=True):
         gs = random_group_sizes(rng, g, total)
-        check_against_reference(assert_close, lhs, rhs, gs,
+        check_against_reference(lhs, rhs, gs,
                                 label=f"m={m} k={k} n={n} g={g} gs={gs.tolist()}")
 
 
@@ -75,7 +65,7 @@ def test_grid(rng, assert_close, m, k, n, g, dtype):
 
 @pytest.mark.parametrize("tail", [0, 5])
 @pytest.mark.parametrize("g,mask", [(g, mask) for g in (3, 4) for mask in range(2 ** g)])
-def test_every_empty_group_pattern(rng, assert_close, g, mask, tail):
+def test_every_empty_group_pattern(rng, g, mask, tail):
     # bit i of mask set -> group i is empty; other groups get 1..20 rows
     # (crossing the 6-row micro-tile boundaries at random places).
     sizes = np.array([0 if mask >> i & 1 else int(rng.integers(1, 21)) for i in range(g)],
@@ -85,17 +75,17 @@ def test_every_empty_group_pattern(rng, assert_close, g, mask, tail):
     for dtype in FLOATS:
         lhs = randn(rng, (m, k), dtype)
         rhs = randn(rng, (g, k, n), dtype)
-        out = check_against_reference(assert_close, lhs, rhs, sizes,
+        out = check_against_reference(lhs, rhs, sizes,
                                       label=f"{np.dtype(dtype).name} gs={sizes.tolist()} m={m}")
         # Every row of a non-empty group equals its own matmul.
         starts = group_starts(sizes)
         for i in range(g):
             rows = slice(starts[i], starts[i] + sizes[i])
-            assert_close(out[rows], lhs[rows].astype(np.float64) @ rhs[i].astype(np.float64),
+            check_close(out[rows], lhs[rows].astype(np.float64) @ rhs[i].astype(np.float64),
                          dtype, err_msg=f"group {i}")
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("m,sizes", [
     (10, [0]),
     (10, [0, 0, 0]),
@@ -106,12 +96,12 @@ def test_every_empty_group_pattern(rng, assert_close, g, mask, tail):
     (257, [0, 128, 0, 0, 128, 0]),
     (1, [0, 0]),
 ])
-def test_sum_below_m_tail_is_exact_zero(rng, assert_close, m, sizes, dtype):
+def test_sum_below_m_tail_is_exact_zero(rng, m, sizes, dtype):
     sizes = np.array(sizes, dtype=np.int64)
     g, k, n = len(sizes), 33, 17
     lhs = randn(rng, (m, k), dtype)
     rhs = randn(rng, (g, k, n), dtype)
-    out = check_against_reference(assert_close, lhs, rhs, sizes)
+    out = check_against_reference(lhs, rhs, sizes)
     total = int(sizes.sum())
     assert np.array_equal(out[total:], np.zeros((m - total, n), dtype=out.dtype))
 
@@ -129,31 +119,31 @@ def test_tail_rows_zero_even_with_nan_and_inf_in_lhs_tail(rng):
     assert np.all(out[10:] == 0), out[10:]
 
 
-def test_all_rows_in_a_single_group_matches_dense_matmul(rng, assert_close):
+def test_all_rows_in_a_single_group_matches_dense_matmul(rng):
     m, k, n = 257, 129, 65
     for dtype in FLOATS:
         lhs = randn(rng, (m, k), dtype)
         rhs = randn(rng, (3, k, n), dtype)
         out = raggeddot.ragged_dot(lhs, rhs, np.array([0, m, 0], np.int32))
-        assert_close(out, lhs.astype(np.float64) @ rhs[1].astype(np.float64), dtype)
+        check_close(out, lhs.astype(np.float64) @ rhs[1].astype(np.float64), dtype)
 
 
-def test_cache_block_boundaries(rng, assert_close):
+def test_cache_block_boundaries(rng):
     # Crosses MC (144/72 rows), KC (256) and NC (4080 columns) with partial blocks.
     m, k, n, g = 150, 257, 4097, 3
     for dtype in FLOATS:
         lhs = randn(rng, (m, k), dtype)
         rhs = randn(rng, (g, k, n), dtype)
         gs = np.array([73, 0, 70], np.int32)
-        check_against_reference(assert_close, lhs, rhs, gs, label=np.dtype(dtype).name)
+        check_against_reference(lhs, rhs, gs, label=np.dtype(dtype).name)
 
 
-def test_many_small_groups(rng, assert_close):
+def test_many_small_groups(rng):
     m, k, n, g = 1000, 64, 48, 200
     lhs = randn(rng, (m, k), np.float32)
     rhs = randn(rng, (g, k, n), np.float32)
     gs = random_group_sizes(rng, g, 990)
-    check_against_reference(assert_close, lhs, rhs, gs)
+    check_against_reference(lhs, rhs, gs)
 
 
 def test_repeated_calls_bitwise_identical(rng):
@@ -199,13 +189,13 @@ def _layouts(rng, m, k, n, g, dtype):
         R.reshape(-1)[1:1 + g * k * n].reshape(g, k, n), gs_c
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("m,k,n,g", [(40, 13, 21, 3), (131, 70, 35, 5), (7, 1, 1, 2)])
-def test_memory_layouts(rng, assert_close, m, k, n, g, dtype):
+def test_memory_layouts(rng, m, k, n, g, dtype):
     for name, lhs, rhs, gs in _layouts(rng, m, k, n, g, dtype):
         assert lhs.shape == (m, k) and rhs.shape == (g, k, n) and gs.shape == (g,), name
         copies = (lhs.copy(), rhs.copy(), gs.copy())
-        check_against_reference(assert_close, lhs, rhs, gs, label=name)
+        check_against_reference(lhs, rhs, gs, label=name)
         for before, after in zip(copies, (lhs, rhs, gs)):
             assert np.array_equal(before, after), f"{name}: input modified"
 
@@ -214,13 +204,13 @@ def test_memory_layouts(rng, assert_close, m, k, n, g, dtype):
 # group_sizes dtypes
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gs_dtype", INT_DTYPES, ids=lambda d: np.dtype(d).name)
-def test_group_sizes_every_integer_dtype(rng, assert_close, gs_dtype):
+@pytest.mark.parametrize("gs_dtype", INT_DTYPES, ids=dtype_id)
+def test_group_sizes_every_integer_dtype(rng, gs_dtype):
     m, k, n, g = 120, 17, 19, 5
     lhs = randn(rng, (m, k), np.float32)
     rhs = randn(rng, (g, k, n), np.float32)
     sizes = random_group_sizes(rng, g, 110, dtype=np.int64)  # each <= 110, fits int8
-    out = check_against_reference(assert_close, lhs, rhs, sizes.astype(gs_dtype),
+    out = check_against_reference(lhs, rhs, sizes.astype(gs_dtype),
                                   label=np.dtype(gs_dtype).name)
     assert np.array_equal(out, raggeddot.ragged_dot(lhs, rhs, sizes.astype(np.int32)))
 
@@ -242,15 +232,15 @@ def test_group_sizes_platform_integer_aliases(rng):
 @pytest.mark.parametrize("lhs_dtype,rhs_dtype", [
     (np.float32, np.float32), (np.float64, np.float64),
     (np.float32, np.float64), (np.float64, np.float32),
-], ids=lambda d: np.dtype(d).name)
+], ids=dtype_id)
 @pytest.mark.parametrize("pet", [None, np.float32, np.float64],
                          ids=lambda d: "pet=" + (np.dtype(d).name if d else "None"))
-def test_dtypes_and_preferred_element_type(rng, assert_close, lhs_dtype, rhs_dtype, pet):
+def test_dtypes_and_preferred_element_type(rng, lhs_dtype, rhs_dtype, pet):
     m, k, n, g = 77, 45, 38, 4
     lhs = randn(rng, (m, k), lhs_dtype)
     rhs = randn(rng, (g, k, n), rhs_dtype)
     gs = random_group_sizes(rng, g, 70)
-    out = check_against_reference(assert_close, lhs, rhs, gs, preferred_element_type=pet)
+    out = check_against_reference(lhs, rhs, gs, preferred_element_type=pet)
     want = np.dtype(pet) if pet is not None else np.result_type(lhs_dtype, rhs_dtype)
     assert out.dtype == want
 
@@ -267,18 +257,8 @@ def test_preferred_element_type_spellings(rng, pet):
                                                     preferred_element_type=np.float32))
 
 
-def _half_dtypes():
-    out = [np.float16]
-    try:
-        import ml_dtypes
-        out.append(ml_dtypes.bfloat16)
-    except ImportError:
-        pass
-    return out
-
-
-@pytest.mark.parametrize("half", _half_dtypes(), ids=lambda d: np.dtype(d).name)
-def test_half_precision_if_accepted(rng, assert_close, half):
+@pytest.mark.parametrize("half", HALF_DTYPES, ids=dtype_id)
+def test_half_precision_if_accepted(rng, half):
     m, k, n, g = 50, 33, 20, 3
     lhs = randn(rng, (m, k), np.float32).astype(half)
     rhs = randn(rng, (g, k, n), np.float32).astype(half)
@@ -290,12 +270,12 @@ def test_half_precision_if_accepted(rng, assert_close, half):
     assert out.dtype == np.dtype(half)
     # Computed in float32 from the exactly-representable half inputs, rounded once.
     expected = reference.ragged_dot(lhs.astype(np.float32), rhs.astype(np.float32), gs)
-    assert_close(out, expected.astype(half), half)
+    check_close(out, expected.astype(half), half)
     assert np.all(out[45:].astype(np.float32) == 0)
     # Mixed with float32 promotes to float32.
     out32 = raggeddot.ragged_dot(lhs, rhs.astype(np.float32), gs)
     assert out32.dtype == np.float32
-    assert_close(out32, expected, np.float32)
+    check_close(out32, expected, np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -303,7 +283,7 @@ def test_half_precision_if_accepted(rng, assert_close, half):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("offset,g_local", [(0, 3), (2, 3), (5, 3), (0, 8), (7, 1), (3, 5)])
-def test_group_offset(rng, assert_close, offset, g_local):
+def test_group_offset(rng, offset, g_local):
     g_total, k, n = 8, 21, 34
     sizes = random_group_sizes(rng, g_total, 90)
     sizes[offset] = max(sizes[offset], 4)  # at least one computed group is non-empty
@@ -313,7 +293,7 @@ def test_group_offset(rng, assert_close, offset, g_local):
         rhs_full = randn(rng, (g_total, k, n), dtype)
         rhs = rhs_full[offset:offset + g_local]
         for off in (offset, np.int32(offset), np.int64(offset)):
-            out = check_against_reference(assert_close, lhs, rhs, sizes, group_offset=off,
+            out = check_against_reference(lhs, rhs, sizes, group_offset=off,
                                           label=f"group_offset={off!r} g_local={g_local}")
         # Independent check: only rows of groups [offset, offset+g_local) are computed.
         starts = group_starts(sizes)
@@ -321,7 +301,7 @@ def test_group_offset(rng, assert_close, offset, g_local):
         for i in range(g_total):
             rows = slice(starts[i], starts[i] + sizes[i])
             if offset <= i < offset + g_local:
-                assert_close(out[rows], full[rows], dtype, err_msg=f"group {i}")
+                check_close(out[rows], full[rows], dtype, err_msg=f"group {i}")
             else:
                 assert np.all(out[rows] == 0), f"group {i} outside the local shard must be 0"
         assert np.all(out[int(sizes.sum()):] == 0)
@@ -348,8 +328,7 @@ def test_precision_values_do_not_change_results(rng):
         assert np.array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=p), base), p
 
 
-def test_precision_accepts_jax_precision(rng):
-    jax = pytest.importorskip("jax")
+def test_precision_accepts_jax_precision(jax, rng):
     lhs = randn(rng, (64, 40), np.float32)
     rhs = randn(rng, (3, 40, 24), np.float32)
     gs = np.array([20, 0, 40], np.int32)
@@ -363,8 +342,8 @@ def test_precision_accepts_jax_precision(rng):
 # NaN / inf propagation
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-def test_nan_in_lhs_row_affects_only_that_row(rng, assert_close, dtype):
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
+def test_nan_in_lhs_row_affects_only_that_row(rng, dtype):
     m, k, n, g = 60, 37, 29, 3
     gs = np.array([20, 15, 20], np.int32)  # 5 tail rows
     lhs = randn(rng, (m, k), dtype)
@@ -382,11 +361,11 @@ def test_nan_in_lhs_row_affects_only_that_row(rng, assert_close, dtype):
     assert not np.isnan(out[good]).any()
     assert np.array_equal(out[good], clean[good]), "NaN leaked into other rows' values"
     assert np.all(out[55:] == 0)
-    assert_close(out, reference.ragged_dot(lhs, rhs, gs), dtype)
+    check_close(out, reference.ragged_dot(lhs, rhs, gs), dtype)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-def test_nan_in_rhs_group_affects_only_that_group(rng, assert_close, dtype):
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
+def test_nan_in_rhs_group_affects_only_that_group(rng, dtype):
     m, k, n, g = 70, 19, 40, 4
     gs = np.array([13, 0, 30, 20], np.int32)  # 7 tail rows
     lhs = randn(rng, (m, k), dtype)
@@ -404,7 +383,7 @@ def test_nan_in_rhs_group_affects_only_that_group(rng, assert_close, dtype):
     assert np.all(out[63:] == 0)
 
 
-def test_inf_propagation_matches_reference(rng, assert_close):
+def test_inf_propagation_matches_reference(rng):
     m, k, n, g = 30, 8, 12, 2
     gs = np.array([12, 15], np.int32)
     lhs = randn(rng, (m, k), np.float64)
@@ -418,7 +397,7 @@ def test_inf_propagation_matches_reference(rng, assert_close):
     assert np.isinf(out[3]).sum() >= n - 1
     with np.errstate(invalid="ignore"):
         expected = reference.ragged_dot(lhs, rhs, gs)
-    assert_close(out, expected, np.float64)
+    check_close(out, expected, np.float64)
     assert np.all(out[27:] == 0)
 
 
@@ -461,27 +440,27 @@ def test_set_get_num_threads():
         pytest.skip("built without OpenMP: always 1 thread")
     saved = raggeddot.get_num_threads()
     assert isinstance(saved, int) and saved >= 1
-    for t in (1, 2, 3):
+    for t in THREAD_COUNTS:
         raggeddot.set_num_threads(t)
         assert raggeddot.get_num_threads() == t
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-def test_thread_count_determinism(rng, assert_close, dtype):
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
+def test_thread_count_determinism(rng, dtype):
     m, k, n, g = 1000, 300, 500, 7
     lhs = randn(rng, (m, k), dtype)
     rhs = randn(rng, (g, k, n), dtype)
     gs = random_group_sizes(rng, g, 990)
     results = {}
-    for t in (1, 2, 3):
+    for t in THREAD_COUNTS:
         raggeddot.set_num_threads(t)
         results[t] = raggeddot.ragged_dot(lhs, rhs, gs)
-    for t in (2, 3):
+    for t in THREAD_COUNTS[1:]:
         diff = results[t] != results[1]
         assert not diff.any(), (
             f"{t} threads differ from 1 thread at {int(diff.sum())} entries, "
             f"first {np.argwhere(diff)[0].tolist()}")
-    assert_close(results[1], reference.ragged_dot(lhs, rhs, gs), dtype)
+    check_close(results[1], reference.ragged_dot(lhs, rhs, gs), dtype)
 
 
 def test_thread_count_determinism_many_groups(rng):
@@ -500,12 +479,6 @@ def test_thread_count_determinism_many_groups(rng):
 # Micro-kernels: every kernel this CPU can run ("ref", "avx2", "avx512") on edge shapes
 # ---------------------------------------------------------------------------
 
-def _kernels():
-    info = raggeddot.build_info()
-    runnable = {"ref": True, "avx2": info.get("cpu_avx2", False), "avx512": info.get("cpu_avx512", False)}
-    return [name for name in info["simd"] if runnable.get(name, False)]
-
-
 def test_build_info():
     info = raggeddot.build_info()
     assert isinstance(info, dict)
@@ -515,11 +488,11 @@ def test_build_info():
 
 
 def test_set_kernel_round_trip():
-    for name in _kernels():
-        _core.set_kernel(name)
+    for name in KERNELS:
+        runtime.set_kernel(name)
         assert raggeddot.build_info()["kernel"] == name
-        assert _core.set_kernel("auto") == name
-    _core.set_kernel("auto")
+        assert runtime.set_kernel("auto") == name
+    runtime.set_kernel("auto")
     assert raggeddot.build_info()["kernel"] in raggeddot.build_info()["simd"]
 
 
@@ -528,41 +501,41 @@ def test_set_kernel_runs_exactly_what_the_cpu_supports(restore_runtime):
     refused with RuntimeError, never silently run on a CPU without it."""
     info = raggeddot.build_info()
     for name in info["simd"]:
-        if name in _kernels():
-            _core.set_kernel(name)
+        if name in KERNELS:
+            runtime.set_kernel(name)
             assert raggeddot.build_info()["kernel"] == name
         else:
             with pytest.raises(RuntimeError):
-                _core.set_kernel(name)
+                runtime.set_kernel(name)
             assert raggeddot.build_info()["kernel"] != name
 
 
 def test_set_kernel_unknown_name_raises():
     with pytest.raises((ValueError, RuntimeError)):
-        _core.set_kernel("no-such-kernel")
+        runtime.set_kernel("no-such-kernel")
     assert raggeddot.build_info()["kernel"] in raggeddot.build_info()["simd"]
 
 
-@pytest.mark.parametrize("kernel", _kernels())
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("m", [1, 5, 7, 13])
-def test_micro_kernel_edges(rng, assert_close, kernel, dtype, m):
-    _core.set_kernel(kernel)
+def test_micro_kernel_edges(rng, kernel, dtype, m):
+    runtime.set_kernel(kernel)
     assert raggeddot.build_info()["kernel"] == kernel
     for k, n in itertools.product([1, 255, 257, 513], [1, 15, 17, 33]):
         lhs = randn(rng, (m, k), dtype)
         rhs = randn(rng, (3, k, n), dtype)
         gs = random_group_sizes(rng, 3, m - int(rng.integers(0, 2)))
-        check_against_reference(assert_close, lhs, rhs, gs,
+        check_against_reference(lhs, rhs, gs,
                                 label=f"kernel={kernel} m={m} k={k} n={n} gs={gs.tolist()}")
 
 
-@pytest.mark.parametrize("kernel", _kernels())
-def test_micro_kernel_larger_shape(rng, assert_close, kernel):
-    _core.set_kernel(kernel)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_micro_kernel_larger_shape(rng, kernel):
+    runtime.set_kernel(kernel)
     m, k, n, g = 301, 513, 129, 5
     for dtype in FLOATS:
         lhs = randn(rng, (m, k), dtype)
         rhs = randn(rng, (g, k, n), dtype)
         gs = random_group_sizes(rng, g, 299)
-        check_against_reference(assert_close, lhs, rhs, gs, label=f"kernel={kernel}")
+        check_against_reference(lhs, rhs, gs, label=f"kernel={kernel}")

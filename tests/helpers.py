@@ -1,5 +1,5 @@
-"""What the test modules share: dtypes, tolerances, the comparison, group
-sizes and the kernels this CPU runs.
+"""What the test modules share: dtypes, tolerances, the comparison, group-size
+patterns, memory layouts and the kernels this CPU runs.
 
 Fixtures live in conftest.py; this module holds plain functions and tables, so
 that a test module imports what it uses (``from helpers import check_close``).
@@ -194,6 +194,16 @@ def random_group_sizes(rng, g, total, dtype=np.int32, *, empty=0.0):
     return sizes.astype(dtype)
 
 
+def skewed_group_sizes(rng, g, total, dtype=np.int32):
+    """``g`` sizes summing to ``total``, each group expecting half the rows of
+    the one before it (in a random order): one large group, a long tail of
+    small and empty ones."""
+    if g == 0:
+        return np.zeros(0, dtype=dtype)
+    weights = rng.permutation(0.5 ** np.arange(g))
+    return rng.multinomial(total, weights / weights.sum()).astype(dtype)
+
+
 def group_starts(group_sizes):
     """Row where each group starts (int64, exact)."""
     gs = np.asarray(group_sizes).astype(np.int64)
@@ -210,6 +220,23 @@ def empty_group_patterns(sizes):
         yield mask, gs
 
 
+def group_size_patterns(rng, g, m, dtype=np.int32):
+    """Named group sizes of ``g`` groups over ``m`` rows, each summing to at most m:
+    random (sum m, and below m), random with forced empty groups, skewed,
+    all empty, one group holding every row, and every group non-empty."""
+    yield "random-full", random_group_sizes(rng, g, m, dtype)
+    yield "random-below", random_group_sizes(rng, g, int(rng.integers(0, m + 1)), dtype)
+    yield "random-empty", random_group_sizes(rng, g, m, dtype, empty=0.5)
+    yield "skewed", skewed_group_sizes(rng, g, m, dtype)
+    yield "all-empty", np.zeros(g, dtype)
+    if g:
+        one = np.zeros(g, dtype)
+        one[int(rng.integers(0, g))] = m
+        yield "one-full", one
+    if m >= g:
+        yield "all-nonempty", (random_group_sizes(rng, g, m - g, np.int64) + 1).astype(dtype)
+
+
 def prefixed_group_sizes(rng, prefix_shape, g, size, *, full_first=False, dtype=np.int32):
     """``prefix_shape + (g,)`` sizes, each row summing to a random total in
     [0, size] (the first row to ``size`` when ``full_first``)."""
@@ -218,6 +245,69 @@ def prefixed_group_sizes(rng, prefix_shape, g, size, *, full_first=False, dtype=
         total = size if (i == 0 and full_first) else int(rng.integers(0, size + 1))
         rows.append(random_group_sizes(rng, g, total, dtype))
     return np.array(rows, dtype=dtype).reshape(tuple(prefix_shape) + (g,))
+
+
+# ---------------------------------------------------------------------------
+# Memory layouts
+# ---------------------------------------------------------------------------
+
+# Layouts that keep the values of the array they are given.
+VALUE_LAYOUTS = ["contiguous", "fortran", "transposed", "strided", "negative", "offset",
+                 "unaligned", "readonly"]
+# And two that replace it by a stride-0 view of one of its slices.
+LAYOUTS = VALUE_LAYOUTS + ["broadcast_outer", "broadcast_inner"]
+
+
+def with_layout(x, layout):
+    """``x`` in memory layout ``layout``:
+
+    - contiguous: ``x`` itself; fortran: column-major copy;
+    - transposed: the last two axes swapped in memory (a transposed view);
+    - strided: every axis steps by 2 through a larger buffer;
+    - negative: every axis steps by -2 (reversed, strided view);
+    - offset: one element past the start of a buffer (not 32/64-byte aligned);
+    - unaligned: one *byte* past the start of a buffer (not element-aligned);
+    - readonly: a read-only copy;
+    - broadcast_outer / broadcast_inner: ``x``'s first / last slice repeated
+      along that axis with stride 0 (the values change: every slice equals the
+      first).
+    """
+    x = np.asarray(x)
+    if layout == "contiguous":
+        return x
+    if layout == "fortran":
+        return np.asfortranarray(x)
+    if layout == "transposed":
+        if x.ndim < 2:
+            return x
+        return np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2)
+    if layout in ("strided", "negative"):
+        step = 2 if layout == "strided" else -2
+        big = np.zeros(tuple(2 * s for s in x.shape), x.dtype)
+        view = big[tuple(slice(None, None, step) for _ in x.shape)]
+        view[...] = x
+        return view
+    if layout == "offset":
+        buf = np.zeros(x.size + 1, x.dtype)
+        view = buf[1:].reshape(x.shape)
+        view[...] = x
+        return view
+    if layout == "unaligned":
+        raw = np.zeros(x.nbytes + 1, np.uint8)
+        view = raw[1:].view(x.dtype).reshape(x.shape)
+        view[...] = x
+        assert x.size == 0 or not view.flags.aligned or x.itemsize == 1
+        return view
+    if layout == "readonly":
+        copy = x.copy()
+        copy.flags.writeable = False
+        return copy
+    if layout in ("broadcast_outer", "broadcast_inner"):
+        if x.ndim == 0 or x.size == 0:
+            return x
+        axis = 0 if layout == "broadcast_outer" else x.ndim - 1
+        return np.broadcast_to(np.take(x, [0], axis=axis), x.shape)
+    raise ValueError(f"unknown layout {layout!r}")
 
 
 # ---------------------------------------------------------------------------

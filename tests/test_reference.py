@@ -5,8 +5,9 @@ against its jax counterpart on CPU:
 
 * ragged_dot          -> jax.lax.ragged_dot (float32, and float64 under x64)
 * ragged_dot_general  -> jax.lax.ragged_dot_general, all three modes
-* make_group_metadata -> megablox make_group_metadata, element for element
 * gmm / tgmm          -> megablox gmm / tgmm run with interpret=True
+* make_group_metadata -> megablox make_group_metadata: in test_metadata.py,
+                         with raggeddot's own beside the oracle's
 
 Known, deliberate differences (asserted where they matter):
 
@@ -16,12 +17,8 @@ Known, deliberate differences (asserted where they matter):
 * Non-finite values: jax's CPU ragged_dot computes sum_g mask_g(lhs) @ rhs[g],
   so a NaN/inf anywhere in rhs (even in an empty group) reaches every output
   row; the oracle confines it to the rows of its own group.
-* megablox counts tile visits with a float32 histogram, which misplaces counts
-  once m // tm passes about 4100 tiles (first seen at 4109); tests stay far
-  below that and the oracle counts exactly.
 """
 
-import functools
 import itertools
 import types
 
@@ -306,109 +303,6 @@ def test_ragged_dot_general_validation():
     with pytest.raises(ValueError):  # mode 1 needs an rhs group dimension
         ref.ragged_dot_general(lhs, np.ones((2, 3)), np.array([3, 3]),
                                RaggedDotDimensionNumbers((([1], [0]), ([], [])), [0], []))
-
-
-# ---------------------------------------------------------------------------
-# make_group_metadata vs megablox
-# ---------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_make_group_metadata(jax, megablox):
-    """megablox's make_group_metadata under jit, as gmm/tgmm run it.
-
-    start_group and num_nonzero_groups are traced (megablox only does integer
-    arithmetic on them), so one compile serves every shard of a (g, m, tm) shape.
-    """
-    def metadata(group_sizes, start_group, num_nonzero_groups, *, m, tm, visit_empty_groups):
-        return megablox.make_group_metadata(
-            group_sizes=group_sizes, m=m, tm=tm, start_group=start_group,
-            num_nonzero_groups=num_nonzero_groups, visit_empty_groups=visit_empty_groups)
-    return jax.jit(metadata, static_argnames=("m", "tm", "visit_empty_groups"))
-
-
-def _assert_same_metadata(jax, megablox, *, group_sizes, m, tm, start_group, num_nonzero_groups,
-                          visit_empty_groups):
-    kwargs = dict(m=m, tm=tm, num_nonzero_groups=num_nonzero_groups,
-                  visit_empty_groups=visit_empty_groups)
-    jnp = jax.numpy
-    (offsets, ids, tiles), num = _jitted_make_group_metadata(jax, megablox)(
-        jnp.asarray(group_sizes, jnp.int32), jnp.asarray(start_group, jnp.int32),
-        jnp.asarray(num_nonzero_groups, jnp.int32), m=m, tm=tm,
-        visit_empty_groups=visit_empty_groups)
-    (r_offsets, r_ids, r_tiles), r_num = ref.make_group_metadata(
-        group_sizes=group_sizes, start_group=start_group, **kwargs)
-    context = f"group_sizes={list(group_sizes)} start_group={start_group} {kwargs}"
-    for name, mine, theirs in [("group_offsets", r_offsets, offsets),
-                               ("group_ids", r_ids, ids), ("m_tile_ids", r_tiles, tiles)]:
-        assert mine.dtype == np.int32, name
-        np.testing.assert_array_equal(mine, np.asarray(theirs), err_msg=f"{name}: {context}")
-    assert isinstance(r_num, int)
-    assert r_num == int(num), context
-
-
-def _shards(num_groups, shard_size):
-    """(start_group, num_nonzero_groups) of every shard of the groups, shard_size at a time."""
-    return [(start, min(shard_size, num_groups - start))
-            for start in range(0, num_groups, shard_size)]
-
-
-def test_make_group_metadata_matches_megablox_random(jax, x64, megablox, rng):
-    configs = [(64, 16, 5), (64, 8, 9), (128, 32, 4), (48, 16, 7), (16, 16, 3), (96, 4, 3)]
-    with x64(False):
-        for m, tm, g in configs:
-            draws = [_sizes(rng, g, m, total=m), _sizes(rng, g, m), _sizes(rng, g, m, empty=0.6)]
-            for gs, shard_size, visit in itertools.product(draws, [g, 2, 3], [True, False]):
-                for start, count in _shards(g, shard_size):
-                    _assert_same_metadata(jax, megablox, group_sizes=gs, m=m, tm=tm,
-                                          start_group=start, num_nonzero_groups=count,
-                                          visit_empty_groups=visit)
-
-
-@pytest.mark.parametrize("group_sizes,m,tm", [
-    ([16, 16, 32], 64, 16),          # every boundary on a tile edge
-    ([5, 11, 0, 16], 32, 8),         # groups starting inside tiles, one empty
-    ([10, 22, 0, 0], 32, 8),         # sum == m, trailing empty groups start at m
-    ([3, 0, 0], 32, 8),              # sum < m, trailing empty groups (padding uses g - 1)
-    ([0, 0, 0, 0], 16, 4),           # all empty
-    ([1, 1, 1, 1, 1], 8, 8),         # one tile shared by all groups
-    ([0, 7, 0, 1, 0], 8, 8),         # one tile, empty groups before/between/after
-    ([40], 64, 16),                  # a single group
-    ([2, 3, 4, 5, 6, 7, 8, 9], 48, 48),  # tm == m, many groups in the only tile
-])
-def test_make_group_metadata_matches_megablox_edge_cases(jax, x64, megablox, group_sizes, m, tm):
-    gs = np.array(group_sizes, np.int32)
-    g = len(gs)
-    with x64(False):
-        for visit in (True, False):
-            for shard_size in sorted({g, 1, 2}):
-                for start, count in _shards(g, shard_size):
-                    _assert_same_metadata(jax, megablox, group_sizes=gs, m=m, tm=tm,
-                                          start_group=start, num_nonzero_groups=count,
-                                          visit_empty_groups=visit)
-
-
-def test_make_group_metadata_padding_uses_last_input_value():
-    """jnp.repeat pads with the last *input* value, even when its repeat count is 0."""
-    (_, group_ids, m_tile_ids), num_tiles = ref.make_group_metadata(
-        group_sizes=np.array([8, 0, 0], np.int32), m=16, tm=8, visit_empty_groups=False)
-    np.testing.assert_array_equal(group_ids, [0, 2, 2, 2])  # not [0, 0, 0, 0]
-    np.testing.assert_array_equal(m_tile_ids, [0, 1, 1, 1])
-    assert num_tiles == 1
-
-
-def test_make_group_metadata_defaults_and_errors():
-    gs = np.array([3, 0, 9], np.int32)
-    explicit = ref.make_group_metadata(group_sizes=gs, m=16, tm=4, start_group=1,
-                                       num_nonzero_groups=2)
-    default = ref.make_group_metadata(group_sizes=gs, m=16, tm=4, start_group=1)
-    for a, b in zip(explicit[0], default[0]):
-        np.testing.assert_array_equal(a, b)
-    assert explicit[1] == default[1]
-    with pytest.raises(ValueError):
-        ref.make_group_metadata(group_sizes=gs, m=18, tm=4)
-    with pytest.raises(ValueError):
-        ref.make_group_metadata(group_sizes=np.array([10, 9]), m=16, tm=4)
 
 
 # ---------------------------------------------------------------------------

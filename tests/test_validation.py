@@ -1,4 +1,5 @@
-"""Argument validation of raggeddot.ragged_dot and make_group_metadata.
+"""Argument validation of raggeddot.ragged_dot (make_group_metadata's is in
+test_metadata.py, gmm's and tgmm's in test_megablox.py).
 
 Every error is raised before any computation, names the offending argument,
 and leaves the inputs unmodified.
@@ -232,13 +233,3 @@ def test_failed_call_leaves_inputs_unmodified(case):
         raggeddot.ragged_dot(lhs, rhs_view, gs, **kwargs)
     assert_unchanged(inputs, before, [f"{name} ({case})" for name in ("lhs", "rhs", "group_sizes")])
     assert lhs.flags.f_contiguous
-
-
-# ---------------------------------------------------------------------------
-# make_group_metadata
-# ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("m,tm", [(10, 4), (7, 2), (128, 3), (5, 8)])
-def test_metadata_m_not_multiple_of_tm(m, tm):
-    with pytest.raises(ValueError):
-        raggeddot.make_group_metadata(group_sizes=np.array([m], np.int32), m=m, tm=tm)

@@ -246,8 +246,9 @@ def _rdg_inputs(jax, case, rng, dtype, full_group_sizes, g=4):
     return lhs, rhs, gs, dims
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
-@pytest.mark.parametrize("full_group_sizes", [False, True], ids=["gs_1d", "gs_prefixed"])
+# Each case once per dtype and once per form of group_sizes (each a compile).
+@pytest.mark.parametrize("dtype,full_group_sizes", [(np.float32, True), (np.float64, False)],
+                         ids=["float32-gs_prefixed", "float64-gs_1d"])
 @pytest.mark.parametrize("name", list(RDG_CASES))
 def test_ragged_dot_general_matches_jax(jax, x64, rng, name, full_group_sizes, dtype):
     case = RDG_CASES[name]

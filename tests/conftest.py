@@ -14,10 +14,15 @@
 import os
 import zlib
 
-import numpy as np
-import pytest
+# The NumPy oracle multiplies many small matrices, where a team of OpenBLAS
+# threads costs more than it computes (it also competes with raggeddot's own
+# OpenMP threads for the cores). Set before NumPy loads; an explicit setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from raggeddot import runtime
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from raggeddot import runtime  # noqa: E402
 
 
 @pytest.fixture

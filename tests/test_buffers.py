@@ -1,24 +1,20 @@
 """Result buffers: non-temporal stores of written-once outputs, and the cache
 of freed result buffers (the memory of a result is reused, so every kernel
-must overwrite every element it owns)."""
+must overwrite every element it owns).
+
+The cache's allocator is tested through its binding, ``raggeddot._core.empty``
+(the one private name used here); settings go through ``raggeddot.runtime``."""
 import itertools
 
 import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core, reference
+from raggeddot import _core, reference, runtime
 
-from conftest import check_close, random_group_sizes
+from helpers import FLOATS, KERNELS, check_close, dtype_id, random_group_sizes
 
-FLOATS = [np.float32, np.float64]
 MIB = 1 << 20
-
-
-def runnable_kernels():
-    info = raggeddot.build_info()
-    ok = {"ref": True, "avx2": info["cpu_avx2"], "avx512": info["cpu_avx512"]}
-    return [k for k in info["simd"] if ok.get(k)]
 
 
 def address(a):
@@ -38,23 +34,23 @@ def misaligned(shape, dtype):
 # ------------------------------------------------------------ streaming stores
 
 
-@pytest.mark.parametrize("kernel", runnable_kernels())
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_streamed_tgmm_is_bitwise_the_stored_one(rng, restore_runtime, kernel, dtype):
     """Streaming changes how C reaches memory, never a value: contractions of
     0 (zeros), 1, below, at and above KC (256; above it the output is
     accumulated and not streamed), full and edge tiles, aligned and
     misaligned outputs."""
-    _core.set_kernel(kernel)
+    runtime.set_kernel(kernel)
     kc = raggeddot.build_info()["blocking"][np.dtype(dtype).name]["KC"]
     sizes = np.array([0, 1, 7, 31, 32, 33, kc - 1, kc, kc + 1, 0, 3])
     m = int(sizes.sum()) + 5
     for k, n in itertools.product([12, 25, 48], [16, 32, 33, 64]):
         lhs = rng.standard_normal((k, m)).astype(dtype)
         rhs = rng.standard_normal((m, n)).astype(dtype)
-        _core.set_stream_threshold(-1)
+        runtime.set_stream_threshold(-1)
         stored = raggeddot.tgmm(lhs, rhs, sizes)
-        _core.set_stream_threshold(0)
+        runtime.set_stream_threshold(0)
         streamed = raggeddot.tgmm(lhs, rhs, sizes)
         out = misaligned(stored.shape, dtype)
         out[...] = np.nan
@@ -65,19 +61,19 @@ def test_streamed_tgmm_is_bitwise_the_stored_one(rng, restore_runtime, kernel, d
         check_close(streamed, reference.tgmm(lhs, rhs, sizes), dtype, err_msg=msg)
 
 
-@pytest.mark.parametrize("kernel", runnable_kernels())
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_streamed_ragged_dot_is_bitwise_the_stored_one(rng, restore_runtime, kernel, dtype):
     """The forward streams when k fits one KC block."""
-    _core.set_kernel(kernel)
+    runtime.set_kernel(kernel)
     m, g = 301, 6
     for k, n in itertools.product([5, 64, 300], [32, 47, 96]):
         lhs = rng.standard_normal((m, k)).astype(dtype)
         rhs = rng.standard_normal((g, k, n)).astype(dtype)
         gs = random_group_sizes(rng, g, m - 9)
-        _core.set_stream_threshold(-1)
+        runtime.set_stream_threshold(-1)
         stored = raggeddot.ragged_dot(lhs, rhs, gs)
-        _core.set_stream_threshold(0)
+        runtime.set_stream_threshold(0)
         streamed = raggeddot.ragged_dot(lhs, rhs, gs)
         msg = f"kernel={kernel} k={k} n={n}"
         assert np.array_equal(streamed, stored), msg
@@ -85,7 +81,7 @@ def test_streamed_ragged_dot_is_bitwise_the_stored_one(rng, restore_runtime, ker
 
 
 def test_streamed_results_identical_across_thread_counts(rng, restore_runtime):
-    _core.set_stream_threshold(0)
+    runtime.set_stream_threshold(0)
     lhs = rng.standard_normal((200, 700)).astype(np.float32)
     rhs = rng.standard_normal((700, 160)).astype(np.float32)
     gs = random_group_sizes(rng, 9, 690)
@@ -99,9 +95,9 @@ def test_streamed_results_identical_across_thread_counts(rng, restore_runtime):
 def test_stream_threshold_round_trips(restore_runtime):
     first = raggeddot.build_info()["stream_threshold"]
     assert first > 0
-    assert _core.set_stream_threshold(123) == first
+    assert runtime.set_stream_threshold(123) == first
     assert raggeddot.build_info()["stream_threshold"] == 123
-    assert _core.set_stream_threshold(-5) == 123
+    assert runtime.set_stream_threshold(-5) == 123
     assert raggeddot.build_info()["stream_threshold"] == -1
 
 
@@ -179,13 +175,13 @@ def test_buffer_cache_limit_and_idle_accounting(restore_runtime):
     assert raggeddot.build_info()["buffer_cache"]["idle"] == 0
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_reused_memory_is_fully_overwritten(rng, restore_runtime, dtype):
     """A reused block holds the previous result's values: empty groups, tail
     rows and rows of other experts must still come out as 0 (or
     existing_out's values)."""
     raggeddot.set_buffer_cache(256 * MIB)
-    _core.set_stream_threshold(0)
+    runtime.set_stream_threshold(0)
     m, k, n, g = 640, 96, 1536, 8  # results of 3.8-5.9 MiB (float32) to 7.5-11.8 (float64)
     lhs = rng.standard_normal((m, k)).astype(dtype)
     rhs = rng.standard_normal((g, k, n)).astype(dtype)

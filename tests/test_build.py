@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import raggeddot
+from raggeddot import runtime
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
@@ -36,5 +37,8 @@ def test_setup_never_uses_fast_math():
 
 def test_build_info_reports_the_build():
     info = raggeddot.build_info()
-    assert info["kernel"] in info["simd"]
+    assert isinstance(info, dict)
     assert isinstance(info["openmp"], bool)
+    assert isinstance(info["simd"], (list, tuple)) and "ref" in info["simd"]
+    assert set(info["simd"]) == set(runtime.compiled_kernels())
+    assert info["kernel"] in info["simd"] and info["kernel"] == runtime.get_kernel()

@@ -9,11 +9,13 @@ is visible at a glance:
 A case is (lhs axes, rhs axes, contracting letters in listed order, batch
 letters in listed order, ragged letter). The mode follows from the kind of the
 ragged letter: free (1), contracting (2) or batch (3).
+
+The cases shared by every grouped matmul (group-size patterns, register and
+cache blocks, empty dimensions, layouts, dtypes, kernels, threads, values
+outside every group) run on one case of each mode in test_ops_suite.py.
 """
 
 import dataclasses
-import itertools
-import math
 import types
 
 import numpy as np
@@ -23,10 +25,8 @@ import raggeddot
 from raggeddot import reference
 from raggeddot import RaggedDotDimensionNumbers, ragged_dot_general
 
-try:
-    from conftest import random_group_sizes
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import random_group_sizes
+from helpers import (check_close, dtype_id, empty_group_patterns, prefixed_group_sizes,
+                     random_group_sizes, randn, with_layout)
 
 SIZES = dict(b=2, c=3, m=9, p=3, q=2, k=7, l=3, n=5, o=2)
 NUM_GROUPS = 4
@@ -101,65 +101,31 @@ class Case:
         return tuple(size[a] for a in self.lhs_axes), tuple(size[a] for a in self.rhs_axes)
 
 
-def _layout(x, layout):
-    """x, or an equal-valued array with another memory layout."""
-    if layout == "contiguous":
-        return x
-    if layout == "fortran":
-        return np.asfortranarray(x)
-    # strided: every axis strided by 2, the first one also reversed
-    big = np.zeros(tuple(2 * s for s in x.shape), x.dtype)
-    view = big[tuple(slice(None, None, 2) for _ in x.shape)]
-    view[...] = x
-    if x.ndim:
-        view = view[::-1]
-        view[...] = x
-    assert not view.flags.c_contiguous or x.size <= 1
-    return view
-
-
 def _group_sizes(rng, case, g, prefixed, full_first=True, sizes=SIZES):
     """[g] or prefix + (g,) sizes; row totals random in [0, ragged size]."""
-    ragged = sizes[case.ragged]
     prefix_shape = tuple(sizes[a] for a in case.prefix) if prefixed else ()
-    rows = []
-    for i in range(math.prod(prefix_shape)):
-        total = ragged if (i == 0 and full_first) else int(rng.integers(0, ragged + 1))
-        rows.append(random_group_sizes(rng, g, total))
-    return np.array(rows, dtype=np.int32).reshape(prefix_shape + (g,))
+    return prefixed_group_sizes(rng, prefix_shape, g, sizes[case.ragged], full_first=full_first)
 
 
 def _inputs(rng, case, dtype, g=NUM_GROUPS, layout="contiguous", sizes=None):
     lhs_shape, rhs_shape = case.shapes(g, sizes)
-    lhs = _layout(rng.standard_normal(lhs_shape).astype(dtype), layout)
-    rhs = _layout(rng.standard_normal(rhs_shape).astype(dtype), layout)
-    return lhs, rhs
-
-
-def _scaled_error(actual, expected):
-    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    if e.size == 0:
-        return 0.0
-    return float(np.abs(a - e).max()) / max(1.0, float(np.abs(e).max()))
-
-
-TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3}
+    return (with_layout(randn(rng, lhs_shape, dtype), layout),
+            with_layout(randn(rng, rhs_shape, dtype), layout))
 
 
 def check(actual, expected, label=""):
-    assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
+    """Same dtype, and close to the oracle (helpers.check_close)."""
     assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
-    err = _scaled_error(actual, expected)
-    assert err <= TOL[np.dtype(expected.dtype)], f"{label}: scaled error {err:.3e}"
+    check_close(actual, expected, err_msg=label)
 
 
 # ---------------------------------------------------------------------------
 # C kernel vs the NumPy oracle
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout", ["contiguous", "fortran", "strided"])
+@pytest.mark.parametrize("layout", ["contiguous", "fortran", "negative"])
 @pytest.mark.parametrize("prefixed", [False, True], ids=["gs1d", "gsprefixed"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(rng, name, dtype, prefixed, layout):
     case = Case(*CASES[name])
@@ -187,10 +153,8 @@ def test_every_empty_group_pattern(rng, name):
     g = 3
     lhs, rhs = _inputs(rng, case, np.float64, g=g)
     ragged = SIZES[case.ragged]
-    for empty in itertools.product([False, True], repeat=g):
-        for total in (ragged, ragged - 2):
-            gs = random_group_sizes(rng, g, total).astype(np.int64)
-            gs[list(empty)] = 0
+    for total in (ragged, ragged - 2):
+        for _, gs in empty_group_patterns(random_group_sizes(rng, g, total, np.int64)):
             got = ragged_dot_general(lhs, rhs, gs, dims)
             want = reference.ragged_dot_general(lhs, rhs, gs, dims)
             check(got, want, f"{name} gs={gs.tolist()}")
@@ -237,8 +201,8 @@ def test_degenerate_sizes(rng, name):
 BIG = dict(b=2, c=2, m=150, p=3, q=3, k=70, l=4, n=37, o=3)
 
 
-@pytest.mark.parametrize("dtype,layout", [(np.float32, "contiguous"), (np.float64, "strided")],
-                         ids=["float32-contiguous", "float64-strided"])
+@pytest.mark.parametrize("dtype,layout", [(np.float32, "contiguous"), (np.float64, "negative")],
+                         ids=["float32-contiguous", "float64-negative"])
 @pytest.mark.parametrize("name", ["1_batch", "1_multi", "2_tgmm", "2_multi", "3_multi"])
 def test_larger_than_a_tile(rng, name, dtype, layout):
     """Sizes past the kernels' register and cache blocks, 9 groups."""
@@ -247,49 +211,6 @@ def test_larger_than_a_tile(rng, name, dtype, layout):
     gs = _group_sizes(rng, case, 9, prefixed=True, full_first=False, sizes=BIG)
     check(ragged_dot_general(lhs, rhs, gs, case.dims()),
           reference.ragged_dot_general(lhs, rhs, gs, case.dims()), name)
-
-
-def test_broadcast_and_readonly_inputs(rng):
-    """Stride-0 (np.broadcast_to) and read-only operands are read in place."""
-    for name in ("1_batch", "2_batch", "3_basic"):
-        case = Case(*CASES[name])
-        lhs, rhs = _inputs(rng, case, np.float64)
-        b_axis = case.rhs_axes.index("b")
-        rhs = np.broadcast_to(np.take(rhs, [0], axis=b_axis), rhs.shape)
-        lhs.flags.writeable = False
-        gs = _group_sizes(rng, case, NUM_GROUPS, prefixed=True)
-        check(ragged_dot_general(lhs, rhs, gs, case.dims()),
-              reference.ragged_dot_general(lhs, rhs, gs, case.dims()), name)
-
-
-def test_zero_groups(rng):
-    case = Case(*CASES["2_basic"])
-    lhs, rhs = _inputs(rng, case, np.float32, g=0)
-    got = ragged_dot_general(lhs, rhs, np.zeros(0, np.int32), case.dims())
-    assert got.shape == (0, SIZES["m"], SIZES["n"])
-    case = Case(*CASES["1_basic"])
-    lhs, rhs = _inputs(rng, case, np.float32, g=0)
-    got = ragged_dot_general(lhs, rhs, np.zeros(0, np.int32), case.dims())
-    np.testing.assert_array_equal(got, np.zeros((SIZES["m"], SIZES["n"]), np.float32))
-
-
-def test_nonfinite_stays_in_its_group(rng):
-    """The kernels never touch positions outside a group, so a NaN/inf there
-    reaches no output (jax's masked CPU lowering spreads rhs NaNs in mode 1)."""
-    case = Case(*CASES["1_basic"])
-    lhs, rhs = _inputs(rng, case, np.float64)
-    gs = np.array([3, 0, 4, 0])
-    lhs[8] = np.inf      # row 8 is past sum(gs) = 7
-    rhs[1] = np.nan      # an empty group
-    out = ragged_dot_general(lhs, rhs, gs, case.dims())
-    assert np.isfinite(out).all()
-    np.testing.assert_array_equal(out[7:], 0)
-    case = Case(*CASES["2_basic"])
-    lhs, rhs = _inputs(rng, case, np.float64)
-    lhs[:, 6], rhs[6] = np.inf, np.nan       # k = 6 is past sum(gs) = 6
-    out = ragged_dot_general(lhs, rhs, np.array([2, 0, 4, 0]), case.dims())
-    assert np.isfinite(out).all()
-    np.testing.assert_array_equal(out[[1, 3]], 0)
 
 
 @pytest.mark.parametrize("lhs_dtype,rhs_dtype,pet", [
@@ -310,16 +231,6 @@ def test_dtypes(rng, lhs_dtype, rhs_dtype, pet):
         check(got, want, name)
 
 
-def test_group_sizes_any_integer_dtype(rng):
-    case = Case(*CASES["1_outer_free"])
-    lhs, rhs = _inputs(rng, case, np.float64)
-    gs = _group_sizes(rng, case, NUM_GROUPS, prefixed=True)
-    want = ragged_dot_general(lhs, rhs, gs, case.dims())
-    for dt in (np.int8, np.uint16, np.int64, np.uint64):
-        np.testing.assert_array_equal(ragged_dot_general(lhs, rhs, gs.astype(dt), case.dims()), want)
-    np.testing.assert_array_equal(ragged_dot_general(lhs, rhs, gs.tolist(), case.dims()), want)
-
-
 # ---------------------------------------------------------------------------
 # ragged_dot is ragged_dot_general with the basic dimension numbers
 # ---------------------------------------------------------------------------
@@ -327,7 +238,7 @@ def test_group_sizes_any_integer_dtype(rng):
 BASIC = RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 def test_equals_ragged_dot(rng, dtype):
     for m, k, n, g in [(1, 1, 1, 1), (50, 33, 17, 5), (130, 64, 40, 8), (20, 8, 9, 12)]:
         lhs = rng.standard_normal((m, k)).astype(dtype)
@@ -480,11 +391,6 @@ def test_errors(exc, pattern, lhs, rhs, gs, dims, kwargs):
 # Against jax.lax.ragged_dot_general itself
 # ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def jax():
-    return pytest.importorskip("jax")
-
-
 def _jax_per_last_batch(jax, case, lhs, rhs, gs):
     """jax's answer assembled from one call per index of the last listed batch
     dim (each call then has one batch dim fewer)."""
@@ -501,15 +407,16 @@ def _jax_per_last_batch(jax, case, lhs, rhs, gs):
     return np.stack(outs, axis=(1 if case.mode == 2 else 0) + len(case.batch) - 1)
 
 
-@pytest.mark.parametrize("prefixed", [False, True], ids=["gs1d", "gsprefixed"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+# Each case once per dtype and once per form of group_sizes (each a compile).
+@pytest.mark.parametrize("dtype,prefixed", [(np.float32, False), (np.float64, True)],
+                         ids=["float32-gs1d", "float64-gsprefixed"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_jax(jax, rng, name, dtype, prefixed):
+def test_matches_jax(jax, x64, rng, name, dtype, prefixed):
     case = Case(*CASES[name])
-    lhs, rhs = _inputs(rng, case, dtype, layout="strided")
+    lhs, rhs = _inputs(rng, case, dtype, layout="negative")
     gs = _group_sizes(rng, case, NUM_GROUPS, prefixed, full_first=False)
     jdims = case.dims(jax.lax.RaggedDotDimensionNumbers)
-    with jax.enable_x64(dtype == np.float64):
+    with x64(dtype == np.float64):
         try:
             want = np.asarray(jax.lax.ragged_dot_general(lhs, rhs, gs, jdims))
         except jax.errors.JaxRuntimeError as e:

@@ -1,42 +1,19 @@
-"""gmm and tgmm (megablox semantics) on the C kernels, against raggeddot.reference."""
-import itertools
+"""What is specific to megablox's gmm and tgmm: group_offset and existing_out,
+tgmm's sharding (num_actual_groups), output dtypes, tiling and the errors.
 
+Shapes, group-size patterns, layouts, dtypes, kernels and threads, shared by
+every grouped matmul, are in test_ops_suite.py.
+"""
 import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core, reference
+from raggeddot import reference
 
-from conftest import check_close, random_group_sizes
-
-FLOATS = [np.float32, np.float64]
+from helpers import FLOATS, assert_allclose, check_close, dtype_id, random_group_sizes, randn
 
 
-def randn(rng, shape, dtype):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def runnable_kernels():
-    info = raggeddot.build_info()
-    ok = {"ref": True, "avx2": info["cpu_avx2"], "avx512": info["cpu_avx512"]}
-    return [k for k in info["simd"] if ok.get(k)]
-
-
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("m,k,n,g", [(1, 1, 1, 1), (7, 5, 3, 3), (128, 64, 96, 4), (300, 257, 33, 7), (64, 17, 65, 64)])
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_gmm_matches_reference(rng, dtype, m, k, n, g, transpose_rhs):
-    lhs = randn(rng, (m, k), dtype)
-    rhs = randn(rng, (g, n, k) if transpose_rhs else (g, k, n), dtype)
-    for total in (m, m - m // 3):
-        gs = random_group_sizes(rng, g, total)
-        got = raggeddot.gmm(lhs, rhs, gs, transpose_rhs=transpose_rhs)
-        want = reference.gmm(lhs, rhs, gs, transpose_rhs=transpose_rhs)
-        check_close(got, want, dtype, err_msg=f"gs={gs.tolist()}")
-        assert (got[int(gs.sum()):] == 0).all()
-
-
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("offset,g_local", [(0, 2), (1, 2), (3, 2), (0, 5), (4, 1)])
 @pytest.mark.parametrize("with_existing", [False, True])
 def test_gmm_group_offset_and_existing_out(rng, dtype, offset, g_local, with_existing):
@@ -56,21 +33,6 @@ def test_gmm_group_offset_and_existing_out(rng, dtype, offset, g_local, with_exi
     outside = np.r_[0:start, stop:m]
     expect_outside = 0 if existing is None else existing[outside]
     assert np.array_equal(got[outside], np.broadcast_to(expect_outside, got[outside].shape))
-
-
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("k,m,n,g", [(1, 1, 1, 1), (5, 7, 3, 3), (64, 128, 96, 4), (257, 300, 33, 7), (17, 64, 65, 64)])
-def test_tgmm_matches_reference(rng, dtype, k, m, n, g):
-    x = randn(rng, (m, k), dtype)          # lhs is x.T: a strided view, as in a backward pass
-    rhs = randn(rng, (m, n), dtype)
-    for total in (m, m - m // 3):
-        gs = random_group_sizes(rng, g, total)
-        got = raggeddot.tgmm(x.T, rhs, gs)
-        want = reference.tgmm(x.T, rhs, gs)
-        assert got.shape == (g, k, n)
-        check_close(got, want, dtype, err_msg=f"gs={gs.tolist()}")
-        for i in np.flatnonzero(gs == 0):
-            assert (got[i] == 0).all(), f"empty group {i} is not exactly zero"
 
 
 @pytest.mark.parametrize("offset,count", [(0, None), (1, 2), (2, 3), (4, 1), (5, 0)])
@@ -96,36 +58,8 @@ def test_tgmm_is_the_weight_gradient_of_ragged_dot(rng):
     d_rhs = raggeddot.tgmm(x.T, ct, gs)
     start = 0
     for i, size in enumerate(gs):
-        np.testing.assert_allclose(d_rhs[i], x[start:start + size].T @ ct[start:start + size],
-                                   rtol=1e-12, atol=1e-12)
+        assert_allclose(d_rhs[i], x[start:start + size].T @ ct[start:start + size])
         start += size
-
-
-@pytest.mark.parametrize("kernel", runnable_kernels())
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
-def test_tgmm_every_kernel_edge_shapes(rng, restore_runtime, kernel, dtype):
-    _core.set_kernel(kernel)
-    for k, n, m in itertools.product([1, 13, 255, 257], [1, 17, 33], [5, 300]):
-        lhs = randn(rng, (k, m), dtype)
-        rhs = randn(rng, (m, n), dtype)
-        gs = random_group_sizes(rng, 3, m - 1)
-        check_close(raggeddot.tgmm(lhs, rhs, gs), reference.tgmm(lhs, rhs, gs), dtype,
-                    err_msg=f"kernel={kernel} k={k} n={n} m={m}")
-
-
-def test_results_identical_across_thread_counts(rng, restore_runtime):
-    m, k, n, g = 1000, 300, 500, 7
-    lhs = randn(rng, (m, k), np.float32)
-    rhs = randn(rng, (g, k, n), np.float32)
-    ct = randn(rng, (m, n), np.float32)
-    gs = random_group_sizes(rng, g, 990)
-    raggeddot.set_num_threads(1)
-    ref_gmm = raggeddot.gmm(lhs, rhs.transpose(0, 2, 1), gs, transpose_rhs=True)
-    ref_tgmm = raggeddot.tgmm(lhs.T, ct, gs)
-    for t in (2, 3, 5):
-        raggeddot.set_num_threads(t)
-        assert np.array_equal(raggeddot.gmm(lhs, rhs.transpose(0, 2, 1), gs, transpose_rhs=True), ref_gmm), t
-        assert np.array_equal(raggeddot.tgmm(lhs.T, ct, gs), ref_tgmm), t
 
 
 def test_preferred_element_type(rng):

@@ -3,8 +3,8 @@
 - Forward: every routing preset (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss,
   Switch), every activation, both weight layouts, biases, shared experts,
   capacity dropping, E in {1, 8, 64} x top_k in {1, 2, 8}, experts without
-  tokens, T = 1, leading batch dims, against ``raggeddot.reference.moe`` with
-  conftest's scaled-error tolerance (1e-5 float32, 1e-12 float64); the aux
+  tokens, T = 1, leading batch dims, against ``raggeddot.reference.moe_block``
+  with helpers.check_close's tolerance (1e-5 float32, 1e-12 float64); the aux
   outputs are compared too (indices, sizes, drops and bias updates exactly).
 - Routing semantics stated by hand: ties go to the lower index, group-limited
   selection, selection_bias steers the choice but not the weights, first come
@@ -28,14 +28,11 @@ import pytest
 import raggeddot
 from raggeddot import reference as ref
 
-try:
-    from conftest import check_close
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import check_close
+from helpers import (FLOATS, GRAD_TOLERANCE, THREAD_COUNTS, assert_unchanged, check_close, dtype_id,
+                     snapshot)
 
 pytestmark = pytest.mark.usefixtures("restore_runtime")
 
-FLOATS = [np.float32, np.float64]
 ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "relu", "swiglu_oai"]
 
 
@@ -134,7 +131,7 @@ PRESETS = {
 }
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_presets(rng, preset, dtype):
     E, k, kw, extras = PRESETS[preset]
@@ -145,7 +142,7 @@ def test_presets(rng, preset, dtype):
     run_both(x, rw, w0, w1, wo, label=preset, top_k=k, **kw)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("layout", ["edf", "efd"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_activations_and_layouts(rng, activation, layout, dtype):
@@ -173,7 +170,7 @@ def test_swiglu_oai_clips():
         assert abs(out[0, 0] - want) <= 1e-14 * max(1, abs(want)), (g, out[0, 0], want)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("E,top_k", [(1, 1), (8, 1), (8, 2), (8, 8), (64, 1), (64, 2), (64, 8)])
 def test_num_experts_and_top_k(rng, E, top_k, dtype):
     T, d, f = 33, 16, 8
@@ -203,7 +200,7 @@ def test_experts_without_tokens(rng):
     assert aux["group_sizes"].sum() == T * 4
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("x_shape", [(1, 16), (16,), (2, 3, 16), (1, 1, 16)], ids=str)
 def test_token_shapes(rng, x_shape, dtype):
     """T = 1 (as [1, d] and as a bare [d] vector) and leading batch dims."""
@@ -225,7 +222,7 @@ def test_zero_tokens():
     assert out.shape == (0, d) and aux["group_sizes"].sum() == 0
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("capacity_factor", [0.1, 0.5, 1.0, 1.25, 4.0])
 def test_capacity(rng, capacity_factor, dtype):
     T, d, f, E, k = 50, 16, 8, 8, 2
@@ -415,7 +412,7 @@ def test_thread_count_does_not_change_results(rng):
         kw = dict(top_k=6, capacity_factor=1.0, score_func="sigmoid", n_groups=8, topk_groups=4,
                   **make_extras(rng, E, d, f, dtype, selection_bias=True, biases=True, shared=32))
         results = []
-        for n in (1, 2, 3):
+        for n in THREAD_COUNTS:
             raggeddot.set_num_threads(n)
             out, vjp_fn = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, **kw)
             grads = vjp_fn(np.ones_like(out))
@@ -437,16 +434,15 @@ def test_inputs_not_modified(rng):
               capacity_factor=1.0, weights_layout="efd")
     arrays = [x, rw, w0, w1, wo] + [kw[k] for k in ("router_bias", "selection_bias", "w0_bias",
                                                     "w1_bias", "wo_bias")] + list(kw["shared_experts"])
-    saved = [a.copy() for a in arrays]
+    saved = snapshot(arrays)
     raggeddot.moe_block(x, rw, w0, w1, wo, return_aux=True, **kw)
     out, vjp_fn = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, **kw)
     ct = rng.standard_normal(out.shape)
-    ct_saved = ct.copy()
+    ct_saved = snapshot([ct])
     vjp_fn(ct)
     vjp_fn(ct)
-    for a, s in zip(arrays, saved):
-        np.testing.assert_array_equal(a, s)
-    np.testing.assert_array_equal(ct, ct_saved)
+    assert_unchanged(arrays, saved)
+    assert_unchanged([ct], ct_saved, ["cotangent"])
 
 
 # ---------------------------------------------------------------- validation
@@ -556,7 +552,7 @@ def test_vjp_argument_errors():
 
 GRAD_T, GRAD_D, GRAD_F, GRAD_E = 5, 4, 3, 4
 FD_STEP = 1e-6
-FD_RTOL = 1e-6
+FD_RTOL = GRAD_TOLERANCE[np.dtype(np.float64)]
 KINK_GAP = 1e-3      # min distance of any pre-activation from a kink
 ROUTE_GAP = 1e-3     # min gap between the last chosen and the first unchosen (group) score
 
@@ -805,7 +801,7 @@ def test_float32_gradients_match_float64(rng):
 
 # -------------------------------------------------------------------- gathers
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_ragged_gather(rng, dtype):
     T, d, N = 17, 9, 40
     x = rng.standard_normal((T, d)).astype(dtype)
@@ -823,7 +819,7 @@ def test_ragged_gather(rng, dtype):
     np.testing.assert_array_equal(raggeddot.ragged_gather(xs, idx.astype(np.int32)), xs[idx])
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_ragged_gather_reduce(rng, dtype):
     N, d, T, k = 30, 7, 12, 3
     y = rng.standard_normal((N, d)).astype(dtype)
@@ -890,7 +886,7 @@ def test_gathers_deterministic_across_threads(rng):
         slots[::7, 1] = -1
         w = rng.standard_normal((T, k)).astype(dtype)
         results = []
-        for n in (1, 2, 3):
+        for n in THREAD_COUNTS:
             raggeddot.set_num_threads(n)
             results.append((raggeddot.ragged_gather(x, tok, scale), raggeddot.ragged_gather_reduce(y, slots, w)))
         for a, b in results[1:]:
@@ -904,11 +900,10 @@ def test_gathers_do_not_modify_inputs(rng):
     x = rng.standard_normal((6, 4))
     idx = np.array([5, 0, 0, 3])
     w = rng.standard_normal(4)
-    saved = [a.copy() for a in (x, idx, w)]
-    raggeddot.ragged_gather(x, idx, w)
     slots = np.array([[0, -1], [3, 2]])
     w2 = rng.standard_normal((2, 2))
-    saved2 = [a.copy() for a in (slots, w2)]
+    arrays = (x, idx, w, slots, w2)
+    saved = snapshot(arrays)
+    raggeddot.ragged_gather(x, idx, w)
     raggeddot.ragged_gather_reduce(x, slots, w2)
-    for a, s in zip((x, idx, w, slots, w2), saved + saved2):
-        np.testing.assert_array_equal(a, s)
+    assert_unchanged(arrays, saved, ["x", "indices", "weights", "slots", "combine weights"])

@@ -6,11 +6,7 @@ import pytest
 import raggeddot
 from raggeddot import reference
 
-FLOATS = [np.float32, np.float64]
-
-
-def randn(rng, shape, dtype):
-    return rng.standard_normal(shape).astype(dtype)
+from helpers import FLOATS, assert_allclose, assert_unchanged, dtype_id, randn, snapshot
 
 
 def nan_like(a):
@@ -25,7 +21,7 @@ def check_into(make, expected):
     np.testing.assert_array_equal(out, expected)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
 def test_out_equals_the_returned_result(rng, dtype):
     m, k, n = 50, 12, 40
     gs = np.array([9, 0, 20, 4, 0])  # empty groups and 17 tail rows
@@ -44,11 +40,10 @@ def test_out_equals_the_returned_result(rng, dtype):
     check_into(lambda o: raggeddot.tgmm(lhs.T, ct, gs, out=o), raggeddot.tgmm(lhs.T, ct, gs))
     check_into(lambda o: raggeddot.tgmm(lhs.T, ct, gs, group_offset=1, num_actual_groups=3, out=o),
                raggeddot.tgmm(lhs.T, ct, gs, group_offset=1, num_actual_groups=3))
-    check_close_ref = reference.tgmm(lhs.T, ct, gs)
-    out = nan_like(check_close_ref)
+    want = reference.tgmm(lhs.T, ct, gs)
+    out = nan_like(want)
     raggeddot.tgmm(lhs.T, ct, gs, out=out)
-    np.testing.assert_allclose(out, check_close_ref, rtol=1e-4 if dtype == np.float32 else 1e-12,
-                               atol=1e-4 if dtype == np.float32 else 1e-12)
+    assert_allclose(out, want)
 
 
 def test_out_with_existing_out(rng):
@@ -152,9 +147,9 @@ def test_out_leaves_inputs_unchanged(rng):
     rhs = randn(rng, (2, 5, 7), np.float32)
     ct = randn(rng, (20, 7), np.float32)
     gs = np.array([8, 9])
-    copies = [a.copy() for a in (lhs, rhs, ct, gs)]
+    inputs = (lhs, rhs, ct, gs)
+    copies = snapshot(inputs)
     raggeddot.ragged_dot(lhs, rhs, gs, out=np.empty((20, 7), np.float32))
     raggeddot.gmm(lhs, rhs, gs, out=np.empty((20, 7), np.float32))
     raggeddot.tgmm(lhs.T, ct, gs, out=np.empty((2, 5, 7), np.float32))
-    for a, c in zip((lhs, rhs, ct, gs), copies):
-        np.testing.assert_array_equal(a, c)
+    assert_unchanged(inputs, copies, ["lhs", "rhs", "ct", "group_sizes"])

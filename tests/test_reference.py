@@ -5,8 +5,9 @@ against its jax counterpart on CPU:
 
 * ragged_dot          -> jax.lax.ragged_dot (float32, and float64 under x64)
 * ragged_dot_general  -> jax.lax.ragged_dot_general, all three modes
-* make_group_metadata -> megablox make_group_metadata, element for element
 * gmm / tgmm          -> megablox gmm / tgmm run with interpret=True
+* make_group_metadata -> megablox make_group_metadata: in test_metadata.py,
+                         with raggeddot's own beside the oracle's
 
 Known, deliberate differences (asserted where they matter):
 
@@ -16,83 +17,26 @@ Known, deliberate differences (asserted where they matter):
 * Non-finite values: jax's CPU ragged_dot computes sum_g mask_g(lhs) @ rhs[g],
   so a NaN/inf anywhere in rhs (even in an empty group) reaches every output
   row; the oracle confines it to the rows of its own group.
-* megablox counts tile visits with a float32 histogram, which misplaces counts
-  once m // tm passes about 4100 tiles (first seen at 4109); tests stay far
-  below that and the oracle counts exactly.
 """
 
-import functools
-import importlib.util
 import itertools
-import pathlib
 import types
 
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-jnp = pytest.importorskip("jax.numpy")
+from raggeddot import RaggedDotDimensionNumbers
+from raggeddot import reference as ref
+
+from helpers import (assert_allclose, assert_unchanged, dtype_id, group_starts, random_group_sizes,
+                     randn, snapshot)
 
 
-def _load_reference():
-    try:
-        from raggeddot import reference
-        return reference
-    except Exception:  # the package (or its C extension) is not built yet
-        path = pathlib.Path(__file__).resolve().parents[1] / "raggeddot" / "reference.py"
-        spec = importlib.util.spec_from_file_location("raggeddot_reference", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-
-ref = _load_reference()
-
-RaggedDotDimensionNumbers = jax.lax.RaggedDotDimensionNumbers
-
-# Tolerances against jax: its float32 dot accumulates in float32, the oracle in float64.
-TOLERANCES = {
-    np.dtype(np.float32): dict(rtol=2e-5, atol=2e-5),
-    np.dtype(np.float64): dict(rtol=1e-12, atol=1e-12),
-}
-
-
-@pytest.fixture(scope="module")
-def megablox():
-    """megablox's gmm module (the package re-exports the gmm *function* as `gmm`)."""
-    return pytest.importorskip("jax.experimental.pallas.ops.tpu.megablox.gmm")
-
-
-def x64(dtype):
-    """Context in which jax keeps `dtype`: x64 on for float64, off otherwise."""
-    return jax.enable_x64(np.dtype(dtype) == np.float64)
-
-
-def assert_close(actual, expected, dtype=None):
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    dtype = np.dtype(dtype or expected.dtype)
-    assert actual.shape == expected.shape
-    np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
-
-
-def random_group_sizes(rng, g, m, *, total=None, zero_fraction=0.3, dtype=np.int32):
-    """g sizes >= 0 with sum `total` (default: random in [0, m]); some groups forced empty."""
+def _sizes(rng, g, m, *, total=None, empty=0.3):
+    """g sizes summing to ``total`` (default: random in [0, m]), each group
+    also emptied with probability ``empty``."""
     total = int(rng.integers(0, m + 1)) if total is None else total
-    active = rng.random(g) >= zero_fraction
-    sizes = np.zeros(g, np.int64)
-    if active.any():
-        sizes[active] = rng.multinomial(total, np.full(active.sum(), 1 / active.sum()))
-    return sizes.astype(dtype)
-
-
-def normal(rng, shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def group_rows(group_sizes):
-    """[(start, end)] of each group."""
-    ends = np.cumsum(group_sizes)
-    return list(zip((ends - group_sizes).tolist(), ends.tolist()))
+    return random_group_sizes(rng, g, total, empty=empty)
 
 
 # ---------------------------------------------------------------------------
@@ -107,59 +51,56 @@ RAGGED_DOT_SHAPES = [  # (m, k, n, g)
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
 @pytest.mark.parametrize("m,k,n,g", RAGGED_DOT_SHAPES)
-def test_ragged_dot_matches_jax(m, k, n, g, dtype):
-    rng = np.random.default_rng(1000 + m + g)
-    lhs, rhs = normal(rng, (m, k), dtype), normal(rng, (g, k, n), dtype)
-    size_draws = [random_group_sizes(rng, g, m, total=m), random_group_sizes(rng, g, m),
-                  random_group_sizes(rng, g, m), np.zeros(g, np.int32)]
-    with x64(dtype):
+def test_ragged_dot_matches_jax(jax, x64, rng, m, k, n, g, dtype):
+    lhs, rhs = randn(rng, (m, k), dtype), randn(rng, (g, k, n), dtype)
+    size_draws = [_sizes(rng, g, m, total=m), _sizes(rng, g, m),
+                  _sizes(rng, g, m), np.zeros(g, np.int32)]
+    with x64(np.dtype(dtype) == np.float64):
         for gs in size_draws:
             expected = np.asarray(jax.lax.ragged_dot(lhs, rhs, gs))
             actual = ref.ragged_dot(lhs, rhs, gs)
             assert actual.dtype == expected.dtype == dtype
-            assert_close(actual, expected)
+            assert_allclose(actual, expected)
             # Rows past sum(gs) are exactly zero in both.
             total = int(gs.sum())
             assert not np.any(actual[total:]) and not np.any(expected[total:])
 
 
-def test_ragged_dot_every_empty_group_pattern():
-    rng = np.random.default_rng(1)
+def test_ragged_dot_every_empty_group_pattern(jax, rng):
     m, k, n, g = 12, 5, 4, 4
-    lhs, rhs = normal(rng, (m, k)), normal(rng, (g, k, n))
+    lhs, rhs = randn(rng, (m, k), np.float32), randn(rng, (g, k, n), np.float32)
     for pattern in itertools.product([0, 1], repeat=g):
         # Nonzero groups get 1..3 rows, so sums range from 0 to m.
         gs = np.array([p * rng.integers(1, 4) for p in pattern], np.int32)
-        assert_close(ref.ragged_dot(lhs, rhs, gs), jax.lax.ragged_dot(lhs, rhs, gs))
+        assert_allclose(ref.ragged_dot(lhs, rhs, gs), jax.lax.ragged_dot(lhs, rhs, gs))
 
 
 @pytest.mark.parametrize("gs_dtype", [np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32])
-def test_ragged_dot_group_sizes_dtypes(gs_dtype):
-    rng = np.random.default_rng(2)
-    lhs, rhs = normal(rng, (20, 6)), normal(rng, (3, 6, 5))
+def test_ragged_dot_group_sizes_dtypes(jax, x64, rng, gs_dtype):
+    lhs, rhs = randn(rng, (20, 6), np.float32), randn(rng, (3, 6, 5), np.float32)
     gs = np.array([7, 0, 9], gs_dtype)
-    with jax.enable_x64(True):  # keeps 64-bit group_sizes as they are
+    with x64(True):  # keeps 64-bit group_sizes as they are
         expected = jax.lax.ragged_dot(lhs, rhs, gs)
-    assert_close(ref.ragged_dot(lhs, rhs, gs), expected)
+    assert_allclose(ref.ragged_dot(lhs, rhs, gs), expected)
 
 
-def test_ragged_dot_output_dtypes():
-    rng = np.random.default_rng(3)
-    lhs, rhs = normal(rng, (10, 4)), normal(rng, (2, 4, 3))
+def test_ragged_dot_output_dtypes(jax, x64, rng):
+    jnp = jax.numpy
+    lhs, rhs = randn(rng, (10, 4), np.float32), randn(rng, (2, 4, 3), np.float32)
     gs = np.array([4, 5], np.int32)
-    with jax.enable_x64(True):
+    with x64(True):
         # preferred_element_type wins.
         expected = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float64)
         actual = ref.ragged_dot(lhs, rhs, gs, preferred_element_type=np.float64)
         assert actual.dtype == expected.dtype == np.float64
-        assert_close(actual, expected, np.float32)
+        assert_allclose(actual, expected, np.float32)
         # float32 x float64 promotes to float64.
         expected = jax.lax.ragged_dot(lhs, rhs.astype(np.float64), gs)
         actual = ref.ragged_dot(lhs, rhs.astype(np.float64), gs)
         assert actual.dtype == expected.dtype == np.float64
-        assert_close(actual, expected, np.float32)
+        assert_allclose(actual, expected, np.float32)
         # Integer inputs give exact integer results.
         lhs_i = rng.integers(-5, 5, (10, 4)).astype(np.int32)
         rhs_i = rng.integers(-5, 5, (2, 4, 3)).astype(np.int32)
@@ -175,52 +116,46 @@ def test_ragged_dot_output_dtypes():
     (5, 3, 0, [2, 1]),
     (5, 3, 4, []),
 ])
-def test_ragged_dot_degenerate_sizes(m, k, n, gs):
-    rng = np.random.default_rng(4)
+def test_ragged_dot_degenerate_sizes(jax, rng, m, k, n, gs):
     gs = np.array(gs, np.int32)
-    lhs, rhs = normal(rng, (m, k)), normal(rng, (len(gs), k, n))
+    lhs, rhs = randn(rng, (m, k), np.float32), randn(rng, (len(gs), k, n), np.float32)
     expected = np.asarray(jax.lax.ragged_dot(lhs, rhs, gs))
     actual = ref.ragged_dot(lhs, rhs, gs)
     assert actual.shape == expected.shape == (m, n)
     np.testing.assert_array_equal(actual, expected)  # all zeros
 
 
-def test_ragged_dot_noncontiguous_inputs_not_modified():
-    rng = np.random.default_rng(5)
-    lhs = normal(rng, (30, 16))[:, ::2]            # strided columns
-    rhs = normal(rng, (3, 7, 8)).transpose(0, 2, 1)  # [g, k, n] view of a [g, n, k] array
+def test_ragged_dot_noncontiguous_inputs_not_modified(jax, rng):
+    lhs = randn(rng, (30, 16), np.float32)[:, ::2]            # strided columns
+    rhs = randn(rng, (3, 7, 8), np.float32).transpose(0, 2, 1)  # [g, k, n] view of a [g, n, k] array
     gs = np.array([10, 0, 12], np.int32)
-    lhs_before, rhs_before, gs_before = lhs.copy(), rhs.copy(), gs.copy()
+    before = snapshot((lhs, rhs, gs))
     actual = ref.ragged_dot(lhs, rhs, gs)
-    assert_close(actual, jax.lax.ragged_dot(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs), gs))
-    np.testing.assert_array_equal(lhs, lhs_before)
-    np.testing.assert_array_equal(rhs, rhs_before)
-    np.testing.assert_array_equal(gs, gs_before)
+    assert_allclose(actual, jax.lax.ragged_dot(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs), gs))
+    assert_unchanged((lhs, rhs, gs), before, ["lhs", "rhs", "group_sizes"])
 
 
-def test_ragged_dot_group_offset():
+def test_ragged_dot_group_offset(rng):
     """rhs holding groups [offset, offset + g_local): only their rows, others exactly 0."""
-    rng = np.random.default_rng(6)
     m, k, n, g = 40, 6, 5, 5
-    lhs, rhs = normal(rng, (m, k)), normal(rng, (g, k, n))
+    lhs, rhs = randn(rng, (m, k), np.float32), randn(rng, (g, k, n), np.float32)
     gs = np.array([6, 0, 11, 9, 8], np.int32)  # sum 34 < m
     full = ref.ragged_dot(lhs, rhs, gs)
-    bounds = group_rows(gs)
+    starts = group_starts(gs)
     for offset, g_local in [(0, 5), (0, 2), (1, 3), (3, 2), (4, 1), (2, 0)]:
         for group_offset in (offset, np.int32(offset), np.array(offset, np.int64)):
             actual = ref.ragged_dot(lhs, rhs[offset:offset + g_local], gs,
                                     group_offset=group_offset)
             expected = np.zeros_like(full)
             for i in range(offset, offset + g_local):
-                start, end = bounds[i]
-                expected[start:end] = full[start:end]
+                rows = slice(starts[i], starts[i] + gs[i])
+                expected[rows] = full[rows]
             np.testing.assert_array_equal(actual, expected)
 
 
-def test_ragged_dot_nan_stays_in_its_group():
+def test_ragged_dot_nan_stays_in_its_group(rng):
     """The oracle confines a NaN in rhs[i] to group i's rows (jax's CPU reference spreads it)."""
-    rng = np.random.default_rng(7)
-    lhs, rhs = normal(rng, (8, 3)), normal(rng, (3, 3, 2))
+    lhs, rhs = randn(rng, (8, 3), np.float32), randn(rng, (3, 3, 2), np.float32)
     gs = np.array([2, 0, 3], np.int32)
     rhs[1, 0, 0] = np.nan  # empty group: no effect at all
     rhs[2, 0, 1] = np.nan  # rows 2..4, column 1
@@ -294,16 +229,16 @@ RDG_CASES = {
 }
 
 
-def _rdg_inputs(case, rng, dtype, full_group_sizes, g=4):
-    lhs = normal(rng, case["lhs"], dtype)
-    rhs = normal(rng, case["rhs"], dtype)
+def _rdg_inputs(jax, case, rng, dtype, full_group_sizes, g=4):
+    lhs = randn(rng, case["lhs"], dtype)
+    rhs = randn(rng, case["rhs"], dtype)
     if case["group"]:
         g = case["rhs"][case["group"][0]]
     ragged_size = case["lhs"][case["ragged"]]
     prefix = case["prefix"] if full_group_sizes else ()
-    rows = [random_group_sizes(rng, g, ragged_size) for _ in range(int(np.prod(prefix)))]
+    rows = [_sizes(rng, g, ragged_size) for _ in range(int(np.prod(prefix)))]
     gs = np.stack(rows).reshape(prefix + (g,))
-    dims = RaggedDotDimensionNumbers(
+    dims = jax.lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=case["dims"],
         lhs_ragged_dimensions=[case["ragged"]],
         rhs_group_dimensions=list(case["group"]),
@@ -311,51 +246,48 @@ def _rdg_inputs(case, rng, dtype, full_group_sizes, g=4):
     return lhs, rhs, gs, dims
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("full_group_sizes", [False, True], ids=["gs_1d", "gs_prefixed"])
+# Each case once per dtype and once per form of group_sizes (each a compile).
+@pytest.mark.parametrize("dtype,full_group_sizes", [(np.float32, True), (np.float64, False)],
+                         ids=["float32-gs_prefixed", "float64-gs_1d"])
 @pytest.mark.parametrize("name", list(RDG_CASES))
-def test_ragged_dot_general_matches_jax(name, full_group_sizes, dtype):
-    rng = np.random.default_rng(sum(map(ord, name)) + 7 * full_group_sizes)
+def test_ragged_dot_general_matches_jax(jax, x64, rng, name, full_group_sizes, dtype):
     case = RDG_CASES[name]
-    with x64(dtype):
+    with x64(np.dtype(dtype) == np.float64):
         for _ in range(2):
-            lhs, rhs, gs, dims = _rdg_inputs(case, rng, dtype, full_group_sizes)
+            lhs, rhs, gs, dims = _rdg_inputs(jax, case, rng, dtype, full_group_sizes)
             expected = np.asarray(jax.lax.ragged_dot_general(lhs, rhs, gs, dims))
             actual = ref.ragged_dot_general(lhs, rhs, gs, dims)
             assert actual.shape == expected.shape
             assert actual.dtype == expected.dtype == dtype
-            assert_close(actual, expected)
+            assert_allclose(actual, expected)
 
 
-def test_ragged_dot_general_accepts_any_dimension_numbers_object():
-    rng = np.random.default_rng(8)
-    lhs, rhs, gs, dims = _rdg_inputs(RDG_CASES["m1_inner_ragged"], rng, np.float32, True)
+def test_ragged_dot_general_accepts_any_dimension_numbers_object(jax, rng):
+    lhs, rhs, gs, dims = _rdg_inputs(jax, RDG_CASES["m1_inner_ragged"], rng, np.float32, True)
     duck = types.SimpleNamespace(dot_dimension_numbers=([[1], [1]], [[2], [0]]),
                                  lhs_ragged_dimensions=[3], rhs_group_dimensions=[2])
     np.testing.assert_array_equal(ref.ragged_dot_general(lhs, rhs, gs, duck),
                                   ref.ragged_dot_general(lhs, rhs, gs, dims))
 
 
-def test_ragged_dot_general_basic_equals_ragged_dot():
-    rng = np.random.default_rng(9)
-    lhs, rhs = normal(rng, (21, 6)), normal(rng, (4, 6, 5))
+def test_ragged_dot_general_basic_equals_ragged_dot(rng):
+    lhs, rhs = randn(rng, (21, 6), np.float32), randn(rng, (4, 6, 5), np.float32)
     gs = np.array([5, 0, 9, 3], np.int32)
     dims = RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
     np.testing.assert_array_equal(ref.ragged_dot_general(lhs, rhs, gs, dims),
                                   ref.ragged_dot(lhs, rhs, gs))
 
 
-def test_ragged_dot_general_nonfinite_outside_groups():
+def test_ragged_dot_general_nonfinite_outside_groups(jax, rng):
     """Mode 2 masks both operands, so inf outside every group never reaches the output."""
-    rng = np.random.default_rng(10)
-    lhs, rhs = normal(rng, (3, 9)), normal(rng, (9, 2))
+    lhs, rhs = randn(rng, (3, 9), np.float32), randn(rng, (9, 2), np.float32)
     lhs[0, 8], rhs[8, 1] = np.inf, np.inf  # column/row 8 is past sum(gs) = 7
     gs = np.array([3, 0, 4], np.int32)
-    dims = RaggedDotDimensionNumbers((([1], [0]), ([], [])), [1], [])
+    dims = jax.lax.RaggedDotDimensionNumbers((([1], [0]), ([], [])), [1], [])
     out = ref.ragged_dot_general(lhs, rhs, gs, dims)
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out[1], 0)
-    assert_close(out, jax.lax.ragged_dot_general(lhs, rhs, gs, dims))
+    assert_allclose(out, jax.lax.ragged_dot_general(lhs, rhs, gs, dims))
 
 
 def test_ragged_dot_general_validation():
@@ -375,110 +307,6 @@ def test_ragged_dot_general_validation():
 
 
 # ---------------------------------------------------------------------------
-# make_group_metadata vs megablox
-# ---------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_make_group_metadata(megablox):
-    """megablox's make_group_metadata under jit, as gmm/tgmm run it.
-
-    start_group and num_nonzero_groups are traced (megablox only does integer
-    arithmetic on them), so one compile serves every shard of a (g, m, tm) shape.
-    """
-    def metadata(group_sizes, start_group, num_nonzero_groups, *, m, tm, visit_empty_groups):
-        return megablox.make_group_metadata(
-            group_sizes=group_sizes, m=m, tm=tm, start_group=start_group,
-            num_nonzero_groups=num_nonzero_groups, visit_empty_groups=visit_empty_groups)
-    return jax.jit(metadata, static_argnames=("m", "tm", "visit_empty_groups"))
-
-
-def _assert_same_metadata(megablox, *, group_sizes, m, tm, start_group, num_nonzero_groups,
-                          visit_empty_groups):
-    kwargs = dict(m=m, tm=tm, num_nonzero_groups=num_nonzero_groups,
-                  visit_empty_groups=visit_empty_groups)
-    (offsets, ids, tiles), num = _jitted_make_group_metadata(megablox)(
-        jnp.asarray(group_sizes, jnp.int32), jnp.asarray(start_group, jnp.int32),
-        jnp.asarray(num_nonzero_groups, jnp.int32), m=m, tm=tm,
-        visit_empty_groups=visit_empty_groups)
-    (r_offsets, r_ids, r_tiles), r_num = ref.make_group_metadata(
-        group_sizes=group_sizes, start_group=start_group, **kwargs)
-    context = f"group_sizes={list(group_sizes)} start_group={start_group} {kwargs}"
-    for name, mine, theirs in [("group_offsets", r_offsets, offsets),
-                               ("group_ids", r_ids, ids), ("m_tile_ids", r_tiles, tiles)]:
-        assert mine.dtype == np.int32, name
-        np.testing.assert_array_equal(mine, np.asarray(theirs), err_msg=f"{name}: {context}")
-    assert isinstance(r_num, int)
-    assert r_num == int(num), context
-
-
-def _shards(num_groups, shard_size):
-    """(start_group, num_nonzero_groups) of every shard of the groups, shard_size at a time."""
-    return [(start, min(shard_size, num_groups - start))
-            for start in range(0, num_groups, shard_size)]
-
-
-def test_make_group_metadata_matches_megablox_random(megablox):
-    rng = np.random.default_rng(11)
-    configs = [(64, 16, 5), (64, 8, 9), (128, 32, 4), (48, 16, 7), (16, 16, 3), (96, 4, 3)]
-    with jax.enable_x64(False):
-        for m, tm, g in configs:
-            draws = [random_group_sizes(rng, g, m, total=m), random_group_sizes(rng, g, m),
-                     random_group_sizes(rng, g, m, zero_fraction=0.6)]
-            for gs, shard_size, visit in itertools.product(draws, [g, 2, 3], [True, False]):
-                for start, count in _shards(g, shard_size):
-                    _assert_same_metadata(megablox, group_sizes=gs, m=m, tm=tm,
-                                          start_group=start, num_nonzero_groups=count,
-                                          visit_empty_groups=visit)
-
-
-@pytest.mark.parametrize("group_sizes,m,tm", [
-    ([16, 16, 32], 64, 16),          # every boundary on a tile edge
-    ([5, 11, 0, 16], 32, 8),         # groups starting inside tiles, one empty
-    ([10, 22, 0, 0], 32, 8),         # sum == m, trailing empty groups start at m
-    ([3, 0, 0], 32, 8),              # sum < m, trailing empty groups (padding uses g - 1)
-    ([0, 0, 0, 0], 16, 4),           # all empty
-    ([1, 1, 1, 1, 1], 8, 8),         # one tile shared by all groups
-    ([0, 7, 0, 1, 0], 8, 8),         # one tile, empty groups before/between/after
-    ([40], 64, 16),                  # a single group
-    ([2, 3, 4, 5, 6, 7, 8, 9], 48, 48),  # tm == m, many groups in the only tile
-])
-def test_make_group_metadata_matches_megablox_edge_cases(megablox, group_sizes, m, tm):
-    gs = np.array(group_sizes, np.int32)
-    g = len(gs)
-    with jax.enable_x64(False):
-        for visit in (True, False):
-            for shard_size in sorted({g, 1, 2}):
-                for start, count in _shards(g, shard_size):
-                    _assert_same_metadata(megablox, group_sizes=gs, m=m, tm=tm,
-                                          start_group=start, num_nonzero_groups=count,
-                                          visit_empty_groups=visit)
-
-
-def test_make_group_metadata_padding_uses_last_input_value():
-    """jnp.repeat pads with the last *input* value, even when its repeat count is 0."""
-    (_, group_ids, m_tile_ids), num_tiles = ref.make_group_metadata(
-        group_sizes=np.array([8, 0, 0], np.int32), m=16, tm=8, visit_empty_groups=False)
-    np.testing.assert_array_equal(group_ids, [0, 2, 2, 2])  # not [0, 0, 0, 0]
-    np.testing.assert_array_equal(m_tile_ids, [0, 1, 1, 1])
-    assert num_tiles == 1
-
-
-def test_make_group_metadata_defaults_and_errors():
-    gs = np.array([3, 0, 9], np.int32)
-    explicit = ref.make_group_metadata(group_sizes=gs, m=16, tm=4, start_group=1,
-                                       num_nonzero_groups=2)
-    default = ref.make_group_metadata(group_sizes=gs, m=16, tm=4, start_group=1)
-    for a, b in zip(explicit[0], default[0]):
-        np.testing.assert_array_equal(a, b)
-    assert explicit[1] == default[1]
-    with pytest.raises(ValueError):
-        ref.make_group_metadata(group_sizes=gs, m=18, tm=4)
-    with pytest.raises(ValueError):
-        ref.make_group_metadata(group_sizes=np.array([10, 9]), m=16, tm=4)
-
-
-# ---------------------------------------------------------------------------
 # gmm / tgmm vs megablox (interpret=True runs the Pallas kernels on CPU)
 # ---------------------------------------------------------------------------
 
@@ -486,8 +314,8 @@ GMM_M, GMM_K, GMM_N, GMM_G = 64, 32, 48, 5
 
 
 def _gmm_group_sizes(rng, m, g):
-    return [random_group_sizes(rng, g, m, total=m), random_group_sizes(rng, g, m),
-            random_group_sizes(rng, g, m, zero_fraction=0.6), np.zeros(g, np.int32)]
+    return [_sizes(rng, g, m, total=m), _sizes(rng, g, m),
+            _sizes(rng, g, m, empty=0.6), np.zeros(g, np.int32)]
 
 
 # (group_offset, g_local, existing_out?, transpose_rhs?): each cell of the
@@ -501,14 +329,14 @@ GMM_VARIANTS = [
 
 
 @pytest.mark.parametrize("offset,g_local,with_existing_out,transpose_rhs", GMM_VARIANTS)
-def test_gmm_matches_megablox(megablox, offset, g_local, with_existing_out, transpose_rhs):
-    rng = np.random.default_rng(12 + 3 * g_local + with_existing_out + 5 * transpose_rhs)
+def test_gmm_matches_megablox(jax, x64, megablox, rng, offset, g_local, with_existing_out, transpose_rhs):
+    jnp = jax.numpy
     m, k, n, g = GMM_M, GMM_K, GMM_N, GMM_G
-    lhs = normal(rng, (m, k))
-    rhs = normal(rng, (g_local, n, k) if transpose_rhs else (g_local, k, n))
-    existing = normal(rng, (m, n)) if with_existing_out else None
+    lhs = randn(rng, (m, k), np.float32)
+    rhs = randn(rng, (g_local, n, k) if transpose_rhs else (g_local, k, n), np.float32)
+    existing = randn(rng, (m, n), np.float32) if with_existing_out else None
     sharded = g_local < g
-    with jax.enable_x64(False):
+    with x64(False):
         for gs in _gmm_group_sizes(rng, m, g):
             expected = np.asarray(megablox.gmm(
                 lhs, rhs, gs, preferred_element_type=jnp.float32, tiling=(16, 16, 16),
@@ -522,30 +350,29 @@ def test_gmm_matches_megablox(megablox, offset, g_local, with_existing_out, tran
             if existing is None and not sharded:
                 # megablox leaves rows past sum(gs) uninitialised; the oracle zeroes them.
                 total = int(gs.sum())
-                assert_close(actual[:total], expected[:total])
+                assert_allclose(actual[:total], expected[:total])
                 np.testing.assert_array_equal(actual[total:], 0)
             else:
-                assert_close(actual, expected)
+                assert_allclose(actual, expected)
 
 
-def test_gmm_irregular_k_and_n(megablox):
+def test_gmm_irregular_k_and_n(jax, x64, megablox, rng):
+    jnp = jax.numpy
     """k and n that the tile sizes do not divide (megablox masks the k remainder)."""
-    rng = np.random.default_rng(13)
     m, k, n, g = 32, 30, 40, 3
-    lhs, rhs, existing = normal(rng, (m, k)), normal(rng, (g, k, n)), normal(rng, (m, n))
-    with jax.enable_x64(False):
+    lhs, rhs, existing = randn(rng, (m, k), np.float32), randn(rng, (g, k, n), np.float32), randn(rng, (m, n), np.float32)
+    with x64(False):
         for gs in _gmm_group_sizes(rng, m, g):
             expected = megablox.gmm(lhs, rhs, gs, tiling=(8, 16, 16),
                                     existing_out=jnp.asarray(existing), interpret=True)
-            assert_close(ref.gmm(lhs, rhs, gs, existing_out=existing), expected)
+            assert_allclose(ref.gmm(lhs, rhs, gs, existing_out=existing), expected)
 
 
-def test_gmm_existing_out_semantics():
+def test_gmm_existing_out_semantics(rng):
     """Computed rows overwrite existing_out; every other row keeps it."""
-    rng = np.random.default_rng(14)
-    lhs, rhs = normal(rng, (12, 3)), normal(rng, (2, 3, 4))
+    lhs, rhs = randn(rng, (12, 3), np.float32), randn(rng, (2, 3, 4), np.float32)
     gs = np.array([2, 3, 4, 2], np.int32)  # sum 11 < 12
-    existing = normal(rng, (12, 4))
+    existing = randn(rng, (12, 4), np.float32)
     out = ref.gmm(lhs, rhs, gs, group_offset=1, existing_out=existing)
     np.testing.assert_allclose(out[2:5], lhs[2:5] @ rhs[0], rtol=1e-6)
     np.testing.assert_allclose(out[5:9], lhs[5:9] @ rhs[1], rtol=1e-6)
@@ -555,7 +382,7 @@ def test_gmm_existing_out_semantics():
     np.testing.assert_array_equal(without[:2], 0)
     np.testing.assert_array_equal(without[9:], 0)
     # gmm with every group held equals ragged_dot.
-    rhs4 = normal(rng, (4, 3, 4))
+    rhs4 = randn(rng, (4, 3, 4), np.float32)
     np.testing.assert_array_equal(ref.gmm(lhs, rhs4, gs), ref.ragged_dot(lhs, rhs4, gs))
     with pytest.raises(ValueError):  # existing_out's dtype must match
         ref.gmm(lhs, rhs, gs, preferred_element_type=np.float64, group_offset=1,
@@ -565,14 +392,14 @@ def test_gmm_existing_out_semantics():
 @pytest.mark.parametrize("offset,num_actual,with_existing_out", [
     (None, None, False), (None, None, True), (0, 2, True), (2, 3, False), (4, 1, True),
 ])
-def test_tgmm_matches_megablox(megablox, offset, num_actual, with_existing_out):
-    rng = np.random.default_rng(15 + (num_actual or 0) + with_existing_out)
+def test_tgmm_matches_megablox(jax, x64, megablox, rng, offset, num_actual, with_existing_out):
+    jnp = jax.numpy
     m, k, n, g = GMM_M, GMM_K, GMM_N, GMM_G
-    lhs, rhs = normal(rng, (k, m)), normal(rng, (m, n))
+    lhs, rhs = randn(rng, (k, m), np.float32), randn(rng, (m, n), np.float32)
     local = g if num_actual is None else num_actual
-    existing = normal(rng, (local, k, n)) if with_existing_out else None
+    existing = randn(rng, (local, k, n), np.float32) if with_existing_out else None
     draws = _gmm_group_sizes(rng, m, g) + [np.array([20, 44, 0, 0, 0], np.int32)]
-    with jax.enable_x64(False):
+    with x64(False):
         for gs in draws:
             expected = megablox.tgmm(
                 lhs, rhs, gs, preferred_element_type=jnp.float32, tiling=(16, 16, 16),
@@ -584,20 +411,19 @@ def test_tgmm_matches_megablox(megablox, offset, num_actual, with_existing_out):
                               group_offset=offset, num_actual_groups=num_actual,
                               existing_out=existing)
             assert actual.dtype == np.float32
-            assert_close(actual, expected)
+            assert_allclose(actual, expected)
 
 
-def test_tgmm_semantics():
-    rng = np.random.default_rng(16)
+def test_tgmm_semantics(rng):
     k, m, n = 3, 10, 4
-    lhs, rhs = normal(rng, (k, m), np.float64), normal(rng, (m, n), np.float64)
+    lhs, rhs = randn(rng, (k, m), np.float64), randn(rng, (m, n), np.float64)
     gs = np.array([4, 0, 5], np.int32)  # row 9 is in no group
     out = ref.tgmm(lhs, rhs, gs)
     assert out.shape == (3, k, n) and out.dtype == np.float64
     np.testing.assert_allclose(out[0], lhs[:, :4] @ rhs[:4], rtol=1e-12)
     np.testing.assert_array_equal(out[1], 0)
     np.testing.assert_allclose(out[2], lhs[:, 4:9] @ rhs[4:9], rtol=1e-12)
-    existing = normal(rng, (2, k, n), np.float64)
+    existing = randn(rng, (2, k, n), np.float64)
     added = ref.tgmm(lhs, rhs, gs, group_offset=1, num_actual_groups=2, existing_out=existing)
     np.testing.assert_allclose(added, out[1:] + existing, rtol=1e-12)
     # tgmm is ragged_dot_general's ragged-contracting mode with lhs [k, m].

@@ -1,4 +1,5 @@
-"""Argument validation of raggeddot.ragged_dot and make_group_metadata.
+"""Argument validation of raggeddot.ragged_dot (make_group_metadata's is in
+test_metadata.py, gmm's and tgmm's in test_megablox.py).
 
 Every error is raised before any computation, names the offending argument,
 and leaves the inputs unmodified.
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 import raggeddot
+
+from helpers import BFLOAT16, assert_unchanged, snapshot
 
 
 def _args(m=10, k=4, n=3, g=2, dtype=np.float32, sizes=None):
@@ -191,9 +194,10 @@ def test_preferred_element_type_not_float(pet):
 
 
 def test_float16_with_bfloat16():
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if BFLOAT16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
     lhs, rhs, gs = _args()
-    for a, b in ((np.float16, ml_dtypes.bfloat16), (ml_dtypes.bfloat16, np.float16)):
+    for a, b in ((np.float16, BFLOAT16), (BFLOAT16, np.float16)):
         with raises(TypeError):
             raggeddot.ragged_dot(lhs.astype(a), rhs.astype(b), gs)
 
@@ -223,20 +227,9 @@ def test_failed_call_leaves_inputs_unmodified(case):
         exc = TypeError
     lhs = np.asfortranarray(lhs)
     rhs_view = rhs[:, :, ::-1]
-    before = (lhs.copy(order="K"), rhs_view.copy(), gs.copy())
+    inputs = (lhs, rhs_view, gs)
+    before = snapshot(inputs)
     with pytest.raises(exc):
         raggeddot.ragged_dot(lhs, rhs_view, gs, **kwargs)
-    for b, a, name in zip(before, (lhs, rhs_view, gs), ("lhs", "rhs", "group_sizes")):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert np.array_equal(a, b), f"{name} modified by a failed call ({case})"
+    assert_unchanged(inputs, before, [f"{name} ({case})" for name in ("lhs", "rhs", "group_sizes")])
     assert lhs.flags.f_contiguous
-
-
-# ---------------------------------------------------------------------------
-# make_group_metadata
-# ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("m,tm", [(10, 4), (7, 2), (128, 3), (5, 8)])
-def test_metadata_m_not_multiple_of_tm(m, tm):
-    with pytest.raises(ValueError):
-        raggeddot.make_group_metadata(group_sizes=np.array([m], np.int32), m=m, tm=tm)

@@ -22,10 +22,7 @@ import pytest
 import raggeddot
 from raggeddot import _core, _gateway as gw, reference
 
-try:
-    from conftest import check_close
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import check_close
+from helpers import check_close
 
 PACKAGE = pathlib.Path(raggeddot.__file__).parent
 COMPUTE_ENTRY_POINTS = {

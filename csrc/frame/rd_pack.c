@@ -49,12 +49,14 @@ rd_f16_to_float(uint16_t h)
 #define RD_SRC float
 #define RD_DST float
 #define RD_CVT(v) (v)
+#define RD_SAME 1
 #define RD_FN(x) rd_pack_s_s_##x
 #include "rd_pack_impl.h"
 
 #define RD_SRC double
 #define RD_DST double
 #define RD_CVT(v) (v)
+#define RD_SAME 1
 #define RD_FN(x) rd_pack_d_d_##x
 #include "rd_pack_impl.h"
 
@@ -62,6 +64,7 @@ rd_f16_to_float(uint16_t h)
 #define RD_SRC float
 #define RD_DST double
 #define RD_CVT(v) ((double)(v))
+#define RD_SAME 0
 #define RD_FN(x) rd_pack_s_d_##x
 #include "rd_pack_impl.h"
 
@@ -69,24 +72,28 @@ rd_f16_to_float(uint16_t h)
 #define RD_SRC uint16_t
 #define RD_DST float
 #define RD_CVT(v) rd_f16_to_float(v)
+#define RD_SAME 0
 #define RD_FN(x) rd_pack_h_s_##x
 #include "rd_pack_impl.h"
 
 #define RD_SRC uint16_t
 #define RD_DST float
 #define RD_CVT(v) rd_bf16_to_float(v)
+#define RD_SAME 0
 #define RD_FN(x) rd_pack_b_s_##x
 #include "rd_pack_impl.h"
 
 #define RD_SRC uint16_t
 #define RD_DST double
 #define RD_CVT(v) ((double)rd_f16_to_float(v))
+#define RD_SAME 0
 #define RD_FN(x) rd_pack_h_d_##x
 #include "rd_pack_impl.h"
 
 #define RD_SRC uint16_t
 #define RD_DST double
 #define RD_CVT(v) ((double)rd_bf16_to_float(v))
+#define RD_SAME 0
 #define RD_FN(x) rd_pack_b_d_##x
 #include "rd_pack_impl.h"
 

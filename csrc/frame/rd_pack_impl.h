@@ -4,6 +4,7 @@
  *   RD_SRC      storage element type (float, double, uint16_t for 16-bit floats)
  *   RD_DST      packed element type (float, double)
  *   RD_CVT(v)   the packed value of a stored one
+ *   RD_SAME     1 when the storage and packed types are one type (no conversion)
  *   RD_FN(x)    name mangler
  *
  * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
@@ -19,6 +20,14 @@
 static inline __attribute__((always_inline)) void
 RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
 {
+#if RD_SAME
+    /* a long run of one type: libc's memcpy picks the widest moves the CPU
+     * has (this file is compiled for the baseline instruction set) */
+    if (w >= 16) {
+        memcpy(dst, src, sizeof(RD_DST) * (size_t)w);
+        return;
+    }
+#endif
     int j = 0;
     for (; j + 8 <= w; j += 8)
         for (int t = 0; t < 8; t++)
@@ -71,4 +80,5 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
 #undef RD_SRC
 #undef RD_DST
 #undef RD_CVT
+#undef RD_SAME
 #undef RD_FN

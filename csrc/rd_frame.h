@@ -78,6 +78,7 @@ typedef struct {
 } rd_out_t;
 
 extern const size_t rd_dtype_size[RD_DTYPE_COUNT];
+extern const char *const rd_dtype_names[RD_DTYPE_COUNT];   /* NumPy's names */
 
 /* ---------------------------------------------------------------- packing
  * (frame/rd_pack.c)  pack(rows, depth, src, rs, cs, r, dst) packs the

@@ -68,14 +68,16 @@ def compute_dtype(*dtypes):
     return _FLOAT32
 
 
+#: The storage dtypes the grouped-matmul kernels read directly for a product
+#: in each compute dtype, converting while packing (float16, bfloat16 and
+#: float32 for any product, float64 for a float64 one): the C packing table's.
+_PACKING_READS = {name: frozenset(reads) for name, reads in _core.PACKING_READS.items()}
+
+
 def _packing_reads(dtype, ct):
-    """Whether the grouped-matmul kernels read storage ``dtype`` directly for
-    a product in ``ct``, converting while packing: float16, bfloat16 and
-    float32 for any product, float64 for a float64 one."""
-    if dtype.itemsize == 8:
-        return ct.itemsize == 8 and dtype.kind == "f"
-    return dtype.itemsize == 4 and dtype.kind == "f" or dtype.itemsize == 2 and (
-        dtype.kind == "f" or v.is_bfloat16(dtype))
+    """Whether the grouped-matmul kernels read storage ``dtype`` (native
+    byte order) directly for a product in compute dtype ``ct``."""
+    return dtype.name in _PACKING_READS[ct.name]
 
 
 def operand(arr, dtype, layout=STRIDED):

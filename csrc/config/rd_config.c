@@ -21,6 +21,13 @@ const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
     [RD_BF16] = 2,
 };
 
+const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
+    [RD_F32] = "float32",
+    [RD_F64] = "float64",
+    [RD_F16] = "float16",
+    [RD_BF16] = "bfloat16",
+};
+
 extern const rd_family_t rd_family_ref;
 #ifdef RD_HAVE_X86_KERNELS
 extern const rd_family_t rd_family_avx2;

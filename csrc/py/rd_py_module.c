@@ -154,6 +154,41 @@ rd_add_enum(PyObject *m, const char *attr, const char *const *names, const int *
     return 0;
 }
 
+/* {compute dtype: (storage dtypes its packing reads for both operands)}, from
+ * the packing table, so that the Python side never restates it. */
+static int
+rd_add_packing_reads(PyObject *m)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return -1;
+    for (int ct = 0; ct < RD_CT_COUNT; ct++) {
+        PyObject *names = PyList_New(0);
+        int rc = names == NULL ? -1 : 0;
+        for (int dt = 0; rc == 0 && dt < RD_DTYPE_COUNT; dt++) {
+            if (rd_packer((rd_ctype_t)ct, (rd_dtype_t)dt, 0) == NULL ||
+                rd_packer((rd_ctype_t)ct, (rd_dtype_t)dt, 1) == NULL)
+                continue;
+            PyObject *s = PyUnicode_FromString(rd_dtype_names[dt]);
+            rc = s == NULL || PyList_Append(names, s) != 0 ? -1 : 0;
+            Py_XDECREF(s);
+        }
+        PyObject *t = rc == 0 ? PyList_AsTuple(names) : NULL;
+        Py_XDECREF(names);
+        if (t == NULL || PyDict_SetItemString(d, rd_ctypes[ct].name, t) != 0) {
+            Py_XDECREF(t);
+            Py_DECREF(d);
+            return -1;
+        }
+        Py_DECREF(t);
+    }
+    if (PyModule_AddObject(m, "PACKING_READS", d) != 0) {
+        Py_DECREF(d);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__core(void)
 {
@@ -171,7 +206,8 @@ PyInit__core(void)
     static const char *const score_names[] = {"softmax", "sigmoid"};
     static const int score_values[] = {RD_SCORE_SOFTMAX, RD_SCORE_SIGMOID};
     if (rd_add_enum(m, "ACTIVATIONS", act_names, act_values, 5) != 0 ||
-        rd_add_enum(m, "SCORE_FUNCS", score_names, score_values, 2) != 0)
+        rd_add_enum(m, "SCORE_FUNCS", score_names, score_values, 2) != 0 ||
+        rd_add_packing_reads(m) != 0)
         goto error;
     return m;
 error:

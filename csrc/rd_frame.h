@@ -37,6 +37,8 @@ void rd_plan_init(rd_plan_t *plan, rd_ctype_t ct);
 int rd_set_kernel(const char *name);
 /* Name of the selected family ("auto" picks resolve to a family's name). */
 const char *rd_get_kernel(void);
+/* What was asked for: a family's name, or "auto" (what rd_set_kernel takes back). */
+const char *rd_kernel_selection(void);
 /* The micro-kernel in force for a compute type (never NULL: "ref" has all). */
 const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
 /* Cache blocking of the kernel in force for `ct`; MC and NC are rounded up

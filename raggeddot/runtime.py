@@ -139,7 +139,8 @@ def build_info():
     - ``openmp``: bool; ``num_threads``: int.
     - ``kernels``: one dict per compiled kernel family, most preferred first:
       ``{'name', 'runnable', 'types': [compute dtypes it has kernels for]}``.
-    - ``simd``: the compiled family names; ``kernel``: the family in use.
+    - ``simd``: the compiled family names; ``kernel``: the family in use;
+      ``kernel_selection``: what was asked for (a name, or ``'auto'``).
     - ``cpu``: ``{feature: bool}`` for the CPU features the kernels check.
     - ``blocking``: ``{dtype: {'kernel', 'MR', 'NR', 'MC', 'KC', 'NC'}}``, per
       compute dtype, of the kernel in use.
@@ -163,9 +164,9 @@ def peak_gflops(isa, threads=None, seconds=0.5):
 def configured(*, kernel=None, num_threads=None, stream_threshold=None, buffer_cache=None):
     """A context in which the given settings hold; every setting (given or
     not) is restored on exit, whatever happens inside."""
-    saved_kernel = get_kernel()
-    saved_threads = get_num_threads()
     info = build_info()
+    saved_kernel = info["kernel_selection"]      # "auto" stays automatic
+    saved_threads = get_num_threads()
     saved_stream = info["stream_threshold"]
     saved_cache = info["buffer_cache"]["limit"]
     try:

@@ -25,6 +25,14 @@ def test_build_info_describes_the_build():
     assert raggeddot.set_num_threads is runtime.set_num_threads
 
 
+def test_configured_keeps_automatic_selection_automatic():
+    with runtime.configured(kernel="auto"):
+        assert runtime.build_info()["kernel_selection"] == "auto"
+        with runtime.configured(kernel="ref"):
+            assert runtime.build_info()["kernel_selection"] == "ref"
+        assert runtime.build_info()["kernel_selection"] == "auto"
+
+
 def test_configured_restores_every_setting_even_on_error():
     before = runtime.build_info()
     with pytest.raises(KeyError):
@@ -34,7 +42,7 @@ def test_configured_restores_every_setting_even_on_error():
             assert info["stream_threshold"] == 0 and info["buffer_cache"]["limit"] == 0
             raise KeyError("inside")
     after = runtime.build_info()
-    for key in ("kernel", "num_threads", "stream_threshold", "blocking"):
+    for key in ("kernel", "kernel_selection", "num_threads", "stream_threshold", "blocking"):
         assert after[key] == before[key], key
     assert after["buffer_cache"]["limit"] == before["buffer_cache"]["limit"]
 

@@ -83,6 +83,13 @@ rd_get_kernel(void)
     return rd_selected != NULL ? rd_selected->name : rd_serving[RD_CT_F32]->name;
 }
 
+const char *
+rd_kernel_selection(void)
+{
+    rd_ensure();
+    return rd_selected != NULL ? rd_selected->name : "auto";
+}
+
 const rd_ukr_desc_t *
 rd_active_kernel(rd_ctype_t ct, const char **family)
 {

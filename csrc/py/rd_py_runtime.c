@@ -314,12 +314,13 @@ rd_py_build_info(PyObject *self, PyObject *unused)
         }
         Py_DECREF(b);
     }
-    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
+    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
                          "forked_single_threaded", rd_forked_single_threaded() ? Py_True : Py_False,
                          "kernels", kernels,
                          "simd", simd,
                          "kernel", rd_get_kernel(),
+                         "kernel_selection", rd_kernel_selection(),
                          "cpu", cpu,
                          "cpu_avx2", PyDict_GetItemString(cpu, "avx2") == Py_True ? Py_True : Py_False,
                          "cpu_avx512", PyDict_GetItemString(cpu, "avx512f") == Py_True ? Py_True : Py_False,

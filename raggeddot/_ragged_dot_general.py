@@ -181,16 +181,17 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
 
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 
-    # converted before the modes reshape them, so that a reshape that must copy
-    # copies the compute dtype
-    lhs = gw.operand(lhs, ct)
-    rhs = gw.operand(rhs, ct)
+    # Half-precision operands stay as they are (the packing converts them
+    # value by value); a dtype the packing does not read is converted before
+    # the modes reshape it, so that a reshape that must copy copies once.
+    lhs = gw.operand(lhs, ct, gw.PACKED)
+    rhs = gw.operand(rhs, ct, gw.PACKED)
     if r in lf:
-        out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
+        out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset, ct)
     elif r in lc:
-        out = _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
+        out = _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct)
     else:
-        out = _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
+        out = _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct)
     return out if out.dtype == out_dtype else out.astype(out_dtype)
 
 
@@ -198,7 +199,7 @@ def _shape(arr, dims):
     return tuple(arr.shape[d] for d in dims)
 
 
-def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset):
+def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset, ct):
     """Mode 1: one ragged_rows call per batch x outer-free index.
 
     lhs -> [B..., X..., R*I, K] (X, I: the free dims before / after r), rhs ->
@@ -220,7 +221,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
     n_shape = _shape(rhs, rf)
     n_size = _size(n_shape)
     rows = ragged_size * inner
-    out = np.empty(prefix_shape + _shape(lhs, lf[p:]) + n_shape, dtype=lhs.dtype)
+    out = np.empty(prefix_shape + _shape(lhs, lf[p:]) + n_shape, dtype=ct)
     if out.size == 0:
         return out
     out3 = out.reshape(prefix_shape + (rows, n_size))
@@ -237,7 +238,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
     return out
 
 
-def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
+def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct):
     """Mode 2: one ragged_contract call per batch x varying-outer-contracting index.
 
     The contracting dims along which group_sizes varies (V, listed before r)
@@ -262,7 +263,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     b_shape = _shape(lhs, lb)
     m_shape = _shape(lhs, lf)
     n_shape = _shape(rhs, rf)
-    out = np.empty((g,) + b_shape + m_shape + n_shape, dtype=lhs.dtype)
+    out = np.empty((g,) + b_shape + m_shape + n_shape, dtype=ct)
     if out.size == 0:
         return out
     if _size(_shape(lhs, lc)) == 0:
@@ -302,7 +303,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     return out
 
 
-def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
+def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct):
     """Mode 3: a batched dot. One ragged_rows call whose groups are the batch
     elements (lhs -> [B*M, K], rhs -> [B, K, N], bounds [0, M, 2M, ...]) when
     lhs can be viewed that way, else one single-group call per batch element.
@@ -321,7 +322,7 @@ def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
     n_shape = _shape(rhs, rf)
     b_size, m_size = _size(b_shape), _size(m_shape)
     k_size, n_size = _size(_shape(lhs, lc)), _size(n_shape)
-    out = np.empty(b_shape + m_shape + n_shape, dtype=lhs.dtype)
+    out = np.empty(b_shape + m_shape + n_shape, dtype=ct)
     if out.size == 0:
         return out
     lhs_t = lhs.transpose(lb + lf + lc)

@@ -55,3 +55,81 @@ def test_same_result_as_converting_first(rng, dtype, kernel):
         mixed = raggeddot.ragged_dot(lhs, rhs.astype(np.float64), gs)
         assert mixed.dtype == np.float64
         assert np.array_equal(mixed, raggeddot.ragged_dot(lhs.astype(np.float64), rhs.astype(np.float64), gs))
+
+
+def _rdg_cases(rng, dtype, m=256, k=96, n=64, g=4):
+    """(name, lhs, rhs, group_sizes, dimension numbers) for each of
+    ragged_dot_general's modes, with half-precision operands, one of them a
+    transposed view."""
+    DN = raggeddot.RaggedDotDimensionNumbers
+    gs = np.array([m // 2, 0, m // 4, m // 4])
+    lhs = rng.standard_normal((m, k)).astype(dtype)
+    rhs_t = rng.standard_normal((g, n, k)).astype(dtype).transpose(0, 2, 1)   # [g, k, n], strided
+    bl = rng.standard_normal((g, 24, k)).astype(dtype)
+    br = rng.standard_normal((g, k, 40)).astype(dtype)
+    return [
+        ("ragged-noncontracting", lhs, rhs_t, gs,
+         DN((([1], [1]), ([], [])), [0], [0])),
+        ("ragged-contracting", lhs.T, rng.standard_normal((m, n)).astype(dtype), gs,
+         DN((([1], [0]), ([], [])), [1], [])),
+        ("ragged-batch", bl, br, np.array([1, 2, 0, 1]),
+         DN((([2], [1]), ([0], [0])), [0], [])),
+    ]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+def test_ragged_dot_general_reads_half_in_place(rng, dtype, kernel):
+    """Every mode gives exactly what converting the operands to float32
+    first gives (the products and sums are the same float32 operations),
+    and rounds the result once to the half dtype."""
+    with runtime.configured(kernel=kernel):
+        for name, lhs, rhs, gs, dn in _rdg_cases(rng, dtype):
+            want = raggeddot.ragged_dot_general(lhs.astype(np.float32), rhs.astype(np.float32), gs, dn)
+            got = raggeddot.ragged_dot_general(lhs, rhs, gs, dn, preferred_element_type=np.float32)
+            assert got.dtype == np.float32 and np.array_equal(got, want), name
+            half = raggeddot.ragged_dot_general(lhs, rhs, gs, dn)
+            assert half.dtype == dtype and np.array_equal(half, want.astype(dtype)), name
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_ragged_dot_general_allocates_no_float32_copy(rng, dtype):
+    for name, lhs, rhs, gs, dn in _rdg_cases(rng, dtype, m=2048, k=512, n=256):
+        call = lambda: raggeddot.ragged_dot_general(lhs, rhs, gs, dn, preferred_element_type=np.float32)
+        result = call().nbytes
+        copy = 4 * (lhs.size + rhs.size)     # what float32 copies of the operands would take
+        with runtime.configured(buffer_cache=0):
+            tracemalloc.start()
+            try:
+                call()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        assert peak < result + copy // 8, (name, peak, result, copy)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+@pytest.mark.parametrize("m,k,n,g", [(1, 1, 1, 1), (33, 65, 17, 5), (200, 257, 50, 16), (128, 2048, 64, 4)])
+def test_matches_jax_in_half_precision(jax, rng, dtype, m, k, n, g):
+    """jax.lax.ragged_dot and ragged_dot_general with half-precision inputs
+    (unit-scale values, so each output is O(sqrt(k)) and the tolerance is a
+    few roundings of the output dtype): same dtype, same values up to the
+    output's own rounding."""
+    from helpers import check_close, random_group_sizes
+    jnp = jax.numpy
+    lhs = rng.standard_normal((m, k)).astype(dtype)
+    rhs = rng.standard_normal((g, k, n)).astype(dtype)
+    gs = random_group_sizes(rng, g, m)
+    gs[rng.random(g) < 0.3] = 0
+    want = np.asarray(jax.lax.ragged_dot(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(gs, jnp.int32)))
+    got = raggeddot.ragged_dot(lhs, rhs, gs)
+    assert got.dtype == want.dtype == dtype
+    check_close(got, want, dtype, err_msg=f"ragged_dot gs={gs.tolist()}")
+    for name, a, b, sizes, dn in _rdg_cases(rng, dtype, m=max(m, 4) * 4, k=k, n=n):
+        jdn = jax.lax.RaggedDotDimensionNumbers(dn.dot_dimension_numbers, dn.lhs_ragged_dimensions,
+                                                dn.rhs_group_dimensions)
+        want = np.asarray(jax.lax.ragged_dot_general(jnp.asarray(a), jnp.asarray(b),
+                                                     jnp.asarray(sizes, jnp.int32), jdn))
+        got = raggeddot.ragged_dot_general(a, b, sizes, dn)
+        assert got.dtype == want.dtype == dtype, name
+        check_close(got, want, dtype, err_msg=name)

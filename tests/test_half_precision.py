@@ -133,3 +133,26 @@ def test_matches_jax_in_half_precision(jax, rng, dtype, m, k, n, g):
         got = raggeddot.ragged_dot_general(a, b, sizes, dn)
         assert got.dtype == want.dtype == dtype, name
         check_close(got, want, dtype, err_msg=name)
+
+
+@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_every_half_value_is_widened_exactly(dtype, kernel):
+    """All 65536 bit patterns (subnormals, infinities, NaNs included) go
+    through the packing of A and of B and come out as NumPy's exact
+    widening (zeros compared by value: the product's 0 + (-0) is +0)."""
+    h = np.arange(65536, dtype=np.uint16).view(dtype)
+    for wide, bits in ((np.float32, np.uint32), (np.float64, np.uint64)):  # both packed widths
+        want = h.astype(wide)
+        with runtime.configured(kernel=kernel):
+            as_lhs = raggeddot.ragged_dot(h.reshape(-1, 1), np.ones((1, 1, 1), dtype), np.array([65536]),
+                                          preferred_element_type=wide)[:, 0]
+            as_rhs = raggeddot.ragged_dot(np.ones((1, 1), dtype), h.reshape(1, 1, -1), np.array([1]),
+                                          preferred_element_type=wide)[0]
+        nan = np.isnan(want)
+        nonzero = ~nan & (want != 0)
+        for got in (as_lhs, as_rhs):
+            assert got.dtype == wide
+            assert np.array_equal(np.isnan(got), nan)
+            assert np.array_equal(got[~nan], want[~nan])
+            assert np.array_equal(got[nonzero].view(bits), want[nonzero].view(bits))

@@ -6,6 +6,9 @@
  *   RD_CVT(v)   the packed value of a stored one
  *   RD_SAME     1 when the storage and packed types are one type (no conversion)
  *   RD_FN(x)    name mangler
+ *   RD_ATTR     attributes of the routine (target ISA; optional)
+ *   RD_RUN8(d, s)  converts 8 contiguous values at once (optional; an
+ *               instruction the compiler does not find by itself)
  *
  * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
  * X[i][p] = src[i*rs + p*cs] into r-row micro-panels, panel q holding rows
@@ -17,18 +20,29 @@
 /* dst[0..w) = src[0..w): a run of w contiguous values, converted; copied in
  * chunks of fixed width so that every chunk compiles to vector moves,
  * whatever the register block. */
-static inline __attribute__((always_inline)) void
+#ifndef RD_ATTR
+#define RD_ATTR RD_PACK_CLONES
+#define RD_RUN_ATTR
+#endif
+static inline __attribute__((always_inline)) RD_RUN_ATTR void
 RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
 {
 #if RD_SAME
     /* a long run of one type: libc's memcpy picks the widest moves the CPU
-     * has (this file is compiled for the baseline instruction set) */
+     * has */
     if (w >= 16) {
         memcpy(dst, src, sizeof(RD_DST) * (size_t)w);
         return;
     }
 #endif
     int j = 0;
+#ifdef RD_RUN8
+    for (; j + 8 <= w; j += 8)
+        RD_RUN8(dst + j, src + j);
+#endif
+    for (; j + 16 <= w; j += 16)
+        for (int t = 0; t < 16; t++)
+            dst[j + t] = RD_CVT(src[j + t]);
     for (; j + 8 <= w; j += 8)
         for (int t = 0; t < 8; t++)
             dst[j + t] = RD_CVT(src[j + t]);
@@ -39,22 +53,33 @@ RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
         dst[j] = RD_CVT(src[j]);
 }
 
-static void
+RD_ATTR static void
 RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
             int r, void *dst_)
 {
     const RD_SRC *src = (const RD_SRC *)src_;
     RD_DST *restrict dst = (RD_DST *)dst_;
-    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+    rd_int i0 = 0;
+    if (rs == 1) {
+        /* the values of each p are contiguous across all rows (a row-major
+         * B, a transposed A): read them in memory order, p after p, each
+         * line of the source once, and deal each run of r to its panel.
+         * (Panel after panel instead would walk the source in strips of r
+         * values a whole line apart, which the memory streams badly.) */
+        const rd_int full = rows / r;
+        const rd_int panel = (rd_int)r * depth;
+        for (rd_int p = 0; p < depth; p++) {
+            const RD_SRC *x = src + p * cs;
+            for (rd_int q = 0; q < full; q++)
+                RD_FN(run)(dst + q * panel + p * r, x + q * r, r);
+        }
+        i0 = full * r;
+        dst += full * panel;
+    }
+    for (; i0 < rows; i0 += r) {
         const RD_SRC *x = src + i0 * rs;
         rd_int full = rows - i0 >= r;
-        if (full && rs == 1) {
-            /* the r values of each p are contiguous (a row-major B, a
-             * transposed A): one run per p, written sequentially */
-            for (rd_int p = 0; p < depth; p++)
-                RD_FN(run)(dst + p * r, x + p * cs, r);
-        }
-        else if (full && cs == 1) {
+        if (full && cs == 1) {
             /* each row is contiguous along p: read rows sequentially and
              * scatter into the panel */
             for (int i = 0; i < r; i++) {
@@ -82,3 +107,6 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
 #undef RD_CVT
 #undef RD_SAME
 #undef RD_FN
+#undef RD_ATTR
+#undef RD_RUN_ATTR
+#undef RD_RUN8

@@ -150,5 +150,8 @@ long long rd_make_group_metadata(const rd_int *group_sizes, rd_int ng, rd_int m,
  * independent chains of the instruction `isa` names; -1 for an unknown
  * name, 0 when the CPU lacks it. */
 double rd_peak_gflops(const char *isa, double seconds);
+/* One thread's read bandwidth, GB/s, sweeping `bytes` of its own memory for
+ * about `seconds` (probe/rd_peak.c); -1 when the memory cannot be had. */
+double rd_read_gbps(size_t bytes, double seconds);
 
 #endif /* RD_FRAME_H */

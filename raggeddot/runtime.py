@@ -25,6 +25,7 @@ __all__ = [
     "runnable_kernels",
     "set_blocking",
     "set_stream_threshold",
+    "read_bandwidth",
     "get_stream_threshold",
     "set_buffer_cache",
     "get_buffer_cache",
@@ -158,6 +159,16 @@ def peak_gflops(isa, threads=None, seconds=0.5):
     yardstick of the benchmarks' "% of peak"."""
     threads = get_num_threads() if threads is None else _int_at_least(threads, 1, "threads", "peak_gflops")
     return _core.fma_peak(threads, float(seconds), str(isa))
+
+
+def read_bandwidth(threads=None, megabytes=256, seconds=0.5):
+    """Measured read bandwidth, GB/s: ``threads`` threads (default
+    :func:`get_num_threads`) each summing ``megabytes`` of its own memory
+    (far beyond the caches) over and over for about ``seconds``. The
+    yardstick of the benchmarks' weight-streaming shapes: a product that
+    reads its weights once cannot take less than their bytes over this."""
+    threads = get_num_threads() if threads is None else _int_at_least(threads, 1, "threads", "read_bandwidth")
+    return _core.read_bandwidth(threads, float(megabytes), float(seconds))
 
 
 @contextlib.contextmanager

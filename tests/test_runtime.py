@@ -75,6 +75,15 @@ def test_peak_probe_reports_a_positive_rate_for_the_kernel_in_use():
         assert runtime.peak_gflops(isa, 1, 0.05) > 1.0
 
 
+def test_read_bandwidth_probe():
+    """A positive rate in a sane range (0.1 GB/s to 10 TB/s), and its
+    arguments checked."""
+    assert 0.1 < runtime.read_bandwidth(1, megabytes=64, seconds=0.05) < 1e4
+    for bad in ({"threads": 0}, {"megabytes": 0.5}, {"seconds": 0.0}, {"seconds": 100.0}):
+        with pytest.raises(ValueError):
+            runtime.read_bandwidth(**{"threads": 1, "megabytes": 64, "seconds": 0.05, **bad})
+
+
 def test_a_call_in_flight_keeps_the_settings_it_started_with(rng):
     """Settings changed while a call runs reach only later calls: the call
     made its plan (kernel, blocking, threads) when it started."""

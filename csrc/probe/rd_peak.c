@@ -9,6 +9,8 @@
  */
 #include "rd_frame.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -90,4 +92,44 @@ rd_peak_gflops(const char *isa, double seconds)
     (void)seconds;
 #endif
     return 0.0;
+}
+
+/*
+ * Read bandwidth: one thread's bytes per second reading `bytes` of its own
+ * memory (allocated and written here, so the pages are its own and faulted
+ * in before the clock starts), sweeping it until `seconds` have passed.
+ * Eight independent sums keep enough loads in flight; the sums are returned
+ * so that the reads cannot be removed.  What a weight-streaming product can
+ * at best approach.
+ */
+__attribute__((target_clones("avx2", "default"))) static uint64_t
+rd_sweep(const uint64_t *restrict p, size_t words)
+{
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 8 <= words; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += p[i + j];
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+double
+rd_read_gbps(size_t bytes, double seconds)
+{
+    size_t words = bytes / sizeof(uint64_t) / 8 * 8;
+    uint64_t *p = NULL;
+    if (words == 0 || posix_memalign((void **)&p, RD_ALIGN, words * sizeof(uint64_t)) != 0)
+        return -1.0;
+    for (size_t i = 0; i < words; i++)
+        p[i] = i;
+    volatile uint64_t keep = rd_sweep(p, words);   /* warm: TLB, pages */
+    long sweeps = 0;
+    double t0 = rd_now(), t1;
+    do {
+        keep += rd_sweep(p, words);
+        sweeps++;
+        t1 = rd_now();
+    } while (t1 - t0 < seconds);
+    (void)keep;
+    free(p);
+    return (double)sweeps * (double)(words * sizeof(uint64_t)) / (t1 - t0) / 1e9;
 }

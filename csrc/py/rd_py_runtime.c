@@ -373,6 +373,47 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
     return PyFloat_FromDouble(total);
 }
 
+PyDoc_STRVAR(read_bandwidth_doc,
+"read_bandwidth(threads, megabytes, seconds) -> GB/s\n\n"
+"Bytes per second that `threads` threads read together, each sweeping\n"
+"`megabytes` of its own memory for about `seconds`.");
+
+static PyObject *
+rd_py_read_bandwidth(PyObject *self, PyObject *args)
+{
+    int threads;
+    double megabytes, seconds;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "idd", &threads, &megabytes, &seconds))
+        return NULL;
+    if (threads < 1 || threads > 4096 || !(megabytes >= 1.0 && megabytes <= 65536.0)
+        || !(seconds > 0.0 && seconds <= 60.0)) {
+        PyErr_Format(PyExc_ValueError, "read_bandwidth needs 1 <= threads <= 4096, "
+                     "1 <= megabytes <= 65536 and 0 < seconds <= 60, got %d, %g, %g",
+                     threads, megabytes, seconds);
+        return NULL;
+    }
+    double total = 0.0;
+    int failed = 0;
+    size_t bytes = (size_t)(megabytes * 1048576.0);
+    threads = rd_team_size(threads);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total) reduction(| : failed)
+#endif
+    {
+        double gbps = rd_read_gbps(bytes, seconds);
+        if (gbps < 0.0)
+            failed = 1;
+        else
+            total += gbps;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed)
+        return PyErr_NoMemory();
+    return PyFloat_FromDouble(total);
+}
+
 PyMethodDef rd_runtime_methods[] = {
     {"set_num_threads", rd_py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
@@ -392,5 +433,6 @@ PyMethodDef rd_runtime_methods[] = {
      " get non-temporal stores (negative: never)"},
     {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
     {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
+    {"read_bandwidth", rd_py_read_bandwidth, METH_VARARGS, read_bandwidth_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -21,6 +21,13 @@ differentiated only when it is passed positionally (e.g.
 ``vjp(gmm, lhs, rhs, gs, None, None, None, existing_out)``); bound by keyword
 (in a partial) it is a constant.
 
+An op may have differentiable keyword-only parameters that cannot be
+primals (moe_block's router_bias, per-expert biases, shared experts and
+shared_expert_gate). ``vjp`` returns one gradient per positional primal, so
+it has no place for theirs: binding an array to one of them in a partial
+is a ValueError pointing to the op's own vjp function (``moe_block_vjp``,
+which returns every gradient), rather than a silent constant.
+
 Every rule is computed by the C-backed ops themselves, in the op's compute
 dtype (float32, or float64 when an input or the output is float64); gradients
 are cast to the primal's dtype once, at the end.
@@ -43,9 +50,11 @@ __all__ = ["vjp", "jvp", "grad", "defvjp", "defjvp"]
 # op -> (rule, argnames)
 _VJP_RULES = {}
 _JVP_RULES = {}
+# op -> (keyword-only differentiable names, the op's own vjp function's name)
+_KEYWORD_GRADS = {}
 
 
-def defvjp(op, vjp_rule, argnames):
+def defvjp(op, vjp_rule, argnames, keyword_argnames=(), full_vjp=None):
     """Register the reverse-mode rule of ``op``.
 
     Args:
@@ -59,8 +68,14 @@ def defvjp(op, vjp_rule, argnames):
         A missing or ``None`` gradient means zero; gradients are cast to the
         primal's dtype by the caller, so they may come in the compute dtype.
       argnames: the names of the differentiable parameters (float arrays).
+      keyword_argnames: differentiable keyword-only parameters, whose
+        gradients ``vjp`` has no place for: ``vjp`` of a partial binding
+        any of them to a value other than None raises ValueError naming
+        ``full_vjp``, the function that returns their gradients.
     """
     _VJP_RULES[op] = (vjp_rule, tuple(argnames))
+    if keyword_argnames:
+        _KEYWORD_GRADS[op] = (tuple(keyword_argnames), full_vjp)
 
 
 def defjvp(op, jvp_rule, argnames):
@@ -155,6 +170,7 @@ def vjp(fun, *primals):
     """
     op, pargs, pkwargs = _resolve(fun, _VJP_RULES, "vjp")
     rule, argnames = _VJP_RULES[op]
+    _refuse_bound_gradients(op, pkwargs)
     args, names = _bind(op, pargs, pkwargs, primals, "vjp")
     diff = [name in argnames and p is not None for name, p in zip(names, primals)]
     wanted = frozenset(name for name, d in zip(names, diff) if d)
@@ -181,6 +197,19 @@ def vjp(fun, *primals):
         return tuple(result)
 
     return out, vjp_fn
+
+
+def _refuse_bound_gradients(op, pkwargs):
+    """ValueError when a partial binds a value to a differentiable
+    keyword-only parameter of ``op`` (see the module docstring)."""
+    names, full_vjp = _KEYWORD_GRADS.get(op, ((), None))
+    bound = [name for name in names if pkwargs.get(name) is not None]
+    if bound:
+        raise ValueError(
+            f"vjp of {_op_name(op)}: {', '.join(map(repr, bound))} bound in the partial would be "
+            f"differentiable, but raggeddot.vjp returns gradients of the positional primals only and "
+            f"would treat {'it' if len(bound) == 1 else 'them'} as constant; call {full_vjp}, which "
+            "returns the gradients of every array argument")
 
 
 def _cotangent(ct, out, opname):

@@ -289,19 +289,20 @@ def gather_reduce(y, indices, weights=None):
     return _core.gather_reduce(operand(y, ct, ROWS), _indices(indices), weights)
 
 
-def gated_act(gate, up, activation, limit):
+def gated_act(gate, up, activation, limit, alpha=1.702):
     """Element-wise ``act(gate) * up`` (``activation`` one of
-    :data:`ACTIVATIONS`; "swiglu_oai" is ``g * sigmoid(1.702 g) * (u + 1)``
+    :data:`ACTIVATIONS`; "swiglu_oai" is ``g * sigmoid(alpha g) * (u + 1)``
     with ``g = min(gate, limit)``, ``u = clip(up, -limit, limit)``). gate
     and up: one shape, one compute dtype."""
     ct = gate.dtype
     return _core.gated_act(operand(gate, ct, CONTIGUOUS), operand(up, ct, CONTIGUOUS),
-                           _core.ACTIVATIONS[activation], float(limit))
+                           _core.ACTIVATIONS[activation], float(limit), float(alpha))
 
 
-def gated_act_grad(gate, up, d_out, activation, limit):
+def gated_act_grad(gate, up, d_out, activation, limit, alpha=1.702):
     """``(d_gate, d_up)`` of :func:`gated_act` for the cotangent ``d_out``
     (all three of one shape and compute dtype)."""
     ct = gate.dtype
     return _core.gated_act_grad(operand(gate, ct, CONTIGUOUS), operand(up, ct, CONTIGUOUS),
-                                operand(d_out, ct, CONTIGUOUS), _core.ACTIVATIONS[activation], float(limit))
+                                operand(d_out, ct, CONTIGUOUS), _core.ACTIVATIONS[activation], float(limit),
+                                float(alpha))

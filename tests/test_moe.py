@@ -538,7 +538,7 @@ def test_vjp_argument_errors():
     x = rng.standard_normal((T, d))
     rw, w0, w1, wo = make_weights(rng, E, d, f)
     with pytest.raises(ValueError, match="return_aux"):
-        raggeddot.moe_block_vjp(x, rw, w0, w1, wo, top_k=2, return_aux=True)
+        raggeddot.vjp(functools.partial(raggeddot.moe_block, top_k=2, return_aux=True), x, rw, w0, w1, wo)
     with pytest.raises(TypeError, match="top_k"):
         raggeddot.moe_block_vjp(x, rw, w0, w1, wo)
     with pytest.raises(TypeError, match="bogus"):
@@ -744,16 +744,21 @@ def test_gradients_finite_differences(case):
 @pytest.mark.parametrize("case", ["silu", "efd_swiglu", "deepseek", "capacity", "batch_dims"])
 def test_generic_vjp_agrees(case):
     """raggeddot.vjp(partial(moe_block, ...), x, rw, w0, w1, wo) gives moe_block_vjp's five
-    gradients, where raggeddot.vjp exists and accepts moe_block."""
-    if not hasattr(raggeddot, "vjp"):
-        pytest.skip("raggeddot.vjp does not exist")
+    gradients; a partial binding a differentiable array (router_bias, biases, shared experts)
+    is refused, naming moe_block_vjp, instead of treating it as a constant."""
     primals, kw = grad_problem(case, seed=sum(map(ord, case)))
     args = [primals[p] for p in PRIMALS]
     out, vjp_fn = raggeddot.moe_block_vjp(*args, **kw)
-    try:
-        out2, generic_fn = raggeddot.vjp(functools.partial(raggeddot.moe_block, **kw), *args)
-    except (TypeError, NotImplementedError) as e:
-        pytest.skip(f"raggeddot.vjp does not accept moe_block: {str(e)[:80]}")
+    bound = sorted(k for k in ("router_bias", "w0_bias", "w1_bias", "wo_bias", "shared_experts")
+                   if kw.get(k) is not None)
+    if bound:
+        with pytest.raises(ValueError, match="moe_block_vjp") as info:
+            raggeddot.vjp(functools.partial(raggeddot.moe_block, **kw), *args)
+        assert all(repr(name) in str(info.value) for name in bound), str(info.value)
+        # selection_bias and the options are not differentiable: bound, they are accepted
+        kw = {k: val for k, val in kw.items() if k not in bound}
+        out, vjp_fn = raggeddot.moe_block_vjp(*args, **kw)
+    out2, generic_fn = raggeddot.vjp(functools.partial(raggeddot.moe_block, **kw), *args)
     check_close(out2, out)
     ct = np.random.default_rng(1).standard_normal(out.shape)
     grads, generic = vjp_fn(ct), generic_fn(ct)

@@ -9,6 +9,9 @@
 
 /* Arrays are C-contiguous unless a row stride is given. */
 enum { RD_SCORE_SOFTMAX = 0, RD_SCORE_SIGMOID = 1 };
+/* gpt-oss's default swiglu alpha (config.swiglu_alpha) */
+#define RD_SWIGLU_ALPHA 1.702
+
 enum { RD_ACT_SILU = 0, RD_ACT_GELU = 1, RD_ACT_GELU_TANH = 2, RD_ACT_RELU = 3,
        RD_ACT_SWIGLU_OAI = 4 };
 
@@ -35,8 +38,9 @@ enum { RD_ACT_SILU = 0, RD_ACT_GELU = 1, RD_ACT_GELU_TANH = 2, RD_ACT_RELU = 3,
  *
  * gated_act, elementwise over n contiguous values:
  *   out = act(gate) * up              (silu, gelu, gelu_tanh, relu)
- *   out = g * sigmoid(1.702 g) * (u + 1),  g = min(gate, limit),
- *         u = clip(up, -limit, limit)  (swiglu_oai)
+ *   out = g * sigmoid(alpha g) * (u + 1),  g = min(gate, limit),
+ *         u = clip(up, -limit, limit)  (swiglu_oai; gpt-oss: alpha = 1.702;
+ *         limit and alpha are ignored by the other activations)
  * gated_act_grad: d_gate, d_up from d_out.
  */
 typedef struct {
@@ -48,9 +52,9 @@ typedef struct {
                         const long long *src, const void *scale, void *out);
     void (*gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y, rd_int y_rs,
                           const long long *slots, const void *w, void *out);
-    void (*gated_act)(rd_int n, int kind, double limit, const void *gate,
+    void (*gated_act)(rd_int n, int kind, double limit, double alpha, const void *gate,
                       const void *up, void *out);
-    void (*gated_act_grad)(rd_int n, int kind, double limit, const void *gate,
+    void (*gated_act_grad)(rd_int n, int kind, double limit, double alpha, const void *gate,
                            const void *up, const void *d_out, void *d_gate, void *d_up);
 } rd_moe_ops_t;
 

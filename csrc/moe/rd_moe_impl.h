@@ -183,12 +183,12 @@ RD_FN(sigmoid)(RD_T x)
 #define RD_INV_SQRT_2PI 0.39894228040143267794
 
 static void
-RD_FN(gated_act)(rd_int n, int kind, double limit, const void *gate_,
+RD_FN(gated_act)(rd_int n, int kind, double limit, double alpha, const void *gate_,
                  const void *up_, void *out_)
 {
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     RD_T *out = (RD_T *)out_;
-    const RD_T lim = (RD_T)limit;
+    const RD_T lim = (RD_T)limit, alp = (RD_T)alpha;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif
@@ -213,7 +213,7 @@ RD_FN(gated_act)(rd_int n, int kind, double limit, const void *gate_,
         default: { /* RD_ACT_SWIGLU_OAI */
             RD_T gc = g > lim ? lim : g;
             RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
-            a = gc * RD_FN(sigmoid)((RD_T)1.702 * gc) * (uc + (RD_T)1);
+            a = gc * RD_FN(sigmoid)(alp * gc) * (uc + (RD_T)1);
         }
         }
         out[i] = a;
@@ -221,13 +221,13 @@ RD_FN(gated_act)(rd_int n, int kind, double limit, const void *gate_,
 }
 
 static void
-RD_FN(gated_act_grad)(rd_int n, int kind, double limit, const void *gate_,
+RD_FN(gated_act_grad)(rd_int n, int kind, double limit, double alpha, const void *gate_,
                       const void *up_, const void *d_out_, void *d_gate_, void *d_up_)
 {
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     const RD_T *d_out = (const RD_T *)d_out_;
     RD_T *d_gate = (RD_T *)d_gate_, *d_up = (RD_T *)d_up_;
-    const RD_T lim = (RD_T)limit;
+    const RD_T lim = (RD_T)limit, alp = (RD_T)alpha;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif
@@ -263,9 +263,9 @@ RD_FN(gated_act_grad)(rd_int n, int kind, double limit, const void *gate_,
         default: { /* RD_ACT_SWIGLU_OAI: clip passes the gradient inside the limits */
             RD_T gc = g > lim ? lim : g;
             RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
-            RD_T s = RD_FN(sigmoid)((RD_T)1.702 * gc);
+            RD_T s = RD_FN(sigmoid)(alp * gc);
             RD_T glu = gc * s;
-            RD_T dglu = g > lim ? (RD_T)0 : s * ((RD_T)1 + (RD_T)1.702 * gc * ((RD_T)1 - s));
+            RD_T dglu = g > lim ? (RD_T)0 : s * ((RD_T)1 + alp * gc * ((RD_T)1 - s));
             d_gate[i] = dy * dglu * (uc + (RD_T)1);
             d_up[i] = (u > lim || u < -lim) ? (RD_T)0 : dy * glu;
             continue;

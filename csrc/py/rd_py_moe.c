@@ -205,10 +205,10 @@ rd_py_gated_act(PyObject *self, PyObject *args)
 {
     PyObject *og, *ou;
     int kind;
-    double limit;
+    double limit, alpha = RD_SWIGLU_ALPHA;
     rd_arg_t g, u;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOid", &og, &ou, &kind, &limit) ||
+    if (!PyArg_ParseTuple(args, "OOid|d", &og, &ou, &kind, &limit, &alpha) ||
         rd_arg_gated(og, ou, NULL, kind, &g, &u, NULL) != 0)
         return NULL;
     PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
@@ -217,7 +217,7 @@ rd_py_gated_act(PyObject *self, PyObject *args)
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
     npy_intp n = PyArray_SIZE(g.arr);
     Py_BEGIN_ALLOW_THREADS
-    ops->gated_act(n, kind, limit, g.data, u.data, PyArray_DATA(out));
+    ops->gated_act(n, kind, limit, alpha, g.data, u.data, PyArray_DATA(out));
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
@@ -227,10 +227,10 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
 {
     PyObject *og, *ou, *odo;
     int kind;
-    double limit;
+    double limit, alpha = RD_SWIGLU_ALPHA;
     rd_arg_t g, u, dout;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOid", &og, &ou, &odo, &kind, &limit) ||
+    if (!PyArg_ParseTuple(args, "OOOid|d", &og, &ou, &odo, &kind, &limit, &alpha) ||
         rd_arg_gated(og, ou, odo, kind, &g, &u, &dout) != 0)
         return NULL;
     PyArrayObject *dg = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
@@ -243,7 +243,7 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
     npy_intp n = PyArray_SIZE(g.arr);
     Py_BEGIN_ALLOW_THREADS
-    ops->gated_act_grad(n, kind, limit, g.data, u.data, dout.data, PyArray_DATA(dg),
+    ops->gated_act_grad(n, kind, limit, alpha, g.data, u.data, dout.data, PyArray_DATA(dg),
                         PyArray_DATA(du));
     Py_END_ALLOW_THREADS
     return Py_BuildValue("NN", (PyObject *)dg, (PyObject *)du);
@@ -261,8 +261,8 @@ PyMethodDef rd_moe_methods[] = {
     {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
      "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
      " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped)"},
-    {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit) -> out"},
+    {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit, alpha=1.702) -> out"},
     {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
-     "gated_act_grad(gate, up, d_out, kind, limit) -> (d_gate, d_up)"},
+     "gated_act_grad(gate, up, d_out, kind, limit, alpha=1.702) -> (d_gate, d_up)"},
     {NULL, NULL, 0, NULL},
 };

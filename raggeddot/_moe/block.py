@@ -41,66 +41,133 @@ class Residuals(NamedTuple):
 
 def forward(layer):
     """``(out [T, d], residuals)`` of a checked :class:`~.config.Layer`, in the
-    compute dtype."""
+    compute dtype. The router weights scale the experts' outputs in the
+    combine, or (``layer.weights_on == "input"``) their inputs in the
+    dispatch, the combine then summing unweighted."""
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
-    xs, plan = dispatch.forward(layer.x, topk_idx, layer.num_experts, layer.capacity)
+    on_input = layer.weights_on == "input"
+    xs, plan = dispatch.forward(layer.x, topk_idx, layer.num_experts, layer.capacity,
+                                weights=topk_weights if on_input else None)
     # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
     y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes)
     # (... and y comes back here, in the plan's slot order)
-    out, r_combine = combine.forward(y, plan, topk_weights)
+    out, r_combine = combine.forward(y, plan, None if on_input else topk_weights)
     r_shared = None
     if layer.shared is not None:
         r_shared = shared.forward(layer.shared, layer.x, out)
     return out, Residuals(r_route, plan, r_experts, r_combine, r_shared)
 
 
-def backward(layer, res, d_out):
+def backward(layer, res, d_out, d_logits=None):
     """Gradients of the layer for ``d_out [T, d]`` (compute dtype, contiguous
     rows), in the compute dtype: a dict with x ``[T, d]``, router_weights,
-    router_bias, the :class:`~.experts.ExpertGrads` fields and
-    shared_experts (a tuple, when the layer has them)."""
+    router_bias, the :class:`~.experts.ExpertGrads` fields, shared_experts
+    (a tuple, when the layer has them) and shared_expert_gate ``[d, 1]``
+    (when gated). ``d_logits [T, E]``: a cotangent of the router logits
+    from the aux outputs (:func:`aux_logits_cotangent`), or None."""
     d_y, d_topk_weights = combine.backward(res.combine, d_out)
     d_xs, expert_grads = experts.backward(layer.experts, res.experts, d_y)
-    d_x = dispatch.backward(res.plan, d_xs)
-    d_x, d_rw, d_rb = route.backward(layer.router, res.route, d_topk_weights, d_x)
+    if layer.weights_on == "input":
+        d_x, d_topk_weights = dispatch.backward(res.plan, d_xs, layer.x, res.route.topk_weights)
+    else:
+        d_x = dispatch.backward(res.plan, d_xs)
+    d_x, d_rw, d_rb = route.backward(layer.router, res.route, d_topk_weights, d_x, d_logits)
     grads = {"x": d_x, "router_weights": d_rw, "router_bias": d_rb, **expert_grads._asdict()}
     if layer.shared is not None:
-        grads["shared_experts"] = shared.backward(layer.shared, res.shared, d_out, d_x)
+        sg = shared.backward(layer.shared, res.shared, d_out, d_x)
+        grads["shared_experts"] = sg[:3]
+        if layer.shared.gate is not None:
+            grads["shared_expert_gate"] = sg[3]
     return grads
+
+
+def _probs(layer, res):
+    """softmax(logits) ``[T, E]`` (the router's scores when it is softmax)."""
+    logits = res.route.logits
+    if layer.router.score_func == "softmax":
+        return res.route.scores
+    z = logits - logits.max(axis=1, keepdims=True) if logits.size else logits
+    probs = np.exp(z)
+    probs /= probs.sum(axis=1, keepdims=True)
+    return probs
+
+
+def _logsumexp(logits):
+    """``[T]``: log sum_e exp(logits[t, e])."""
+    if logits.shape[0] == 0:
+        return np.zeros(0, dtype=logits.dtype)
+    mx = logits.max(axis=1)
+    return mx + np.log(np.exp(logits - mx[:, None]).sum(axis=1))
 
 
 def aux_sums(layer, res):
     """The sums moe_block's statistics come from, over this call's tokens:
     ``(counts [E] float64, assignments per expert before any capacity;
     prob_sum [E], the sum over tokens of the softmax probabilities; T)``."""
-    E, logits = layer.num_experts, res.route.logits
+    E = layer.num_experts
     counts = np.bincount(res.route.topk_idx.ravel(), minlength=E).astype(np.float64)
-    if layer.router.score_func == "softmax":
-        probs = res.route.scores
-    else:
-        z = logits - logits.max(axis=1, keepdims=True)
-        probs = np.exp(z)
-        probs /= probs.sum(axis=1, keepdims=True)
-    return counts, probs.sum(axis=0), layer.x.shape[0]
+    return counts, _probs(layer, res).sum(axis=0), layer.x.shape[0]
 
 
-def aux_dict(layer, res, counts, prob_sum, T, group_sizes, dropped):
+def z_sum(res):
+    """``sum_t logsumexp_e(logits[t, e])**2`` over this call's tokens (float)."""
+    return float(np.sum(np.square(_logsumexp(res.route.logits)), dtype=np.float64))
+
+
+def _sequences(layer):
+    """(B, S): MaxText's batch of sequences, x ``[..., S, d]`` (one sequence
+    of T tokens for a 2-D x)."""
+    T = layer.x.shape[0]
+    S = layer.x_shape[-2] if len(layer.x_shape) >= 3 else T
+    return (T // S if S else 0), S
+
+
+def _balance_slope(layer, res, counts, T):
+    """``dL/dprobs``, where L is the load-balancing loss: ``[E]`` (the same
+    for every token) or, for "maxtext", ``[B, E]`` (per sequence)."""
+    E, top_k = layer.num_experts, layer.router.top_k
+    if layer.load_balance == "maxtext":
+        B, S = _sequences(layer)
+        if not B * S:
+            return np.zeros((B, E))
+        seq_counts = np.zeros((B, E))
+        idx = res.route.topk_idx.reshape(B, S * top_k)
+        np.add.at(seq_counts, (np.arange(B)[:, None], idx), 1.0)
+        return E * (seq_counts / S) / (S * B)
+    per = T * top_k if layer.load_balance == "switch" else T
+    return E * (counts / max(1, per)) / max(1, T)
+
+
+def load_balance_loss(layer, res, counts, prob_sum, T):
+    """The load-balancing loss of ``layer.load_balance``'s convention, from
+    :func:`aux_sums`' statistics of ``T`` tokens (see moe_block)."""
+    if layer.load_balance == "maxtext":
+        B, S = _sequences(layer)
+        if not B * S:
+            return 0.0
+        seq_probs = _probs(layer, res).reshape(B, S, -1).sum(axis=1)
+        return float(np.sum(_balance_slope(layer, res, counts, T) * seq_probs))
+    return float(np.sum(_balance_slope(layer, res, counts, T) * prob_sum))
+
+
+def aux_dict(layer, res, counts, prob_sum, T, group_sizes, dropped, z_total=None):
     """moe_block's aux dict (see its docstring) of this call's routing and
     the statistics of ``T`` tokens: ``counts`` and ``prob_sum`` as
-    :func:`aux_sums` gives them, ``group_sizes [E]`` kept per expert and
-    ``dropped`` assignments."""
+    :func:`aux_sums` gives them, ``group_sizes [E]`` kept per expert,
+    ``dropped`` assignments and ``z_total`` (:func:`z_sum` over the T
+    tokens; None: this call's)."""
     idx, w = res.route.topk_idx, res.route.topk_weights
     E, top_k = layer.num_experts, layer.router.top_k
-    frac = counts / max(1, T * top_k)
-    mean_prob = prob_sum / T if T else np.zeros(E)
-    load_balance = float(E * np.sum(frac * mean_prob))
     bias_updates = np.sign(counts.mean() - counts)
+    z_total = z_sum(res) if z_total is None else z_total
     lead = layer.x_shape[:-1]
     return {
         "topk_indices": idx.reshape(lead + (top_k,)),
         "topk_weights": w.reshape(lead + (top_k,)).astype(layer.out_dtype, copy=False),
         "group_sizes": group_sizes,
-        "load_balance_loss": load_balance,
+        "load_balance_loss": load_balance_loss(layer, res, counts, prob_sum, T),
+        "router_z_loss": z_total / T if T else 0.0,
+        "router_logits": res.route.logits.reshape(lead + (E,)).astype(layer.out_dtype),
         "bias_updates": bias_updates,
         "dropped": int(dropped),
     }
@@ -111,28 +178,87 @@ def _aux(layer, res):
     return aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
 
 
+AUX_DIFFERENTIABLE = ("load_balance_loss", "router_z_loss", "router_logits")
+
+
+def aux_logits_cotangent(layer, res, d_aux, fn):
+    """``d_logits [T, E]`` (compute dtype) of the differentiable aux
+    outputs for their cotangents ``d_aux`` (a dict with any of
+    :data:`AUX_DIFFERENTIABLE`), or None when there is none. The expert
+    choice is held fixed: the load-balancing loss is differentiated
+    through the mean probabilities only."""
+    if d_aux is None:
+        return None
+    if not isinstance(d_aux, dict):
+        raise TypeError(f"{fn}: 'd_aux' must be a dict with keys among {AUX_DIFFERENTIABLE}, "
+                        f"got {type(d_aux).__name__}")
+    unknown = sorted(set(d_aux) - set(AUX_DIFFERENTIABLE))
+    if unknown:
+        raise ValueError(f"{fn}: 'd_aux' has keys {unknown} that are not differentiable aux outputs; "
+                         f"the differentiable ones are {AUX_DIFFERENTIABLE}")
+    ct, logits = layer.compute_dtype, res.route.logits
+    T, E = logits.shape
+    d_logits = np.zeros((T, E), dtype=ct)
+    scalars = {}
+    for name in ("load_balance_loss", "router_z_loss"):
+        c = d_aux.get(name)
+        if c is not None:
+            c = v.as_array(c, f"d_aux[{name!r}]", fn)
+            if c.size != 1 or (c.dtype.kind not in "fiu" and not v.is_bfloat16(c.dtype)):
+                raise ValueError(f"{fn}: d_aux[{name!r}] must be a real scalar, got shape {c.shape} "
+                                 f"dtype {c.dtype}")
+            scalars[name] = float(c.astype(np.float64).reshape(()))
+    if d_aux.get("router_logits") is not None:
+        g = v.as_array(d_aux["router_logits"], "d_aux['router_logits']", fn)
+        want = layer.x_shape[:-1] + (E,)
+        if g.shape != want:
+            raise ValueError(f"{fn}: d_aux['router_logits'] must have shape {want}, got {g.shape}")
+        d_logits += g.reshape(T, E)
+    if T and scalars:
+        probs = _probs(layer, res)
+        d_probs = np.zeros((T, E), dtype=ct)
+        if scalars.get("load_balance_loss"):
+            counts = np.bincount(res.route.topk_idx.ravel(), minlength=E).astype(np.float64)
+            slope = _balance_slope(layer, res, counts, T)
+            if slope.ndim == 2:      # per sequence
+                slope = np.repeat(slope, T // slope.shape[0], axis=0)
+            d_probs += scalars["load_balance_loss"] * slope
+        if scalars.get("router_z_loss"):
+            # d(lse^2)/d logits = 2 lse softmax(logits)
+            d_logits += (scalars["router_z_loss"] * 2.0 / T) * _logsumexp(logits)[:, None] * probs
+        d_logits += probs * (d_probs - np.sum(d_probs * probs, axis=1, keepdims=True))
+    return d_logits
+
+
 def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", router_bias=None,
               selection_bias=None, n_groups=None, topk_groups=None, norm_topk_prob=False,
               routed_scaling_factor=1.0, activation="silu", w0_bias=None, w1_bias=None, wo_bias=None,
               shared_experts=None, capacity_factor=None, weights_layout="edf", return_aux=False,
-              swiglu_limit=7.0):
+              swiglu_limit=7.0, swiglu_alpha=1.702, shared_expert_gate=None, router_weights_on="output",
+              gate_up="concat", load_balance="switch"):
     """A Mixture-of-Experts layer (route, dispatch, gated expert FFNs, combine) in C.
 
     With T tokens, E experts, ``e(t, j)`` the j-th expert chosen for token t
     and ``w[t, j]`` its router weight::
 
-        out[t] = sum_j w[t, j] * FFN_e(t,j)(x[t])  (+ shared MLP(x[t]))
+        out[t] = sum_j w[t, j] * FFN_e(t,j)(x[t])        (router_weights_on="output")
+        out[t] = sum_j FFN_e(t,j)(w[t, j] * x[t])        (router_weights_on="input", Llama4)
+                 (+ shared MLP(x[t]), times sigmoid(x[t] @ shared_expert_gate) when given)
         FFN_e(z) = (act(z @ w0[e] + b0[e]) * (z @ w1[e] + b1[e])) @ wo[e] + bo[e]
 
     Args:
       x: ``[..., d]`` tokens (leading dims are flattened into T tokens).
       router_weights: ``[d, E]``; the logits are ``x @ router_weights``.
       w0, w1: gate and up projections ``[E, d, f]`` (``[E, f, d]`` with
-        ``weights_layout="efd"``, the PyTorch/HF layout, read without copies).
+        ``weights_layout="efd"``, the layout of ``nn.Linear`` weights, read
+        without copies). ``w1=None``: w0 holds both, fused, ``[E, d, 2f]``
+        ("edf", gpt-oss and Llama4's ``gate_up_proj``) or ``[E, 2f, d]``
+        ("efd", transformers' Mixtral/Qwen/OLMoE ``gate_up_proj``), split as
+        ``gate_up`` says and read as two strided views, never copied.
       wo: down projection ``[E, f, d]`` (``[E, d, f]`` with "efd").
       top_k: experts per token.
-      score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3)
-        of the logits, per token.
+      score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3,
+        Llama4) of the logits, per token.
       router_bias: ``[E]`` added to the logits (gpt-oss).
       selection_bias: ``[E]`` added to the scores for choosing only (DeepSeek's
         aux-loss-free balancing); the weights stay the unbiased scores.
@@ -142,20 +268,53 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
       norm_topk_prob: divide the chosen weights by their sum (+1e-20 for sigmoid).
       routed_scaling_factor: multiplies the weights.
       activation: "silu", "gelu", "gelu_tanh", "relu" (all ``act(x@w0) * (x@w1)``)
-        or "swiglu_oai" (gpt-oss: ``g * sigmoid(1.702 g) * (u + 1)`` with
+        or "swiglu_oai" (gpt-oss: ``g * sigmoid(alpha g) * (u + 1)`` with
         ``g = min(x@w0, limit)``, ``u = clip(x@w1, -limit, limit)``, limit =
-        ``swiglu_limit``).
+        ``swiglu_limit``, alpha = ``swiglu_alpha``).
       w0_bias, w1_bias: ``[E, f]``; wo_bias: ``[E, d]``; added after each matmul.
+        With fused weights (w1=None), ``w0_bias`` is ``[E, 2f]``, split as
+        the weights are (gpt-oss's ``gate_up_proj_bias``), and ``w1_bias``
+        must be None.
       shared_experts: ``(w0 [d, fs], w1 [d, fs], wo [fs, d])``, a dense gated
         MLP (same activation) added for every token.
       capacity_factor: None is dropless; else each expert keeps at most
         ``ceil(T * top_k / E * capacity_factor)`` assignments, first come first
         served in token order, and dropped assignments contribute zero.
-      return_aux: also return a dict: topk_indices ``[..., k]``, topk_weights
-        ``[..., k]``, group_sizes ``[E]``, load_balance_loss (Switch:
-        ``E * sum_e f_e P_e``, f_e the fraction of assignments to e, P_e the mean
-        softmax probability of e), bias_updates (``sign(mean load - load_e)``,
-        DeepSeek's aux-loss-free update direction), dropped (count).
+      weights_layout: "edf" or "efd" (see w0, w1, wo).
+      return_aux: also return a dict (see below).
+      swiglu_limit, swiglu_alpha: the clip and the sigmoid's slope of
+        "swiglu_oai" (gpt-oss's config.swiglu_limit and config.swiglu_alpha),
+        for the routed and the shared experts.
+      shared_expert_gate: ``[d]`` or ``[d, 1]`` (Qwen2-MoE's
+        ``shared_expert_gate``, an ``nn.Linear(d, 1)`` whose weight is its
+        transpose ``[1, d]``); requires shared_experts.
+      router_weights_on: "output" (default: the weights scale the experts'
+        outputs) or "input" (they scale each expert's input and the outputs
+        are summed unweighted; Llama4).
+      gate_up: how fused weights hold gate and up along their 2f axis:
+        "concat" (gate the first f, up the last f: Llama4, transformers'
+        Mixtral/Qwen) or "interleaved" (gate the even, up the odd indices:
+        gpt-oss). Only with w1=None.
+      load_balance: the convention of aux's load_balance_loss, with
+        ``c_e`` the assignments to expert e (the top-k choice, before any
+        capacity) and ``P_e`` the mean over tokens of ``softmax(logits)[e]``:
+        "switch" ``E * sum_e c_e / (T * top_k) * P_e`` (per assignment);
+        "hf" ``E * sum_e c_e / T * P_e`` (transformers'
+        ``load_balancing_loss_func``: top_k times "switch"; it recounts the
+        top-k of ``softmax(router_logits)``, which is the choice made here
+        for softmax routing without selection_bias or group limits);
+        "maxtext" the "hf" value of each sequence (``x [..., S, d]``, a
+        2-D x being one sequence) averaged over the sequences (MaxText's
+        ``load_balance_loss`` without its weight factor).
+
+    The aux dict: topk_indices ``[..., k]``, topk_weights ``[..., k]``,
+    group_sizes ``[E]``, load_balance_loss (see load_balance), router_z_loss
+    (ST-MoE: ``mean_t logsumexp_e(logits[t, e])**2``, as transformers'
+    ``router_z_loss_func``), router_logits ``[..., E]`` (``x @
+    router_weights + router_bias``, before selection_bias and the scores;
+    transformers' ``router_logits``), bias_updates (``sign(mean load -
+    load_e)``, DeepSeek's aux-loss-free update direction), dropped (count).
+    Empty x gives losses 0.
 
     Returns:
       ``out [..., d]`` (and ``aux`` when return_aux), in the promoted dtype of
@@ -167,7 +326,9 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     routed_scaling_factor=routed_scaling_factor, activation=activation, w0_bias=w0_bias,
                     w1_bias=w1_bias, wo_bias=wo_bias, shared_experts=shared_experts,
                     capacity_factor=capacity_factor, weights_layout=weights_layout,
-                    swiglu_limit=swiglu_limit)
+                    swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
+                    shared_expert_gate=shared_expert_gate, router_weights_on=router_weights_on,
+                    gate_up=gate_up, load_balance=load_balance)
     out, res = forward(layer)
     out = deliver_out(layer, out)
     if return_aux:
@@ -176,34 +337,59 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
 
 
 def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
-    """``(out, vjp_fn)`` for moe_block with the same arguments.
+    """``(out, vjp_fn)`` for moe_block with the same arguments; with
+    ``return_aux=True``, ``((out, aux), vjp_fn)``.
 
     ``vjp_fn(d_out)``, ``d_out`` of out's shape ``[..., d]``, returns a dict
     of gradients with the shapes, layout and dtypes of the inputs: ``x``,
-    ``router_weights``, ``w0``, ``w1``, ``wo``, and when given
+    ``router_weights``, ``w0``, ``w1`` (absent for fused weights, w1=None:
+    ``w0`` is then the fused gradient), ``wo``, and when given
     ``router_bias``, ``w0_bias``, ``w1_bias``, ``wo_bias``,
-    ``shared_experts`` (a tuple of three). The expert choice is held fixed
-    (top-k and selection_bias are not differentiable, as in every
-    framework); gradients flow through the router weights of the chosen
-    experts into the logits. Built from the same kernels as the forward:
-    ragged_dot against transposed weights, the ragged-contraction kernel
-    (tgmm) for weight gradients, and the gathers with their roles swapped.
-    ``vjp_fn`` may be called any number of times.
+    ``shared_experts`` (a tuple of three), ``shared_expert_gate`` (in the
+    shape given). The expert choice is held fixed (top-k and selection_bias
+    are not differentiable, as in every framework); gradients flow through
+    the router weights of the chosen experts into the logits. Built from the
+    same kernels as the forward: ragged_dot against transposed weights, the
+    ragged-contraction kernel (tgmm) for weight gradients, and the gathers
+    with their roles swapped. ``vjp_fn`` may be called any number of times.
+
+    With ``return_aux=True`` it is ``vjp_fn(d_out, d_aux=None)``: ``d_aux``
+    a dict with any of "load_balance_loss", "router_z_loss" (scalars) and
+    "router_logits" (``[..., E]``), the cotangents of those aux outputs;
+    their gradients are added into x, router_weights and router_bias
+    (nothing else depends on them). The counts of the load-balancing loss
+    are held fixed: it is differentiated through the mean probabilities.
+    ``d_out=None`` means a zero cotangent of out.
     """
-    kw = bind_arguments("moe_block_vjp", x, router_weights, w0, w1, wo, kwargs)
+    fn = "moe_block_vjp"
+    kwargs = dict(kwargs)
+    return_aux = bool(kwargs.pop("return_aux", False))
+    kw = bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs)
     layer = prepare(**kw)
     out, res = forward(layer)
 
-    def vjp_fn(d_out):
-        return deliver_grads(layer, kw, backward(layer, res, cotangent(layer, d_out, "moe_block_vjp")))
+    def gradients(d_out, d_aux):
+        d_logits = aux_logits_cotangent(layer, res, d_aux, fn)
+        if d_out is None:
+            g = np.zeros(layer.x.shape, dtype=layer.compute_dtype)
+        else:
+            g = cotangent(layer, d_out, fn)
+        return deliver_grads(layer, kw, backward(layer, res, g, d_logits))
 
-    return deliver_out(layer, out), vjp_fn
+    if not return_aux:
+        return deliver_out(layer, out), lambda d_out: gradients(d_out, None)
+
+    def vjp_fn(d_out, d_aux=None):
+        return gradients(d_out, d_aux)
+
+    return (deliver_out(layer, out), _aux(layer, res)), vjp_fn
 
 
 def bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs):
     """moe_block's arguments with its own defaults, as a dict for
-    :func:`~.config.prepare` (``return_aux`` refused: it is not
-    differentiable). TypeError or ValueError prefixed with ``fn``."""
+    :func:`~.config.prepare` (``return_aux`` refused: a caller that
+    supports it takes it out of ``kwargs`` first). TypeError or ValueError
+    prefixed with ``fn``."""
     try:  # the arguments and defaults of moe_block itself
         bound = inspect.signature(moe_block).bind(x, router_weights, w0, w1, wo, **kwargs)
     except TypeError as e:
@@ -240,10 +426,15 @@ def deliver_grads(layer, kw, grads):
         result["shared_experts"] = tuple(
             gr.astype(v.native(np.asarray(p).dtype), copy=False)
             for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
-    for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias"):
-        if kw[name] is not None:
+    for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
+                 "shared_expert_gate"):
+        if kw.get(name) is not None:
             dtype = v.native(np.asarray(kw[name]).dtype)
-            g = grads[name].reshape(layer.x_shape) if name == "x" else grads[name]
+            g = grads[name]
+            if name == "x":
+                g = g.reshape(layer.x_shape)
+            elif name == "shared_expert_gate":
+                g = g.reshape(layer.gate_shape)
             result[name] = g.astype(dtype, copy=False)
     return result
 
@@ -254,8 +445,12 @@ def _moe_block_vjp_rule(args, wanted):
     kwargs = dict(args)
     primals = [kwargs.pop(name) for name in ("x", "router_weights", "w0", "w1", "wo")]
     if kwargs.pop("return_aux"):
-        raise ValueError("vjp of moe_block: 'return_aux' must be False (aux is not differentiable)")
+        raise ValueError("vjp of moe_block: 'return_aux' must be False; for gradients of the aux "
+                         "outputs call raggeddot.moe_block_vjp(..., return_aux=True)")
     return moe_block_vjp(*primals, **kwargs)
 
 
-_autodiff.defvjp(moe_block, _moe_block_vjp_rule, ("x", "router_weights", "w0", "w1", "wo"))
+_autodiff.defvjp(moe_block, _moe_block_vjp_rule, ("x", "router_weights", "w0", "w1", "wo"),
+                 keyword_argnames=("router_bias", "w0_bias", "w1_bias", "wo_bias", "shared_experts",
+                                   "shared_expert_gate"),
+                 full_vjp="raggeddot.moe_block_vjp")

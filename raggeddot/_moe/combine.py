@@ -10,15 +10,19 @@ a dropped assignment (slot -1) adding nothing. Backward, for ``d_out``::
     d_y[slot_of[t, j]]   = topk_weights[t, j] * d_out[t]               [N, d]
     d_topk_weights[t, j] = <d_out[t], y[slot_of[t, j]]>  (0 if dropped) [T, k]
 
+``topk_weights = None`` sums the outputs unweighted (the router weights
+were applied to the experts' inputs, see :mod:`.dispatch`); then
+``d_y[slot_of[t, j]] = d_out[t]`` and there is no weight gradient.
+
 An expert-parallel layer brings ``y`` back from the expert ranks, in the
 slot order of the dispatch plan, before this step.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from .. import _gateway as gw
-from .dispatch import Plan
+from .dispatch import Plan, slot_dots, slot_weights
 
 __all__ = ["CombineResiduals", "forward", "backward"]
 
@@ -27,29 +31,24 @@ class CombineResiduals(NamedTuple):
     """What the combine backward reads."""
     y: np.ndarray             # [N, d]
     plan: Plan
-    topk_weights: np.ndarray  # [T, k]
+    topk_weights: Optional[np.ndarray]  # [T, k], or None (unweighted)
 
 
 def forward(y, plan, topk_weights):
     """``out [T, d]`` from ``y [N, d]``, the dispatch ``plan`` and the router's
-    ``topk_weights [T, k]`` (compute dtype). Returns ``(out, residuals)``."""
+    ``topk_weights [T, k]`` (compute dtype; None: weights 1). Returns
+    ``(out, residuals)``."""
     out = gw.gather_reduce(y, plan.slot_of, topk_weights)
     return out, CombineResiduals(y, plan, topk_weights)
 
 
 def backward(res, d_out):
     """Backward of :func:`forward` for ``d_out [T, d]`` (compute dtype,
-    contiguous rows). Returns ``(d_y [N, d], d_topk_weights [T, k])``."""
-    slot_of, w, y = res.plan.slot_of, res.topk_weights, res.y
-    ct = y.dtype
-    kept = slot_of >= 0
+    contiguous rows). Returns ``(d_y [N, d], d_topk_weights [T, k])``
+    (``d_topk_weights`` None when the combine is unweighted)."""
+    w, y = res.topk_weights, res.y
+    if w is None:   # unweighted (the weights went into the experts' inputs)
+        return gw.gather_rows(d_out, res.plan.token_of_slot), None
     # each slot receives its token's cotangent times its router weight
-    w_slot = np.zeros(y.shape[0], dtype=ct)
-    w_slot[slot_of[kept]] = w[kept]
-    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, w_slot)
-    d_w = np.zeros(slot_of.shape, dtype=ct)
-    for j in range(slot_of.shape[1]):
-        kj = kept[:, j]
-        if kj.any():
-            d_w[kj, j] = np.einsum("td,td->t", d_out[kj], y[slot_of[kj, j]])
-    return d_y, d_w
+    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan, w, y.shape[0]))
+    return d_y, slot_dots(d_out, y, res.plan.slot_of)

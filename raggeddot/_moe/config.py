@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
-from .experts import Experts
+from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
 from .shared import SharedExperts
 
@@ -29,6 +29,11 @@ class Layer:
       router, experts, shared: the steps' parameters (shared may be None).
       num_experts: E.
       capacity: assignments kept per expert, -1 for all (dropless).
+      weights_on: "output" (the router weights scale the experts' outputs)
+        or "input" (they scale the experts' inputs, Llama4).
+      load_balance: the load-balancing loss convention ("switch", "hf",
+        "maxtext").
+      gate_shape: the shape shared_expert_gate was given in, or None.
     """
     x: np.ndarray
     x_shape: tuple
@@ -39,6 +44,9 @@ class Layer:
     shared: Optional[SharedExperts]
     num_experts: int
     capacity: int
+    weights_on: str = "output"
+    load_balance: str = "switch"
+    gate_shape: Optional[tuple] = None
 
 
 def capacity_of(num_tokens, top_k, num_experts, capacity_factor):
@@ -95,14 +103,37 @@ def _shared(shared_experts, d, ct, fn):
     return tuple(gw.operand(a, ct) for a in (s0, s1, so))
 
 
+ROUTER_WEIGHTS_ON = ("output", "input")
+LOAD_BALANCE = ("switch", "hf", "maxtext")
+
+
+def _shared_gate(gate, d, ct, fn):
+    """shared_expert_gate ``[d]`` or ``[d, 1]`` as a ``[d, 1]`` operand."""
+    g = v.as_array(gate, "shared_expert_gate", fn)
+    v.float_dtype(g, "shared_expert_gate", fn)
+    if g.shape not in ((d,), (d, 1)):
+        raise ValueError(f"{fn}: 'shared_expert_gate' must have shape ({d},) or ({d}, 1) "
+                         f"([d] or [d, 1], d={d}), got {g.shape}")
+    return gw.operand(g.reshape(d, 1), ct)
+
+
+def _choice(value, name, allowed, fn):
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{fn}: '{name}' must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
+
+
 def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, selection_bias,
             n_groups, topk_groups, norm_topk_prob, routed_scaling_factor, activation, w0_bias,
             w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit,
-            held_experts=None, fn="moe_block"):
+            swiglu_alpha=1.702, shared_expert_gate=None, router_weights_on="output", gate_up="concat",
+            load_balance="switch", held_experts=None, fn="moe_block"):
     """The :class:`Layer` of moe_block's arguments (see moe_block for their
     meaning); ValueError or TypeError naming the argument (and ``fn``) when
     one is bad. ``held_experts``: how many experts the expert weights and
-    biases hold (the router always scores all E); None for all E."""
+    biases hold (the router always scores all E); None for all E. Given
+    (the expert-parallel layer), shared_expert_gate, router_weights_on="input"
+    and load_balance="maxtext" are refused."""
     x = v.as_array(x, "x", fn)
     if x.ndim < 1:
         raise ValueError(f"{fn}: 'x' must have at least one dimension [..., d], got a scalar")
@@ -115,23 +146,37 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     if E < 1:
         raise ValueError(f"{fn}: 'router_weights' must have at least one expert, got shape {rw.shape}")
     H, h = (E, "E") if held_experts is None else (held_experts, "E/P")
-    w0, w1, wo = (v.as_array(a, name, fn) for a, name in ((w0, "w0"), (w1, "w1"), (wo, "wo")))
+    fused = w1 is None
+    named = [(w0, "w0"), (wo, "wo")] if fused else [(w0, "w0"), (w1, "w1"), (wo, "wo")]
+    arrays = {name: v.as_array(a, name, fn) for a, name in named}
+    w0, wo, w1 = arrays["w0"], arrays["wo"], arrays.get("w1")
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
+    _choice(gate_up, "gate_up", GATE_UP, fn)
+    if not fused and gate_up != "concat":
+        raise ValueError(f"{fn}: 'gate_up'={gate_up!r} describes fused gate/up weights, but 'w1' is "
+                         "given (pass w1=None with w0 holding both projections)")
     if w0.ndim != 3:
         raise ValueError(f"{fn}: expected 3-D 'w0', got shape {w0.shape}")
     f = w0.shape[2] if weights_layout == "edf" else w0.shape[1]
+    if fused:
+        if f % 2:
+            raise ValueError(f"{fn}: fused 'w0' (w1=None) must hold 2f gate/up columns, an even "
+                             f"number, got {f} (shape {w0.shape}, weights_layout={weights_layout!r})")
+        f //= 2
+    f0, f0_doc = (2 * f, "2f") if fused else (f, "f")
     if weights_layout == "edf":
-        _check_weight(w0, "w0", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
-        _check_weight(w1, "w1", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
+        _check_weight(w0, "w0", (H, d, f0), f"[{h}, d, {f0_doc}]", fn, weights_layout)
+        if not fused:
+            _check_weight(w1, "w1", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
         _check_weight(wo, "wo", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
     else:
-        _check_weight(w0, "w0", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
-        _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
+        _check_weight(w0, "w0", (H, f0, d), f"[{h}, {f0_doc}, d]", fn, weights_layout)
+        if not fused:
+            _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
         _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
-    dts = [v.float_dtype(a, n, fn) for a, n in ((x, "x"), (rw, "router_weights"), (w0, "w0"),
-                                                 (w1, "w1"), (wo, "wo"))]
+    dts = [v.float_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
     out_dtype = dts[0]
     for dt in dts[1:]:
         out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
@@ -171,20 +216,51 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
 
     router_bias = vec(router_bias, "router_bias", E)
     selection_bias = vec(selection_bias, "selection_bias", E)
-    b0, b1, bo = bias(w0_bias, "w0_bias", f), bias(w1_bias, "w1_bias", f), bias(wo_bias, "wo_bias", d)
-    limit = float(swiglu_limit)
-    shared = None
+    if fused:
+        if w1_bias is not None:
+            raise ValueError(f"{fn}: 'w1_bias' must be None with fused gate/up weights (w1=None); give "
+                             f"the fused bias [{h}, 2f] as 'w0_bias'")
+        b0 = bias(w0_bias, "w0_bias", 2 * f)
+        b0, b1 = (None, None) if b0 is None else split_gate_up(b0, 1, gate_up)
+    else:
+        b0, b1 = bias(w0_bias, "w0_bias", f), bias(w1_bias, "w1_bias", f)
+    bo = bias(wo_bias, "wo_bias", d)
+    limit, alpha = float(swiglu_limit), float(swiglu_alpha)
+    weights_on = _choice(router_weights_on, "router_weights_on", ROUTER_WEIGHTS_ON, fn)
+    load_balance = _choice(load_balance, "load_balance", LOAD_BALANCE, fn)
+    shared, gate_shape = None, None
+    if shared_expert_gate is not None:
+        if shared_experts is None:
+            raise ValueError(f"{fn}: 'shared_expert_gate' gates the shared experts' output, but "
+                             "'shared_experts' is None")
+        gate_shape = np.shape(shared_expert_gate)
+        shared_expert_gate = _shared_gate(shared_expert_gate, d, ct, fn)
     if shared_experts is not None:
-        shared = SharedExperts(*_shared(shared_experts, d, ct, fn), activation, limit)
+        shared = SharedExperts(*_shared(shared_experts, d, ct, fn), activation, limit, alpha,
+                               shared_expert_gate)
+    if held_experts is not None:
+        for name, given in (("shared_expert_gate", shared_expert_gate is not None),
+                            ("router_weights_on='input'", weights_on == "input"),
+                            ("load_balance='maxtext'", load_balance == "maxtext")):
+            if given:
+                raise ValueError(f"{fn}: {name} is not supported by the expert-parallel layer; "
+                                 "use raggeddot.moe_block on one process")
 
     T = int(np.prod(x.shape[:-1], dtype=np.int64))
     xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)
     router = Router(gw.operand(rw, ct), router_bias, selection_bias, score_func, top_k, n_groups,
                     topk_groups, bool(norm_topk_prob), scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
-    w0, w1, wo = (gw.operand(a, ct) for a in (w0, w1, wo))
+    # (fused gate/up: two strided views of the one stored array)
+    w0, wo = gw.operand(w0, ct), gw.operand(wo, ct)
+    if fused:
+        w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
+    else:
+        w1 = gw.operand(w1, ct)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
-    experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd")
+    experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
+                      alpha=alpha, gate_up=gate_up if fused else None)
     capacity = capacity_of(T, top_k, E, capacity_factor)
-    return Layer(xf, x.shape, out_dtype, ct, router, experts, shared, E, capacity)
+    return Layer(xf, x.shape, out_dtype, ct, router, experts, shared, E, capacity, weights_on,
+                 load_balance, gate_shape)

@@ -11,6 +11,11 @@ N = sum(plan.group_sizes) is T*k, less the assignments dropped by a
 capacity. Backward: the transpose of the gather, ``d_x[t] = sum_j
 d_xs[slot_of[t, j]]`` (j in order, dropped slots adding nothing).
 
+With the router weights applied to the experts' inputs (Llama4) the gather
+scales each row by its assignment's weight, ``xs[slot_of[t, j]] = w[t, j]
+* x[t]``, and the backward gives also ``d_w[t, j] = <d_xs[slot_of[t, j]],
+x[t]>`` and weights ``d_x[t] = sum_j w[t, j] d_xs[slot_of[t, j]]``.
+
 An expert-parallel layer sends ``xs`` (and ``plan.group_sizes``) to the
 ranks that hold the experts between this step and the experts step.
 """
@@ -20,7 +25,7 @@ import numpy as np
 
 from .. import _gateway as gw
 
-__all__ = ["Plan", "forward", "backward"]
+__all__ = ["Plan", "forward", "backward", "slot_weights", "slot_dots"]
 
 
 class Plan(NamedTuple):
@@ -30,20 +35,44 @@ class Plan(NamedTuple):
     group_sizes: np.ndarray    # [E] int64: slots per expert
 
 
-def forward(x, topk_idx, num_experts, capacity=-1):
+def slot_weights(plan, weights, num_slots):
+    """``[num_slots]``: the weight ``weights[t, j]`` of the assignment each
+    sorted slot holds (``weights [T, k]``)."""
+    kept = plan.slot_of >= 0
+    w_slot = np.zeros(num_slots, dtype=weights.dtype)
+    w_slot[plan.slot_of[kept]] = weights[kept]
+    return w_slot
+
+
+def slot_dots(a, rows, slot_of):
+    """``[T, k]``: ``<a[t], rows[slot_of[t, j]]>`` (0 for a dropped slot),
+    for ``a [T, d]`` and ``rows [N, d]``."""
+    out = np.zeros(slot_of.shape, dtype=rows.dtype)
+    kept = slot_of >= 0
+    for j in range(slot_of.shape[1]):
+        kj = kept[:, j]
+        if kj.any():
+            out[kj, j] = np.einsum("td,td->t", a[kj], rows[slot_of[kj, j]])
+    return out
+
+
+def forward(x, topk_idx, num_experts, capacity=-1, weights=None):
     """Sort the assignments ``topk_idx [T, k]`` (experts in ``[0,
     num_experts)``) by expert and gather the rows of ``x [T, d]`` (compute
     dtype) into that order. ``capacity >= 0`` keeps at most that many
     assignments per expert, first come first served in token order; -1
     keeps all; an ``[E]`` integer array gives each expert its own limit
     (an expert-parallel layer's share of a capacity counted over every
-    rank's tokens). Returns ``(xs [N, d], plan)``."""
+    rank's tokens). ``weights [T, k]`` (router weights applied to the
+    inputs): each gathered row is scaled by its assignment's weight.
+    Returns ``(xs [N, d], plan)``."""
     if np.ndim(capacity) == 0:
         slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, int(capacity))
     else:
         slot_of, token_of_slot, group_sizes = _sort_capped(topk_idx, num_experts, capacity)
-    xs = gw.gather_rows(x, token_of_slot)
-    return xs, Plan(slot_of, token_of_slot, group_sizes)
+    plan = Plan(slot_of, token_of_slot, group_sizes)
+    scale = None if weights is None else slot_weights(plan, weights, token_of_slot.shape[0])
+    return gw.gather_rows(x, token_of_slot, scale), plan
 
 
 def _sort_capped(topk_idx, num_experts, capacity):
@@ -60,7 +89,10 @@ def _sort_capped(topk_idx, num_experts, capacity):
     return new_slot[slot_of], token_of_slot[keep], kept_sizes.astype(np.int64)
 
 
-def backward(plan, d_xs):
+def backward(plan, d_xs, x=None, weights=None):
     """``d_x [T, d]`` of :func:`forward` for the cotangent ``d_xs [N, d]``:
-    every slot's gradient goes back to its token."""
-    return gw.gather_reduce(d_xs, plan.slot_of)
+    every slot's gradient goes back to its token. With the forward's
+    ``weights [T, k]`` (and its ``x``) returns ``(d_x, d_weights [T, k])``."""
+    if weights is None:
+        return gw.gather_reduce(d_xs, plan.slot_of)
+    return gw.gather_reduce(d_xs, plan.slot_of, weights), slot_dots(x, d_xs, plan.slot_of)

@@ -22,6 +22,12 @@ Backward (``d_y`` -> ``d_xs`` and the weight gradients)::
     d_w0[l]    = xs[rows_e]^T @ d_h0[rows_e]   (the ragged contraction, tgmm)
     d_w1[l]    = xs[rows_e]^T @ d_h1[rows_e];  d_wo[l] = a[rows_e]^T @ d_y[rows_e]
     d_b*[l]    = the column sums of d_h0, d_h1, d_y over rows_e
+
+Fused gate/up weights (one stored array ``w0`` holding both projections,
+as gpt-oss, Llama4 and transformers' Qwen/Mixtral experts keep them) are
+read as two strided views of it, never copied; their gradients are written
+into one array of the stored shape through the same views
+(:func:`split_gate_up`).
 """
 import dataclasses
 from typing import NamedTuple, Optional
@@ -31,7 +37,22 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _validate as v
 
-__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "forward", "backward"]
+__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward", "backward"]
+
+GATE_UP = ("concat", "interleaved")
+
+
+def split_gate_up(fused, axis, gate_up):
+    """``(gate, up)``: views of ``fused`` (no copy) along ``axis``, of size
+    2f there: "concat" gives the first f and the last f entries,
+    "interleaved" the even and the odd ones."""
+    lo, hi = [slice(None)] * fused.ndim, [slice(None)] * fused.ndim
+    if gate_up == "concat":
+        f = fused.shape[axis] // 2
+        lo[axis], hi[axis] = slice(0, f), slice(f, 2 * f)
+    else:
+        lo[axis], hi[axis] = slice(0, None, 2), slice(1, None, 2)
+    return fused[tuple(lo)], fused[tuple(hi)]
 
 
 @dataclasses.dataclass
@@ -47,6 +68,12 @@ class Experts:
       limit: the clip of "swiglu_oai".
       transposed: the weights are stored "efd" (``[n, f, d]`` gate and up,
         ``[n, d, f]`` down): their gradients are returned in that layout.
+      alpha: the sigmoid's slope of "swiglu_oai".
+      gate_up: None when w0 and w1 are stored apart; "concat" or
+        "interleaved" when they are views of one fused array (``[n, d,
+        2f]``, or ``[n, 2f, d]`` with ``transposed``), whose gradient is then
+        returned fused as ``w0`` (and the bias gradient, when b0 is a view
+        of a fused ``[n, 2f]`` bias, as ``w0_bias``).
     """
     w0: np.ndarray
     w1: np.ndarray
@@ -57,6 +84,8 @@ class Experts:
     activation: str
     limit: float
     transposed: bool = False
+    alpha: float = 1.702
+    gate_up: Optional[str] = None
 
     @property
     def num_experts(self):
@@ -77,7 +106,8 @@ class ExpertsResiduals(NamedTuple):
 
 class ExpertGrads(NamedTuple):
     """Gradients of the held experts' parameters, in their stored layout
-    (None for an absent bias)."""
+    (None for an absent bias; with fused gate/up weights, w0 and w0_bias
+    are the fused gradients and w1, w1_bias are None)."""
     w0: np.ndarray
     w1: np.ndarray
     wo: np.ndarray
@@ -103,12 +133,14 @@ def _segment_sum(rows, bounds, num_groups):
     return out
 
 
-def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed):
+def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, out=None):
     """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]); `transposed` gives
-    [n, b, a] by contracting the other way round (for the "efd" layout)."""
+    [n, b, a] by contracting the other way round (for the "efd" layout).
+    Written into ``out`` (any strides) when given."""
     if transposed:
         lhs_t, rhs = rhs.T, lhs_t.T
-    out = gw.empty((num_groups, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
+    if out is None:
+        out = gw.empty((num_groups, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
     return gw.contract(lhs_t, rhs, bounds, out)
 
 
@@ -142,7 +174,7 @@ def forward(experts, xs, group_sizes, group_offset=0):
         gw.rows(rows, experts.w1, bounds, h1)
     _add_group_bias(h0, experts.b0, bounds)
     _add_group_bias(h1, experts.b1, bounds)
-    a = gw.gated_act(h0, h1, experts.activation, experts.limit)
+    a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
     y = np.zeros((xs.shape[0], d), dtype=ct)
     if last > first and f:
         gw.rows(a, experts.wo, bounds, y[first:last])
@@ -169,15 +201,27 @@ def backward(experts, res, d_y):
         gw.rows(dy, experts.wo.transpose(0, 2, 1), bounds, da)
     dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
-    dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit)
+    dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     # gate and up projections
     d_xs = np.zeros((res.xs.shape[0], d), dtype=ct)
     if count and f:
         gw.rows(dh0, experts.w0.transpose(0, 2, 1), bounds, d_xs[first:last])
         gw.rows(dh1, experts.w1.transpose(0, 2, 1), bounds, d_xs[first:last], accumulate=True)
     xs = res.xs[first:last]
-    dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed)
-    dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed)
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
-    return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)
+    if experts.gate_up is None:
+        dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed)
+        dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed)
+        return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)
+    # fused: both gradients written through the views the forward read
+    shape = (n, 2 * f, d) if experts.transposed else (n, d, 2 * f)
+    dw = gw.empty(shape, ct)
+    for dh, view in zip((dh0, dh1), split_gate_up(dw, 1 if experts.transposed else 2, experts.gate_up)):
+        _weight_grad(xs.T, dh, bounds, n, experts.transposed, out=view)
+    db = None
+    if db0 is not None:
+        db = np.empty((n, 2 * f), dtype=ct)
+        g0, g1 = split_gate_up(db, 1, experts.gate_up)
+        g0[...], g1[...] = db0, db1
+    return d_xs, ExpertGrads(dw, None, dwo, db, None, dbo)

@@ -75,7 +75,7 @@ def forward(router, x):
     return idx, w, RouteResiduals(x, logits, scores, idx, w)
 
 
-def backward(router, res, d_topk_weights, d_x=None):
+def backward(router, res, d_topk_weights, d_x=None, d_logits=None):
     """Backward of :func:`forward` for the cotangent ``d_topk_weights [T, k]``.
 
     ``d scores`` is nonzero at the chosen experts only::
@@ -85,6 +85,9 @@ def backward(router, res, d_topk_weights, d_x=None):
                    (w = the normalised weights), else dw
         d_logits = scores * (d_scores - sum_e d_scores_e * scores_e)   (softmax)
                  | d_scores * scores * (1 - scores)                    (sigmoid)
+
+    ``d_logits [T, E]``, when given, is a cotangent of the logits from
+    elsewhere (the aux losses), added before the products.
 
     Returns ``(d_x [T, d], d_router_weights [d, E], d_router_bias [E] or
     None)``; ``d_x = d_logits @ weights^T`` is added into ``d_x`` when one
@@ -108,6 +111,8 @@ def backward(router, res, d_topk_weights, d_x=None):
         dlogits = scores * (dscores - np.sum(dscores * scores, axis=1, keepdims=True))
     else:
         dlogits = dscores * scores * (1 - scores)
+    if d_logits is not None:
+        dlogits += d_logits
     d_weights = gw.matmul(res.x.T, dlogits)
     if d_x is None:
         d_x = gw.matmul(dlogits, router.weights.T)

@@ -118,10 +118,11 @@ def _aux(comm, layer, res, tokens):
     """moe_block's aux dict for this rank's tokens, its statistics over all
     ranks' tokens (the probability sums added in rank order)."""
     _, prob_sum, _ = block.aux_sums(layer, res.steps)
-    (prob_sum,) = ordered_sum(comm, [prob_sum])
+    prob_sum, z_total = ordered_sum(comm, [prob_sum, np.array([block.z_sum(res.steps)], dtype=prob_sum.dtype)])
     kept = res.exchange.kept
     return block.aux_dict(layer, res.steps, res.counts.sum(axis=0).astype(np.float64), prob_sum,
-                          int(tokens.sum()), kept.sum(axis=0), int(res.counts.sum() - kept.sum()))
+                          int(tokens.sum()), kept.sum(axis=0), int(res.counts.sum() - kept.sum()),
+                          z_total=float(z_total[0]))
 
 
 def _capacity_factor(kw):
@@ -166,8 +167,11 @@ def moe_block(x, router_weights, w0, w1, wo, *, comm, **kwargs):
 
     Returns:
       ``out [..., d]`` for this rank's tokens (and with return_aux, aux:
-      topk_indices, topk_weights of this rank's tokens; group_sizes ``[E]``,
-      load_balance_loss, bias_updates and dropped over all ranks' tokens).
+      topk_indices, topk_weights, router_logits of this rank's tokens;
+      group_sizes ``[E]``, load_balance_loss, router_z_loss, bias_updates
+      and dropped over all ranks' tokens). shared_expert_gate,
+      router_weights_on="input" and load_balance="maxtext" are refused
+      (ValueError); moe_block_vjp refuses return_aux.
 
     Equality with single-process moe_block on the concatenated tokens: out
     is bitwise equal (each row's router, expert and combine arithmetic

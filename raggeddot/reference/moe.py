@@ -20,9 +20,14 @@ The layer::
                 * routed_scaling_factor
     capacity  = ceil(T * top_k / E * capacity_factor) assignments per expert,
                 first come first served in token order (None: no limit)
-    out[t]    = sum over kept (t, e): weight * (act(x[t] @ w0[e] + b0[e])
-                * (x[t] @ w1[e] + b1[e])) @ wo[e] + bo[e])
-                (+ the shared experts' gated MLP of x[t])
+    out[t]    = sum over kept (t, e): weight * FFN_e(x[t])      (router_weights_on="output")
+              | sum over kept (t, e): FFN_e(weight * x[t])      (router_weights_on="input")
+                (+ the shared experts' gated MLP of x[t], times
+                 sigmoid(x[t] @ shared_expert_gate) when given)
+    FFN_e(z)  = (act(z @ w0[e] + b0[e]) * (z @ w1[e] + b1[e])) @ wo[e] + bo[e]
+
+Fused gate/up weights (w1=None) are split into two arrays first: along
+their 2f axis, halves ("concat") or even/odd entries ("interleaved").
 """
 import math
 
@@ -63,7 +68,7 @@ def _softmax(z):
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def _gated(gate, up, activation, limit):
+def _gated(gate, up, activation, limit, alpha=1.702):
     """act(gate) * up, or gpt-oss's clipped swiglu."""
     if activation == "silu":
         return gate * _sigmoid(gate) * up
@@ -76,7 +81,7 @@ def _gated(gate, up, activation, limit):
     if activation == "swiglu_oai":
         g = np.minimum(gate, limit)
         u = np.clip(up, -limit, limit)
-        return g * _sigmoid(1.702 * g) * (u + 1.0)
+        return g * _sigmoid(alpha * g) * (u + 1.0)
     raise ValueError(f"moe_block: unknown 'activation' {activation!r}")
 
 
@@ -109,6 +114,20 @@ def _route_token(logits, score_func, selection_bias, n_groups, topk_groups, top_
     return scores, chosen, weights * scale
 
 
+def _unfuse(fused, axis, gate_up):
+    """(gate, up) of a fused array along ``axis`` (size 2f), copies."""
+    n = fused.shape[axis]
+    if n % 2:
+        raise ValueError(f"moe_block: fused gate/up axis must have an even size, got {n}")
+    if gate_up == "concat":
+        idx0, idx1 = np.arange(n // 2), np.arange(n // 2, n)
+    elif gate_up == "interleaved":
+        idx0, idx1 = np.arange(0, n, 2), np.arange(1, n, 2)
+    else:
+        raise ValueError(f"moe_block: 'gate_up' must be 'concat' or 'interleaved', got {gate_up!r}")
+    return np.take(fused, idx0, axis=axis), np.take(fused, idx1, axis=axis)
+
+
 def _expert_weights(w0, w1, wo, d, E, layout):
     """w0, w1 as [E, d, f] and wo as [E, f, d], whatever the stored layout."""
     if layout not in ("edf", "efd"):
@@ -132,11 +151,23 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
               selection_bias=None, n_groups=None, topk_groups=None, norm_topk_prob=False,
               routed_scaling_factor=1.0, activation="silu", w0_bias=None, w1_bias=None, wo_bias=None,
               shared_experts=None, capacity_factor=None, weights_layout="edf", return_aux=False,
-              swiglu_limit=7.0):
+              swiglu_limit=7.0, swiglu_alpha=1.702, shared_expert_gate=None, router_weights_on="output",
+              gate_up="concat", load_balance="switch"):
     """The MoE layer of :func:`raggeddot.moe_block`, same arguments and results."""
-    arrays = [np.asarray(a) for a in (x, router_weights, w0, w1, wo)]
+    arrays = [np.asarray(a) for a in (x, router_weights, w0, w1, wo) if a is not None]
     out_dtype = np.result_type(*arrays)
-    x, rw, w0, w1, wo = (a.astype(np.float64) for a in arrays)
+    if w1 is None:   # fused gate/up: split along the 2f axis
+        fused = np.asarray(w0, dtype=np.float64)
+        w0, w1 = _unfuse(fused, 2 if weights_layout == "edf" else 1, gate_up)
+        if w1_bias is not None:
+            raise ValueError("moe_block: 'w1_bias' must be None with fused weights")
+        if w0_bias is not None:
+            w0_bias, w1_bias = _unfuse(np.asarray(w0_bias, dtype=np.float64), 1, gate_up)
+    x, rw, w0, w1, wo = (np.asarray(a).astype(np.float64) for a in (x, router_weights, w0, w1, wo))
+    if router_weights_on not in ("output", "input"):
+        raise ValueError(f"moe_block: 'router_weights_on' must be 'output' or 'input', got {router_weights_on!r}")
+    if load_balance not in ("switch", "hf", "maxtext"):
+        raise ValueError(f"moe_block: 'load_balance' must be 'switch', 'hf' or 'maxtext', got {load_balance!r}")
     lead, d = x.shape[:-1], x.shape[-1]
     xt = x.reshape(-1, d)
     T, E = xt.shape[0], rw.shape[1]
@@ -188,36 +219,69 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         tokens, slots = np.nonzero((chosen == e) & kept)
         if tokens.size == 0:
             continue
-        xe = xt[tokens]
+        on_input = router_weights_on == "input"
+        xe = xt[tokens] * (weights[tokens, slots][:, None] if on_input else 1.0)
         gate = xe @ w0[e] + (0.0 if b0 is None else b0[e])
         up = xe @ w1[e] + (0.0 if b1 is None else b1[e])
-        y = _gated(gate, up, activation, swiglu_limit) @ wo[e] + (0.0 if bo is None else bo[e])
+        y = _gated(gate, up, activation, swiglu_limit, swiglu_alpha) @ wo[e] + (0.0 if bo is None else bo[e])
         for r, (t, j) in enumerate(zip(tokens, slots)):
-            out[t] += weights[t, j] * y[r]
+            out[t] += y[r] if on_input else weights[t, j] * y[r]
 
-    # 4. the shared experts, on every token
+    # 4. the shared experts, on every token (gated per token when asked)
+    if shared_expert_gate is not None and shared_experts is None:
+        raise ValueError("moe_block: 'shared_expert_gate' needs 'shared_experts'")
     if shared_experts is not None:
         s0, s1, so = (f64(a) for a in shared_experts)
-        out += _gated(xt @ s0, xt @ s1, activation, swiglu_limit) @ so
+        mlp = _gated(xt @ s0, xt @ s1, activation, swiglu_limit, swiglu_alpha) @ so
+        if shared_expert_gate is not None:
+            mlp = mlp * _sigmoid(xt @ f64(shared_expert_gate).reshape(d, 1))
+        out += mlp
 
     out = out.reshape(lead + (d,)).astype(out_dtype)
     if not return_aux:
         return out
 
-    # 5. statistics: Switch load-balancing loss and DeepSeek's bias update direction
+    # 5. statistics: load-balancing loss, z-loss and DeepSeek's bias update direction
     assigned = np.bincount(chosen.ravel(), minlength=E).astype(np.float64)
-    frac = assigned / max(1, T * top_k)
     probs = np.array([_softmax(row) for row in logits]) if T else np.zeros((0, E))
-    mean_prob = probs.mean(axis=0) if T else np.zeros(E)
     aux = {
         "topk_indices": chosen.reshape(lead + (top_k,)),
         "topk_weights": weights.reshape(lead + (top_k,)).astype(out_dtype),
         "group_sizes": _kept_load(chosen, kept, E),
-        "load_balance_loss": float(E * np.sum(frac * mean_prob)),
+        "load_balance_loss": _balance_loss(load_balance, chosen, probs, E, top_k, x.shape),
+        "router_z_loss": float(np.mean([_logsumexp(row) ** 2 for row in logits])) if T else 0.0,
+        "router_logits": logits.reshape(lead + (E,)).astype(out_dtype),
         "bias_updates": np.sign(assigned.mean() - assigned),
         "dropped": int(np.sum(~kept)),
     }
     return out, aux
+
+
+def _logsumexp(row):
+    m = row.max()
+    return m + math.log(np.exp(row - m).sum())
+
+
+def _balance_loss(convention, chosen, probs, E, top_k, x_shape):
+    """E * sum_e (assignments to e / norm) * (mean probability of e), over
+    all tokens ("switch": norm = T * top_k; "hf": norm = T) or per sequence
+    of x [..., S, d] and averaged over the sequences ("maxtext", norm = S)."""
+    T = chosen.shape[0]
+    if T == 0:
+        return 0.0
+    if convention == "maxtext":
+        S = x_shape[-2] if len(x_shape) >= 3 else T
+        if S == 0:
+            return 0.0
+        losses = []
+        for b in range(T // S):
+            rows = slice(b * S, (b + 1) * S)
+            counts = np.bincount(chosen[rows].ravel(), minlength=E)
+            losses.append(E * np.sum(counts / S * probs[rows].mean(axis=0)))
+        return float(np.mean(losses))
+    counts = np.bincount(chosen.ravel(), minlength=E)
+    norm = T * top_k if convention == "switch" else T
+    return float(E * np.sum(counts / norm * probs.mean(axis=0)))
 
 
 def _kept_load(chosen, kept, E):

@@ -42,7 +42,19 @@ typedef enum { RD_F32 = 0, RD_F64 = 1, RD_F16 = 2, RD_BF16 = 3, RD_DTYPE_COUNT }
  * kernel consumes k-pairs, 4 for k-quads).  The micro-kernels of a family
  * are listed per compute type.
  */
-typedef enum { RD_CT_F32 = 0, RD_CT_F64 = 1, RD_CT_COUNT } rd_ctype_t;
+typedef enum {
+    RD_CT_F32 = 0,
+    RD_CT_F64 = 1,
+    /* float32 arithmetic on 16-bit B panels, widened in the micro-kernel:
+     * for weights that stream from memory (few rows per group), where
+     * reading and packing them as float32 would double their bytes.
+     * BF16W packs each NR-wide row of B in halves interleaved (position 2j
+     * holds column j, 2j+1 column NR/2 + j), so that one shift and one
+     * mask widen a vector of pairs; F16W keeps the columns in order. */
+    RD_CT_F32_BF16W = 2,
+    RD_CT_F32_F16W = 3,
+    RD_CT_COUNT
+} rd_ctype_t;
 
 typedef struct {
     const char *name;       /* "float32", "float64" */

@@ -26,46 +26,7 @@
 #define RD_PACK_CLONES
 #endif
 
-static inline float
-rd_bits_to_float(uint32_t bits)
-{
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* bfloat16 is the upper half of a float32: exact, NaN payloads kept. */
-static inline float
-rd_bf16_to_float(uint16_t h)
-{
-    return rd_bits_to_float((uint32_t)h << 16);
-}
-
-/* IEEE binary16 to float32, exact for every value (subnormals, infinities,
- * NaN payloads), without F16C so that every CPU takes the same path.  Only
- * integer operations and selects, so that the packing loops vectorize: the
- * exponent and mantissa bits move into place and the exponent is rebiased
- * (15 -> 127); infinities and NaNs get the largest exponent; a subnormal h
- * is m * 2^-24 (m its mantissa), the float32 of the integer m with 24
- * taken from its exponent. */
-static inline float
-rd_f16_to_float(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t exp = h & 0x7c00u, man = h & 0x3ffu;
-    const uint32_t bits = (uint32_t)(h & 0x7fffu) << 13;
-    /* masks, not branches: all ones where the condition holds */
-    const uint32_t special = 0u - (uint32_t)(exp == 0x7c00u);  /* inf, NaN */
-    const uint32_t small = 0u - (uint32_t)(exp == 0);          /* zero, subnormal */
-    const uint32_t nonzero = 0u - (uint32_t)(man != 0);
-    uint32_t r = bits + (112u << 23) + ((112u << 23) & special);
-    const float fm = (float)(int32_t)man;
-    uint32_t sub;
-    memcpy(&sub, &fm, sizeof sub);
-    sub = (sub - (24u << 23)) & nonzero;
-    r = (sub & small) | (r & ~small);
-    return rd_bits_to_float(r | sign);
-}
+#include "rd_half.h"
 
 #define RD_SRC float
 #define RD_DST float
@@ -135,6 +96,23 @@ rd_f16_to_float(uint16_t h)
 #define RD_FN(x) rd_pack_b_d_##x
 #include "rd_pack_impl.h"
 
+/* 16-bit B panels kept as they are stored, for the micro-kernels that widen
+ * them (RD_CT_F32_BF16W with the halves of each row interleaved) */
+#define RD_SRC uint16_t
+#define RD_DST uint16_t
+#define RD_CVT(v) (v)
+#define RD_SAME 1
+#define RD_FN(x) rd_pack_h_h_##x
+#include "rd_pack_impl.h"
+
+#define RD_SRC uint16_t
+#define RD_DST uint16_t
+#define RD_CVT(v) (v)
+#define RD_SAME 0
+#define RD_HALVES 1
+#define RD_FN(x) rd_pack_b_bi_##x
+#include "rd_pack_impl.h"
+
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
@@ -148,6 +126,16 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F16] = {rd_pack_h_d_pack, rd_pack_h_d_pack},
         [RD_BF16] = {rd_pack_b_d_pack, rd_pack_b_d_pack},
     },
+    [RD_CT_F32_BF16W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, NULL},
+        [RD_BF16] = {rd_pack_b_s_pack, rd_pack_b_bi_pack},
+    },
+    [RD_CT_F32_F16W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, rd_pack_h_h_pack},
+        [RD_BF16] = {rd_pack_b_s_pack, NULL},
+    },
 };
 
 rd_pack_t
@@ -156,7 +144,7 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
     if ((unsigned)ct >= RD_CT_COUNT || (unsigned)src >= RD_DTYPE_COUNT || (which != 0 && which != 1))
         return NULL;
 #ifdef RD_PACK_F16C
-    if (ct == RD_CT_F32 && src == RD_F16) {
+    if (rd_pack_table[ct][src][which] == rd_pack_h_s_pack) {
         __builtin_cpu_init();
         if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"))
             return rd_pack_h_s_f16c_pack;

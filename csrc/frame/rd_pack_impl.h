@@ -9,6 +9,9 @@
  *   RD_ATTR     attributes of the routine (target ISA; optional)
  *   RD_RUN8(d, s)  converts 8 contiguous values at once (optional; an
  *               instruction the compiler does not find by itself)
+ *   RD_HALVES   defined: each r-wide row of a panel holds its two halves
+ *               interleaved, column i at position RD_AT(i, r) (2i in the
+ *               first half, 2(i - r/2) + 1 in the second; r even)
  *
  * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
  * X[i][p] = src[i*rs + p*cs] into r-row micro-panels, panel q holding rows
@@ -24,9 +27,23 @@
 #define RD_ATTR RD_PACK_CLONES
 #define RD_RUN_ATTR
 #endif
+#ifdef RD_HALVES
+#define RD_AT(i, r) ((i) < (r) / 2 ? 2 * (i) : 2 * ((i) - (r) / 2) + 1)
+#else
+#define RD_AT(i, r) (i)
+#endif
 static inline __attribute__((always_inline)) RD_RUN_ATTR void
 RD_FN(run)(RD_DST *restrict dst, const RD_SRC *restrict src, int w)
 {
+#ifdef RD_HALVES
+    /* a whole row (w == r): the halves interleaved */
+    const int h = w / 2;
+    for (int j = 0; j < h; j++) {
+        dst[2 * j] = RD_CVT(src[j]);
+        dst[2 * j + 1] = RD_CVT(src[h + j]);
+    }
+    return;
+#endif
 #if RD_SAME
     /* a long run of one type: libc's memcpy picks the widest moves the CPU
      * has */
@@ -84,7 +101,7 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
              * scatter into the panel */
             for (int i = 0; i < r; i++) {
                 const RD_SRC *row = x + i * rs;
-                RD_DST *col = dst + i;
+                RD_DST *col = dst + RD_AT(i, r);
                 for (rd_int p = 0; p < depth; p++)
                     col[p * r] = RD_CVT(row[p]);
             }
@@ -93,9 +110,9 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
             rd_int have = full ? r : rows - i0;
             for (rd_int p = 0; p < depth; p++) {
                 for (rd_int i = 0; i < have; i++)
-                    dst[p * r + i] = RD_CVT(x[i * rs + p * cs]);
+                    dst[p * r + RD_AT(i, r)] = RD_CVT(x[i * rs + p * cs]);
                 for (rd_int i = have; i < r; i++)
-                    dst[p * r + i] = 0;
+                    dst[p * r + RD_AT(i, r)] = 0;
             }
         }
         dst += (rd_int)r * depth;
@@ -109,4 +126,6 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
 #undef RD_FN
 #undef RD_ATTR
 #undef RD_RUN_ATTR
+#undef RD_HALVES
+#undef RD_AT
 #undef RD_RUN8

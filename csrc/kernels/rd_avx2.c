@@ -5,6 +5,7 @@
  *
  *   rd_sgemm_avx2_6x16:  6 rows x 16 columns of float32, 12 ymm accumulators
  *   rd_dgemm_avx2_6x8 :  6 rows x  8 columns of float64, 12 ymm accumulators
+ *   rd_sgemm_avx2_{bf16w,f16w}_6x16: float32 with 16-bit B panels (F16C too)
  *
  * Per step p of the contraction: two loads of the B row, six broadcasts of
  * the A column, twelve independent FMAs (two FMA pipes x four cycles of
@@ -16,15 +17,16 @@
 #ifdef RD_HAVE_X86_KERNELS
 
 #include <immintrin.h>
+#include <stdint.h>
 
-#define RD_AVX2 __attribute__((target("avx2,fma")))
+#define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* ---------------------------------------------------------------- float32 */
 
-#define S_STEP(AOFF, BOFF)                                                  \
+/* LOAD_B(b, b0, b1): the two B vectors of one step (columns 0-7, 8-15) */
+#define S_STEP(AOFF, LOAD_B)                                                \
     do {                                                                    \
-        __m256 b0 = _mm256_load_ps(b + (BOFF));                             \
-        __m256 b1 = _mm256_load_ps(b + (BOFF) + 8);                         \
+        LOAD_B(b, b0, b1)                                                   \
         __m256 av;                                                          \
         av = _mm256_broadcast_ss(a + (AOFF) + 0);                           \
         c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01); \
@@ -39,6 +41,19 @@
         av = _mm256_broadcast_ss(a + (AOFF) + 5);                           \
         c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51); \
     } while (0)
+
+#define S_LOAD_F32(b, b0, b1) __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps((b) + 8);
+/* 16-bit B rows widened in registers (exactly): bfloat16 rows hold their
+ * halves interleaved (RD_CT_F32_BF16W), so a shift gives columns 0-7 and a
+ * mask columns 8-15; float16 rows in order go through vcvtph2ps. */
+#define S_LOAD_BF16(b, b0, b1)                                              \
+    const __m256i bw = _mm256_loadu_si256((const __m256i *)(const void *)(b)); \
+    __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(bw, 16));             \
+    __m256 b1 = _mm256_castsi256_ps(_mm256_and_si256(bw, _mm256_set1_epi32((int)0xffff0000u)));
+#define S_LOAD_F16(b, b0, b1)                                               \
+    const __m256i bw = _mm256_loadu_si256((const __m256i *)(const void *)(b)); \
+    __m256 b0 = _mm256_cvtph_ps(_mm256_castsi256_si128(bw));                \
+    __m256 b1 = _mm256_cvtph_ps(_mm256_extracti128_si256(bw, 1));
 
 RD_AVX2 static inline void
 s_store_row(float *c, __m256 lo, __m256 hi, int accumulate)
@@ -56,47 +71,51 @@ s_store_row(float *c, __m256 lo, __m256 hi, int accumulate)
     _mm256_storeu_ps(c + 8, hi);
 }
 
-RD_AVX2 static void
-rd_sgemm_avx2_6x16(rd_int kc, const void *a_, const void *b_, void *c_,
-                   rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)
-{
-    const float *a = (const float *)a_, *b = (const float *)b_;
-    float *c = (float *)c_;
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
-    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-
-    /* One step per iteration: unrolling by hand makes gcc interleave the
-     * steps and spill accumulators; this form keeps all twelve in registers. */
-    for (rd_int p = 0; p < kc; p++) {
-        S_STEP(0, 0);
-        a += 6;
-        b += 16;
-    }
-
-    if (m == 6 && n == 16 && cs_c == 1) {
-        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float)))
-            accumulate = RD_STORE;
-        s_store_row(c + 0 * rs_c, c00, c01, accumulate);
-        s_store_row(c + 1 * rs_c, c10, c11, accumulate);
-        s_store_row(c + 2 * rs_c, c20, c21, accumulate);
-        s_store_row(c + 3 * rs_c, c30, c31, accumulate);
-        s_store_row(c + 4 * rs_c, c40, c41, accumulate);
-        s_store_row(c + 5 * rs_c, c50, c51, accumulate);
-        return;
-    }
-    float buf[6 * 16] __attribute__((aligned(32)));
-    _mm256_store_ps(buf + 0, c00);  _mm256_store_ps(buf + 8, c01);
-    _mm256_store_ps(buf + 16, c10); _mm256_store_ps(buf + 24, c11);
-    _mm256_store_ps(buf + 32, c20); _mm256_store_ps(buf + 40, c21);
-    _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);
-    _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);
-    _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);
-    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);
+#define RD_AVX2_SGEMM(NAME, TB, LOAD_B)                                     \
+RD_AVX2 static void                                                         \
+NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
+     rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)                \
+{                                                                           \
+    const float *a = (const float *)a_;                                     \
+    const TB *b = (const TB *)b_;                                           \
+    float *c = (float *)c_;                                                 \
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();            \
+    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();            \
+    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();            \
+    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();            \
+    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();            \
+    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();            \
+    /* One step per iteration: unrolling by hand makes gcc interleave the  \
+     * steps and spill accumulators; this form keeps all twelve in registers. */ \
+    for (rd_int p = 0; p < kc; p++) {                                       \
+        S_STEP(0, LOAD_B);                                                  \
+        a += 6;                                                             \
+        b += 16;                                                            \
+    }                                                                       \
+    if (m == 6 && n == 16 && cs_c == 1) {                                   \
+        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float))) \
+            accumulate = RD_STORE;                                          \
+        s_store_row(c + 0 * rs_c, c00, c01, accumulate);                    \
+        s_store_row(c + 1 * rs_c, c10, c11, accumulate);                    \
+        s_store_row(c + 2 * rs_c, c20, c21, accumulate);                    \
+        s_store_row(c + 3 * rs_c, c30, c31, accumulate);                    \
+        s_store_row(c + 4 * rs_c, c40, c41, accumulate);                    \
+        s_store_row(c + 5 * rs_c, c50, c51, accumulate);                    \
+        return;                                                             \
+    }                                                                       \
+    float buf[6 * 16] __attribute__((aligned(32)));                         \
+    _mm256_store_ps(buf + 0, c00);  _mm256_store_ps(buf + 8, c01);          \
+    _mm256_store_ps(buf + 16, c10); _mm256_store_ps(buf + 24, c11);         \
+    _mm256_store_ps(buf + 32, c20); _mm256_store_ps(buf + 40, c21);         \
+    _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);         \
+    _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);         \
+    _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);         \
+    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);              \
 }
+
+RD_AVX2_SGEMM(rd_sgemm_avx2_6x16, float, S_LOAD_F32)
+RD_AVX2_SGEMM(rd_sgemm_avx2_bf16w_6x16, uint16_t, S_LOAD_BF16)
+RD_AVX2_SGEMM(rd_sgemm_avx2_f16w_6x16, uint16_t, S_LOAD_F16)
 
 /* ---------------------------------------------------------------- float64 */
 
@@ -181,7 +200,8 @@ static int
 rd_avx2_runnable(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+           && __builtin_cpu_supports("f16c");
 }
 
 /* Blocking: the published BLIS Haswell/Zen float32 (6x16, MC=144, KC=256,
@@ -192,6 +212,8 @@ const rd_family_t rd_family_avx2 = {
     {
         [RD_CT_F32] = {rd_sgemm_avx2_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F64] = {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080},
+        [RD_CT_F32_BF16W] = {rd_sgemm_avx2_bf16w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_F16W] = {rd_sgemm_avx2_f16w_6x16, 6, 16, 144, 256, 4080},
     },
 };
 

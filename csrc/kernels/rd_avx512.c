@@ -3,6 +3,7 @@
  *
  *   rd_sgemm_avx512_12x32:  12 rows x 32 columns of float32
  *   rd_dgemm_avx512_12x16:  12 rows x 16 columns of float64
+ *   rd_sgemm_avx512_{bf16w,f16w}_12x32: float32 with 16-bit B panels
  *
  * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
@@ -13,6 +14,7 @@
 #ifdef RD_HAVE_X86_KERNELS
 
 #include <immintrin.h>
+#include <stdint.h>
 
 #define RD_AVX512 __attribute__((target("avx512f")))
 
@@ -43,7 +45,7 @@
 
 #define RD_BODY(NAME, R, ROWS)                                              \
 RD_AVX512 static void                                                       \
-NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
+NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
      int m, int n, int accumulate)                                          \
 {                                                                           \
     ROWS(RD_DECL)                                                           \
@@ -58,8 +60,7 @@ NAME(rd_int kc, const T *a, const T *b, T *c, rd_int rs_c, rd_int cs_c,     \
             _mm_prefetch((const char *)(c + i * rs_c + 2 * W - 1), _MM_HINT_T0); \
         }                                                                   \
     for (rd_int p = 0; p < kc; p++) {                                       \
-        const V b0 = LOAD_A(b);                                             \
-        const V b1 = LOAD_A(b + W);                                         \
+        LOAD_B(b, b0, b1)                                                   \
         V av;                                                               \
         ROWS(RD_STEP)                                                       \
         a += 12;                                                            \
@@ -84,7 +85,8 @@ static void                                                                 \
 NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
      rd_int cs_c, int m, int n, int accumulate)                             \
 {                                                                           \
-    const T *a = (const T *)a_, *b = (const T *)b_;                         \
+    const T *a = (const T *)a_;                                             \
+    const TB *b = (const TB *)b_;                                           \
     T *c = (T *)c_;                                                         \
     if (m > 8)                                                              \
         BODY12(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                  \
@@ -108,6 +110,8 @@ s_store_row(float *c, __m512 lo, __m512 hi, int accumulate)
 }
 
 #define T float
+#define TB float
+#define LOAD_B(b, b0, b1) const V b0 = _mm512_load_ps(b), b1 = _mm512_load_ps((b) + W);
 #define V __m512
 #define W 16
 #define ZERO _mm512_setzero_ps
@@ -122,6 +126,35 @@ RD_BODY(s_rows4, 4, ROWS4)
 RD_BODY(s_rows8, 8, ROWS8)
 RD_BODY(s_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_12x32, s_rows4, s_rows8, s_rows12)
+
+/* float32 arithmetic on 16-bit B panels, widened in registers: bfloat16
+ * rows hold their halves interleaved (RD_CT_F32_BF16W), so a shift moves
+ * the even positions (columns 0-15) into float32 and a mask keeps the odd
+ * ones (columns 16-31); float16 rows in order go through vcvtph2ps.  Both
+ * widenings are exact, so results equal the float32 kernel's on the
+ * widened values. */
+#undef TB
+#undef LOAD_B
+#define TB uint16_t
+#define LOAD_B(b, b0, b1)                                                   \
+    const __m512i bw = _mm512_loadu_si512((const void *)(b));               \
+    const V b0 = _mm512_castsi512_ps(_mm512_slli_epi32(bw, 16));            \
+    const V b1 = _mm512_castsi512_ps(_mm512_and_si512(bw, _mm512_set1_epi32((int)0xffff0000u)));
+RD_BODY(sb_rows4, 4, ROWS4)
+RD_BODY(sb_rows8, 8, ROWS8)
+RD_BODY(sb_rows12, 12, ROWS12)
+RD_KERNEL(rd_sgemm_avx512_bf16w_12x32, sb_rows4, sb_rows8, sb_rows12)
+#undef LOAD_B
+#define LOAD_B(b, b0, b1)                                                   \
+    const __m512i bw = _mm512_loadu_si512((const void *)(b));               \
+    const V b0 = _mm512_cvtph_ps(_mm512_castsi512_si256(bw));               \
+    const V b1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bw, 1));
+RD_BODY(sh_rows4, 4, ROWS4)
+RD_BODY(sh_rows8, 8, ROWS8)
+RD_BODY(sh_rows12, 12, ROWS12)
+RD_KERNEL(rd_sgemm_avx512_f16w_12x32, sh_rows4, sh_rows8, sh_rows12)
+#undef TB
+#undef LOAD_B
 #undef T
 #undef V
 #undef W
@@ -148,6 +181,8 @@ d_store_row(double *c, __m512d lo, __m512d hi, int accumulate)
 }
 
 #define T double
+#define TB double
+#define LOAD_B(b, b0, b1) const V b0 = _mm512_load_pd(b), b1 = _mm512_load_pd((b) + W);
 #define V __m512d
 #define W 8
 #define ZERO _mm512_setzero_pd
@@ -162,6 +197,8 @@ RD_BODY(d_rows4, 4, ROWS4)
 RD_BODY(d_rows8, 8, ROWS8)
 RD_BODY(d_rows12, 12, ROWS12)
 RD_KERNEL(rd_dgemm_avx512_12x16, d_rows4, d_rows8, d_rows12)
+#undef TB
+#undef LOAD_B
 #undef T
 #undef V
 #undef W
@@ -191,6 +228,8 @@ const rd_family_t rd_family_avx512 = {
     {
         [RD_CT_F32] = {rd_sgemm_avx512_12x32, 12, 32, 144, 256, 4080},
         [RD_CT_F64] = {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080},
+        [RD_CT_F32_BF16W] = {rd_sgemm_avx512_bf16w_12x32, 12, 32, 144, 256, 4080},
+        [RD_CT_F32_F16W] = {rd_sgemm_avx512_f16w_12x32, 12, 32, 144, 256, 4080},
     },
 };
 

@@ -6,8 +6,12 @@
  *
  *   rd_sgemm_ref_6x16:  6 rows x 16 columns of float32
  *   rd_dgemm_ref_6x8 :  6 rows x  8 columns of float64
+ *   rd_sgemm_ref_bf16w_6x16, rd_sgemm_ref_f16w_6x16: float32 A, 16-bit B
+ *       panels (RD_CT_F32_BF16W with interleaved halves, RD_CT_F32_F16W),
+ *       each B value widened exactly to float32 before its products
  */
 #include "rd_kernel.h"
+#include "rd_half.h"
 
 #define RD_REF_UKR(NAME, T, MR, NR, STORE)                                  \
 static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
@@ -31,6 +35,33 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
 RD_REF_UKR(rd_sgemm_ref_6x16, float, 6, 16, rd_s_store_edge)
 RD_REF_UKR(rd_dgemm_ref_6x8, double, 6, 8, rd_d_store_edge)
 
+/* B's row p as float32, column j read from position AT(j) of the row. */
+#define RD_REF_UKR_W(NAME, MR, NR, WIDEN, AT)                                \
+static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
+                 rd_int rs_c, rd_int cs_c, int m, int n, int mode)          \
+{                                                                           \
+    const float *a = (const float *)a_;                                     \
+    const uint16_t *b = (const uint16_t *)b_;                               \
+    float acc[MR][NR], row[NR];                                             \
+    for (int i = 0; i < MR; i++)                                            \
+        for (int j = 0; j < NR; j++)                                        \
+            acc[i][j] = 0;                                                  \
+    for (rd_int p = 0; p < kc; p++) {                                       \
+        const float *ap = a + p * MR;                                       \
+        for (int j = 0; j < NR; j++)                                        \
+            row[j] = WIDEN(b[p * NR + AT(j)]);                              \
+        for (int i = 0; i < MR; i++)                                        \
+            for (int j = 0; j < NR; j++)                                    \
+                acc[i][j] += ap[i] * row[j];                                \
+    }                                                                       \
+    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);    \
+}
+
+#define RD_IN_ORDER(j) (j)
+#define RD_HALVES_16(j) ((j) < 8 ? 2 * (j) : 2 * ((j) - 8) + 1)
+RD_REF_UKR_W(rd_sgemm_ref_bf16w_6x16, 6, 16, rd_bf16_to_float, RD_HALVES_16)
+RD_REF_UKR_W(rd_sgemm_ref_f16w_6x16, 6, 16, rd_f16_to_float, RD_IN_ORDER)
+
 static int
 rd_ref_runnable(void)
 {
@@ -45,5 +76,7 @@ const rd_family_t rd_family_ref = {
     {
         [RD_CT_F32] = {rd_sgemm_ref_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F64] = {rd_dgemm_ref_6x8, 6, 8, 72, 256, 4080},
+        [RD_CT_F32_BF16W] = {rd_sgemm_ref_bf16w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_F16W] = {rd_sgemm_ref_f16w_6x16, 6, 16, 144, 256, 4080},
     },
 };

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
+from .quant import QArray
 
 __all__ = ["vjp", "jvp", "grad", "defvjp", "defjvp"]
 
@@ -121,8 +122,16 @@ def _bind(op, pargs, pkwargs, primals, what):
 
 
 def _primal_dtype(x):
-    """The dtype of a primal's gradient: the primal's, in native byte order."""
-    return v.native(np.asarray(x).dtype)
+    """The dtype of a primal's gradient: the primal's, in native byte order
+    (a QArray's: that of its dequantized value, whose gradient it gets)."""
+    return x.dtype if isinstance(x, QArray) else v.native(np.asarray(x).dtype)
+
+
+def operand(x):
+    """A differentiable operand as the rules use it: a QArray as it is
+    (straight through: its gradient is that of its dequantized value),
+    anything else as an array."""
+    return x if isinstance(x, QArray) else np.asarray(x)
 
 
 # ---------------------------------------------------------------------------
@@ -159,7 +168,8 @@ def vjp(fun, *primals):
     diff = [name in argnames and p is not None for name, p in zip(names, primals)]
     wanted = frozenset(name for name, d in zip(names, diff) if d)
     dtypes = [_primal_dtype(p) if d else None for p, d in zip(primals, diff)]
-    shapes = [np.shape(p) if d else None for p, d in zip(primals, diff)]
+    shapes = [tuple(p.shape) if isinstance(p, QArray) else np.shape(p) if d else None
+              for p, d in zip(primals, diff)]
     out, backward = rule(args, wanted)
 
     def vjp_fn(cotangent):
@@ -227,7 +237,7 @@ def jvp(fun, primals, tangents):
         if t is None:
             tdict[name] = None
             continue
-        pa = np.asarray(p)
+        pa = operand(p)
         ta = v.as_array(t, f"tangent of '{name}'", f"jvp of {_op_name(op)}")
         if ta.shape != pa.shape:
             raise ValueError(
@@ -300,7 +310,7 @@ def primal(op, args):
     Returns ``(lhs, rhs, group_sizes, out, compute dtype)``, lhs and rhs as
     arrays; the compute dtype (float32, or float64 when an input or the
     output is float64) is the one the rule's products run in."""
-    lhs, rhs = np.asarray(args["lhs"]), np.asarray(args["rhs"])
+    lhs, rhs = operand(args["lhs"]), operand(args["rhs"])
     out = op(**{**args, "lhs": lhs, "rhs": rhs})
     return lhs, rhs, args["group_sizes"], out, gw.compute_dtype(lhs.dtype, rhs.dtype, out.dtype)
 

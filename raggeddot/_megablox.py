@@ -6,7 +6,7 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
-from . import quant as q
+from . import quant
 
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
@@ -143,10 +143,10 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
       for rows r of a local group i; other rows from ``existing_out`` or 0.
     """
     fn = "gmm"
-    lhs = q.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = q.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
-    lt = q.operand_dtype(lhs, "lhs", fn)
-    rt = q.operand_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
     if w.shape[1] != k:
@@ -165,7 +165,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     bounds = gw.group_bounds(gs, start, w.shape[0])
     ct = gw.compute_dtype(lt, rt, out_dtype)
     res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
-                           {"lhs": q.storage(lhs), "rhs": q.storage(rhs)})
+                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
@@ -206,10 +206,10 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       whole output tiles, so no reduction across threads is needed.
     """
     fn = "tgmm"
-    lhs = q.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
-    rhs = q.as_operand(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
-    lt = q.operand_dtype(lhs, "lhs", fn)
-    rt = q.operand_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     k, m = lhs.shape
     if rhs.shape[0] != m:
         raise ValueError(
@@ -238,7 +238,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
-                           {"lhs": q.storage(lhs), "rhs": q.storage(rhs)})
+                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
     return gw.deliver(res, out, out_dtype)
 

@@ -3,7 +3,7 @@ arithmetic through the gateway."""
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
-from . import quant as q
+from . import quant
 from ._megablox import tgmm
 
 __all__ = ["ragged_dot"]
@@ -55,10 +55,10 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Results do not depend on the number of threads.
     """
     fn = "ragged_dot"
-    lhs = q.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = q.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
-    lt = q.operand_dtype(lhs, "lhs", fn)
-    rt = q.operand_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
@@ -73,7 +73,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
     n = rhs.shape[2]
-    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": q.storage(lhs), "rhs": q.storage(rhs)})
+    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
     gw.rows(lhs, rhs, bounds, res)

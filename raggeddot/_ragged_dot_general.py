@@ -15,7 +15,7 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
-from . import quant as q
+from . import quant
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
 
@@ -174,10 +174,10 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       is float64) and cast once at the end.
     """
     dn = _dimension_numbers(ragged_dot_dimension_numbers)
-    lhs = q.as_operand(lhs, "lhs", _FN)
-    rhs = q.as_operand(rhs, "rhs", _FN)
-    lt = q.operand_dtype(lhs, "lhs", _FN)
-    rt = q.operand_dtype(rhs, "rhs", _FN)
+    lhs = quant.as_operand(lhs, "lhs", _FN)
+    rhs = quant.as_operand(rhs, "rhs", _FN)
+    lt = quant.operand_dtype(lhs, "lhs", _FN)
+    rt = quant.operand_dtype(rhs, "rhs", _FN)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, _FN)
@@ -187,8 +187,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     # converted before the modes reshape them, so that a reshape that must copy
     # copies the compute dtype; a QArray's views (transposes, merged axes,
     # slices) are taken of its one-byte values and its scales alike
-    lhs = lhs if q.is_qarray(lhs) else gw.operand(lhs, ct)
-    rhs = rhs if q.is_qarray(rhs) else gw.operand(rhs, ct)
+    lhs = lhs if quant.is_qarray(lhs) else gw.operand(lhs, ct)
+    rhs = rhs if quant.is_qarray(rhs) else gw.operand(rhs, ct)
     if r in lf:
         out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
     elif r in lc:
@@ -330,7 +330,7 @@ def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
         return out
     lhs_t = lhs.transpose(lb + lf + lc)
     rhs3 = rhs.transpose(rb + rc + rf).reshape((b_size, k_size, n_size))
-    lhs2 = lhs_t.reshape(b_size * m_size, k_size) if q.is_qarray(lhs_t) else _view(lhs_t, (b_size * m_size, k_size))
+    lhs2 = lhs_t.reshape(b_size * m_size, k_size) if quant.is_qarray(lhs_t) else _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
         gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size))

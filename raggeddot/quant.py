@@ -36,7 +36,7 @@ try:
 except ImportError:  # then float8_e4m3fn and ml_dtypes' int4 are unavailable
     ml_dtypes = None
 
-__all__ = ["QArray", "quantize", "dequantize", "QTYPES"]
+__all__ = ["QArray", "AsQArray", "quantize", "dequantize", "QTYPES"]
 
 #: Accepted qtypes: name -> (smallest value, largest value).
 QTYPES = {"int8": (-128, 127), "int4": (-8, 7), "float8_e4m3fn": (-448.0, 448.0)}
@@ -402,11 +402,42 @@ def dequantize(q):
     return (x * q.scale.astype(dt, copy=False).reshape(bshape)).reshape(q.shape)
 
 
+class AsQArray:
+    """A float operand that the op receiving it quantizes itself (tokamax's
+    ``AsQArray``): ``ragged_dot(AsQArray(x, "int8", channelwise_axes=(0,)),
+    w, gs)`` multiplies ``dequantize(quantize(x, "int8", channelwise_axes=(0,)))``
+    (per token) by ``w``, quantizing ``x`` once at the start of the call (an
+    int8 copy of it with its scales; the product then dequantizes value by
+    value while packing, as for any QArray). The arguments are those of
+    :func:`quantize`, checked when the op runs. Derivatives are straight
+    through: the gradient with respect to the wrapped array is that of the
+    dequantized operand, with the array's shape and dtype.
+    """
+
+    __slots__ = ("array", "qtype", "channelwise_axes", "tiled_axes", "calibration_method")
+
+    def __init__(self, array, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_method="absmax"):
+        for name, val in (("array", array), ("qtype", qtype), ("channelwise_axes", channelwise_axes),
+                          ("tiled_axes", tiled_axes), ("calibration_method", calibration_method)):
+            object.__setattr__(self, name, val)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("AsQArray is immutable")
+
+    def quantize(self):
+        """The QArray the op multiplies."""
+        return quantize(self.array, self.qtype, channelwise_axes=self.channelwise_axes,
+                        tiled_axes=self.tiled_axes, calibration_method=self.calibration_method)
+
+
 # ------------------------------------------------------ for the ops' use
 
 
 def as_operand(x, name, fn, ndim=None, shape_doc=""):
-    """A QArray as it is (its rank checked), anything else as ``_validate.as_array``."""
+    """A QArray as it is (its rank checked), an AsQArray quantized, anything
+    else as ``_validate.as_array``."""
+    if isinstance(x, AsQArray):
+        x = x.quantize()
     if isinstance(x, QArray):
         if ndim is not None and x.ndim != ndim:
             raise ValueError(f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {x.ndim}-D "

@@ -494,3 +494,37 @@ def test_vjp_gradient_of_quantized_operand(rng):
     assert dw.shape == qw.shape and dw.dtype == np.float32
     check(dx, ex)
     check(dw, ew)
+
+
+# ---------------------------------------------------------------------------
+# AsQArray: a float operand the op quantizes
+# ---------------------------------------------------------------------------
+
+
+def test_as_qarray_forward(rng):
+    x, w = f32(rng, (M, K)), f32(rng, (G, K, N))
+    gs = _group_sizes(rng)
+    qw = rd.quantize(w, "int8", channelwise_axes=(0, 2), tiled_axes={1: 32})
+    spec = dict(channelwise_axes=(0,), tiled_axes={1: 32})
+    want = reference.ragged_dot(rd.quantize(x, "int8", **spec), qw, gs)
+    check(rd.ragged_dot(rd.AsQArray(x, "int8", **spec), qw, gs), want, "ragged_dot")
+    check(rd.gmm(rd.AsQArray(x, "int8", **spec), qw, gs), reference.gmm(rd.quantize(x, "int8", **spec), qw, gs),
+          "gmm")
+    with pytest.raises(ValueError, match="tiled_axes"):
+        rd.ragged_dot(rd.AsQArray(x, "int8", tiled_axes={1: 7}), qw, gs)
+
+
+def test_as_qarray_gradient_is_straight_through(rng):
+    x, w = f32(rng, (20, 16)), f32(rng, (2, 16, 6))
+    gs = np.array([12, 8])
+    out, vjp_fn = rd.vjp(rd.ragged_dot, rd.AsQArray(x, "int8", channelwise_axes=(0,)), w, gs)
+    ct = f32(rng, out.shape)
+    dx, dw, _ = vjp_fn(ct)
+    qx = rd.quantize(x, "int8", channelwise_axes=(0,))
+    _, vjp_ref = rd.vjp(rd.ragged_dot, rd.dequantize(qx), w, gs)
+    ex, ew, _ = vjp_ref(ct)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    check(dx, ex)
+    check(dw, ew)
+    _, t_out = rd.jvp(rd.ragged_dot, (rd.AsQArray(x, "int8", channelwise_axes=(0,)), w, gs), (x, None, None))
+    check(t_out, reference.ragged_dot(x, w, gs).astype(np.float32))

@@ -65,12 +65,25 @@ int rd_have_openmp(void);
 
 /* -------------------------------------------------------------- operands */
 
+/* The scales of a quantized operand (qwix's QArray): the operand's element
+ * X[g][i][j] stands for (q - z[t]) * s[t], t = (g / tg, i / tr, j / tc) the
+ * tile holding it, z = 0 without zero points.  s and z are elements of the
+ * compute type's packed type (float, double), at s[t0*gs + t1*rs + t2*cs].
+ * s == NULL: the operand is not quantized (a zeroed rd_scales_t). */
+typedef struct {
+    const void *s, *z;
+    rd_int gs, rs, cs;      /* strides between tiles, elements */
+    rd_int tg, tr, tc;      /* tile sizes along groups, rows, columns (>= 1) */
+} rd_scales_t;
+
 /* A read-only operand: its storage dtype, data and strides (elements).
- * gs is the stride between groups where the operand has a group axis. */
+ * gs is the stride between groups where the operand has a group axis; q
+ * its scales when it holds quantized values. */
 typedef struct {
     const void *p;
     rd_dtype_t dtype;
     rd_int gs, rs, cs;
+    rd_scales_t q;
 } rd_in_t;
 
 /* An output of the plan's compute type. */
@@ -94,6 +107,24 @@ typedef void (*rd_pack_t)(rd_int rows, rd_int depth, const void *src, rd_int rs,
  * dtype `src` for compute type `ct`; NULL when there is none. */
 rd_pack_t rd_packer(rd_ctype_t ct, rd_dtype_t src, int which);
 
+/* Packing a quantized operand: as rd_pack_t, each value q read as
+ * (q - z) * s with the scale and zero point of its tile.  The block's
+ * element (i, p) is element (i0 + i, p0 + p) of the operand in the packer's
+ * orientation (rows, depth: an operand packed as its transpose has its
+ * scales' strides and tiles swapped too), of tile (i0 + i) / tr,
+ * (p0 + p) / tp, whose scale is s[tile_row * rs + tile_depth * ps]. */
+typedef struct {
+    const void *s, *z;      /* tile (0, 0) of the operand (of its group) */
+    rd_int rs, ps;          /* strides between tiles along rows, depth */
+    rd_int tr, tp;          /* tile sizes along rows, depth */
+    rd_int i0, p0;          /* the block's origin in the operand */
+} rd_qblock_t;
+typedef void (*rd_qpack_t)(rd_int rows, rd_int depth, const void *src, rd_int rs,
+                           rd_int cs, int r, void *dst, const rd_qblock_t *qb);
+/* The routine that packs quantized A (which = 0) or B (which = 1) operands
+ * of storage dtype `src` for compute type `ct`; NULL when there is none. */
+rd_qpack_t rd_qpacker(rd_ctype_t ct, rd_dtype_t src, int which);
+
 /* ---------------------------------------------------------------- drivers
  *
  * Ragged rows (the forward of ragged_dot, megablox gmm):
@@ -110,6 +141,11 @@ rd_pack_t rd_packer(rd_ctype_t ct, rd_dtype_t src, int which);
  * contraction (ascending), each block summed in registers in ascending order
  * and then added to the output.  The order depends on KC alone, never on the
  * thread count or the schedule, so results are bitwise reproducible.
+ *
+ * Quantized operands (q.s != NULL) are dequantized value by value while
+ * packed, with the group, row and column of each value in the operand's own
+ * indices (absolute rows of lhs in ragged rows mode; absolute contraction
+ * rows in ragged contraction mode), so any tiling of the scales works.
  *
  * Returns 0, -1 when a buffer could not be allocated, -2 when the plan's
  * compute type cannot read an operand's storage dtype.

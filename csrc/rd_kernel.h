@@ -32,8 +32,14 @@ typedef ptrdiff_t rd_int;
  * Storage dtypes: what an operand holds in memory.  The packing routines
  * convert them into the packed element type of a compute type (IEEE
  * binary16 and bfloat16 are 16-bit patterns widened exactly to float32).
+ * int8 and float8_e4m3fn (ml_dtypes') hold quantized values, read only
+ * with their scales (rd_scales_t): dequantized while packed.
  */
-typedef enum { RD_F32 = 0, RD_F64 = 1, RD_F16 = 2, RD_BF16 = 3, RD_DTYPE_COUNT } rd_dtype_t;
+typedef enum {
+    RD_F32 = 0, RD_F64 = 1, RD_F16 = 2, RD_BF16 = 3,
+    RD_I8 = 4, RD_F8E4M3 = 5,
+    RD_DTYPE_COUNT
+} rd_dtype_t;
 
 /*
  * Compute types: one packed-A element type, one packed-B element type, an

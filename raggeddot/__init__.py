@@ -11,6 +11,7 @@ from ._megablox import gmm, make_group_metadata, tgmm
 from ._moe import moe_block, moe_block_vjp, ragged_gather, ragged_gather_reduce
 from ._ragged_dot import ragged_dot
 from ._ragged_dot_general import RaggedDotDimensionNumbers, ragged_dot_general
+from .quant import AsQArray, QArray, dequantize, quantize
 from .runtime import build_info, get_num_threads, set_buffer_cache, set_num_threads
 
 __version__ = "0.1.0"
@@ -19,6 +20,10 @@ __all__ = [
     "ragged_dot",
     "ragged_dot_general",
     "RaggedDotDimensionNumbers",
+    "QArray",
+    "AsQArray",
+    "quantize",
+    "dequantize",
     "make_group_metadata",
     "gmm",
     "tgmm",

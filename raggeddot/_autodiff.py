@@ -44,6 +44,7 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
+from .quant import AsQArray, QArray
 
 __all__ = ["vjp", "jvp", "grad", "defvjp", "defjvp"]
 
@@ -136,8 +137,20 @@ def _bind(op, pargs, pkwargs, primals, what):
 
 
 def _primal_dtype(x):
-    """The dtype of a primal's gradient: the primal's, in native byte order."""
-    return v.native(np.asarray(x).dtype)
+    """The dtype of a primal's gradient: the primal's, in native byte order
+    (a QArray's: that of its dequantized value, whose gradient it gets)."""
+    if isinstance(x, AsQArray):
+        x = x.array
+    return x.dtype if isinstance(x, QArray) else v.native(np.asarray(x).dtype)
+
+
+def operand(x):
+    """A differentiable operand as the rules use it: a QArray as it is
+    (straight through: its gradient is that of its dequantized value), an
+    AsQArray quantized once, anything else as an array."""
+    if isinstance(x, AsQArray):
+        return x.quantize()
+    return x if isinstance(x, QArray) else np.asarray(x)
 
 
 # ---------------------------------------------------------------------------
@@ -175,7 +188,9 @@ def vjp(fun, *primals):
     diff = [name in argnames and p is not None for name, p in zip(names, primals)]
     wanted = frozenset(name for name, d in zip(names, diff) if d)
     dtypes = [_primal_dtype(p) if d else None for p, d in zip(primals, diff)]
-    shapes = [np.shape(p) if d else None for p, d in zip(primals, diff)]
+    shapes = [np.shape(p.array) if isinstance(p, AsQArray) else tuple(p.shape) if isinstance(p, QArray)
+              else np.shape(p) if d else None
+              for p, d in zip(primals, diff)]
     out, backward = rule(args, wanted)
 
     def vjp_fn(cotangent):
@@ -256,7 +271,7 @@ def jvp(fun, primals, tangents):
         if t is None:
             tdict[name] = None
             continue
-        pa = np.asarray(p)
+        pa = np.asarray(p.array) if isinstance(p, AsQArray) else operand(p)
         ta = v.as_array(t, f"tangent of '{name}'", f"jvp of {_op_name(op)}")
         if ta.shape != pa.shape:
             raise ValueError(
@@ -329,7 +344,7 @@ def primal(op, args):
     Returns ``(lhs, rhs, group_sizes, out, compute dtype)``, lhs and rhs as
     arrays; the compute dtype (float32, or float64 when an input or the
     output is float64) is the one the rule's products run in."""
-    lhs, rhs = np.asarray(args["lhs"]), np.asarray(args["rhs"])
+    lhs, rhs = operand(args["lhs"]), operand(args["rhs"])
     out = op(**{**args, "lhs": lhs, "rhs": rhs})
     return lhs, rhs, args["group_sizes"], out, gw.compute_dtype(lhs.dtype, rhs.dtype, out.dtype)
 

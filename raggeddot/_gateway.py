@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _core
 from . import _validate as v
+from .quant import QArray
 
 __all__ = [
     "ACTIVATIONS",
@@ -91,9 +92,18 @@ def operand(arr, dtype, layout=STRIDED):
     matmuls' own operands (``layout="packed"``) keep every storage dtype
     the packing reads (float16, bfloat16, float32; float64 for a float64
     product): those are converted value by value while packed, never as a
-    whole-array copy. The gathers read whole rows (``layout="rows"``: unit
+    whole-array copy. A :class:`~raggeddot.QArray` is passed as the tuple
+    ``(qvalue, scale, zero_point)`` with its (small) scale and zero-point
+    arrays in the compute dtype: the packing dequantizes each value with the
+    scale of its tile (only ``layout="packed"`` takes one). The gathers read whole rows (``layout="rows"``: unit
     column stride, copied otherwise) and the element-wise kernels flat
     memory (``layout="contiguous"``: C-contiguous)."""
+    if isinstance(arr, QArray):
+        if layout != PACKED:
+            raise TypeError("a QArray is read only by the grouped matmuls (layout='packed')")
+        zp = arr.zero_point
+        return (arr.qvalue, np.ascontiguousarray(arr.scale, dtype=dtype),
+                None if zp is None else np.ascontiguousarray(zp, dtype=dtype))
     if layout == PACKED:
         native = arr.dtype.newbyteorder("=") if not arr.dtype.isnative else arr.dtype
         if _packing_reads(native, dtype):

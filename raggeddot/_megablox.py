@@ -6,6 +6,7 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
+from . import quant
 
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
@@ -118,7 +119,9 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     Args:
       lhs: ``[m, k]``.
       rhs: ``[g_local, k, n]``, or ``[g_local, n, k]`` when ``transpose_rhs``
-        (read through strides, never copied).
+        (read through strides, never copied). Either operand may be a
+        :class:`~raggeddot.QArray` with any tiling, read as its dequantized
+        value (dequantized while packed).
       group_sizes: ``[g]`` integers, ``sum <= m``; ``g == g_local`` unless
         ``group_offset`` is given.
       preferred_element_type: output dtype; default existing_out's dtype, else
@@ -140,10 +143,10 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
       for rows r of a local group i; other rows from ``existing_out`` or 0.
     """
     fn = "gmm"
-    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
-    lt = v.float_dtype(lhs, "lhs", fn)
-    rt = v.float_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
     if w.shape[1] != k:
@@ -161,7 +164,8 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     start = v.local_group_start(0 if group_offset is None else group_offset, gs.shape[0], w.shape[0], fn)
     bounds = gw.group_bounds(gs, start, w.shape[0])
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
+                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
@@ -178,7 +182,9 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
 
     Args:
       lhs: ``[k, m]`` (e.g. ``x.T``, read through strides).
-      rhs: ``[m, n]``.
+      rhs: ``[m, n]``. Either operand may be a :class:`~raggeddot.QArray`;
+        each value is dequantized with the scale of its own tile, so scale
+        blocks along m (the reduction) need not match the group bounds.
       group_sizes: ``[g]`` integers, ``sum <= m``.
       preferred_element_type: output dtype; default existing_out's dtype, else
         float32 (float64 when an input is float64), as megablox.
@@ -200,10 +206,10 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       whole output tiles, so no reduction across threads is needed.
     """
     fn = "tgmm"
-    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
-    rhs = v.as_array(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
-    lt = v.float_dtype(lhs, "lhs", fn)
-    rt = v.float_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     k, m = lhs.shape
     if rhs.shape[0] != m:
         raise ValueError(
@@ -231,7 +237,8 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
+                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
     return gw.deliver(res, out, out_dtype)
 

@@ -3,6 +3,7 @@ arithmetic through the gateway."""
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
+from . import quant
 from ._megablox import tgmm
 
 __all__ = ["ragged_dot"]
@@ -19,8 +20,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         out[r, :] = 0                        for r >= sum(group_sizes)
 
     Args:
-      lhs: ``[m, k]`` float array (float16, bfloat16, float32 or float64).
-      rhs: ``[g, k, n]`` float array, one ``[k, n]`` matrix per group.
+      lhs: ``[m, k]`` float array (float16, bfloat16, float32 or float64), or
+        a :class:`~raggeddot.QArray` (any tiling of its scales, e.g. per
+        token ``[m, 1]``), read as its dequantized value.
+      rhs: ``[g, k, n]`` float array, one ``[k, n]`` matrix per group, or a
+        QArray (per channel ``[g, 1, n]``, subchannel ``[g, k/bk, n]``, ...).
+        A QArray's values are dequantized while packed, never copied whole.
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
       precision: as jax's: None, "default", "high", "highest", a
         ``jax.lax.Precision`` or a pair of them (all compute alike here: the
@@ -50,10 +55,10 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Results do not depend on the number of threads.
     """
     fn = "ragged_dot"
-    lhs = v.as_array(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
-    lt = v.float_dtype(lhs, "lhs", fn)
-    rt = v.float_dtype(rhs, "rhs", fn)
+    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
+    lt = quant.operand_dtype(lhs, "lhs", fn)
+    rt = quant.operand_dtype(rhs, "rhs", fn)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
@@ -68,7 +73,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
     n = rhs.shape[2]
-    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": lhs, "rhs": rhs})
+    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
     gw.rows(lhs, rhs, bounds, res)

@@ -15,6 +15,7 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
+from . import quant
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
 
@@ -144,7 +145,9 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     increasing dimension order).
 
     Args:
-      lhs, rhs: float arrays (float16, bfloat16, float32 or float64).
+      lhs, rhs: float arrays (float16, bfloat16, float32 or float64), or
+        :class:`~raggeddot.QArray` s read as their dequantized values (views
+        of a QArray copy at most its scales, never dequantized values).
       group_sizes: integers, non-negative, shape ``[g]`` (the same groups
         everywhere) or ``lhs.shape[prefix] + (g,)``, where the prefix dims are
         the batch dims (listed order) followed by the lhs dims of r's kind outer
@@ -171,10 +174,10 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       is float64) and cast once at the end.
     """
     dn = _dimension_numbers(ragged_dot_dimension_numbers)
-    lhs = v.as_array(lhs, "lhs", _FN)
-    rhs = v.as_array(rhs, "rhs", _FN)
-    lt = v.float_dtype(lhs, "lhs", _FN)
-    rt = v.float_dtype(rhs, "rhs", _FN)
+    lhs = quant.as_operand(lhs, "lhs", _FN)
+    rhs = quant.as_operand(rhs, "rhs", _FN)
+    lt = quant.operand_dtype(lhs, "lhs", _FN)
+    rt = quant.operand_dtype(rhs, "rhs", _FN)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, _FN)
@@ -183,15 +186,17 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
 
     # Half-precision operands stay as they are (the packing converts them
     # value by value); a dtype the packing does not read is converted before
-    # the modes reshape it, so that a reshape that must copy copies once.
-    lhs = gw.operand(lhs, ct, gw.PACKED)
-    rhs = gw.operand(rhs, ct, gw.PACKED)
+    # the modes reshape it, so that a reshape that must copy copies once; a
+    # QArray's views (transposes, merged axes, slices) are taken of its
+    # one-byte values and its scales alike
+    lhs = lhs if quant.is_qarray(lhs) else gw.operand(lhs, ct, gw.PACKED)
+    rhs = rhs if quant.is_qarray(rhs) else gw.operand(rhs, ct, gw.PACKED)
     if r in lf:
-        out = _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset, ct)
+        out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset)
     elif r in lc:
-        out = _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct)
+        out = _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     else:
-        out = _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct)
+        out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     return out if out.dtype == out_dtype else out.astype(out_dtype)
 
 
@@ -199,7 +204,7 @@ def _shape(arr, dims):
     return tuple(arr.shape[d] for d in dims)
 
 
-def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset, ct):
+def _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset):
     """Mode 1: one ragged_rows call per batch x outer-free index.
 
     lhs -> [B..., X..., R*I, K] (X, I: the free dims before / after r), rhs ->
@@ -238,7 +243,7 @@ def _noncontracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_
     return out
 
 
-def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct):
+def _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
     """Mode 2: one ragged_contract call per batch x varying-outer-contracting index.
 
     The contracting dims along which group_sizes varies (V, listed before r)
@@ -303,7 +308,7 @@ def _contracting(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset,
     return out
 
 
-def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct):
+def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset):
     """Mode 3: a batched dot. One ragged_rows call whose groups are the batch
     elements (lhs -> [B*M, K], rhs -> [B, K, N], bounds [0, M, 2M, ...]) when
     lhs can be viewed that way, else one single-group call per batch element.
@@ -327,7 +332,7 @@ def _batch(lhs, rhs, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, ct):
         return out
     lhs_t = lhs.transpose(lb + lf + lc)
     rhs3 = rhs.transpose(rb + rc + rf).reshape((b_size, k_size, n_size))
-    lhs2 = _view(lhs_t, (b_size * m_size, k_size))
+    lhs2 = lhs_t.reshape(b_size * m_size, k_size) if quant.is_qarray(lhs_t) else _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
         gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size))
@@ -389,7 +394,7 @@ def _rng(a, b):
 
 def _rdg_vjp(a, wanted):
     rdg, DN = ragged_dot_general, RaggedDotDimensionNumbers
-    lhs, rhs = np.asarray(a["lhs"]), np.asarray(a["rhs"])
+    lhs, rhs = _autodiff.operand(a["lhs"]), _autodiff.operand(a["rhs"])
     gs = np.asarray(a["group_sizes"])
     dn = a["ragged_dot_dimension_numbers"]
     off = a.get("group_offset")
@@ -459,7 +464,7 @@ def _rdg_vjp(a, wanted):
 
 def _rdg_jvp(a, t):
     rdg = ragged_dot_general
-    lhs, rhs, gs = np.asarray(a["lhs"]), np.asarray(a["rhs"]), a["group_sizes"]
+    lhs, rhs, gs = _autodiff.operand(a["lhs"]), _autodiff.operand(a["rhs"]), a["group_sizes"]
     dn = a["ragged_dot_dimension_numbers"]
     extra = {k: val for k, val in a.items()
              if k not in ("lhs", "rhs", "group_sizes", "ragged_dot_dimension_numbers",

@@ -21,6 +21,8 @@ const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
     [RD_F64] = sizeof(double),
     [RD_F16] = 2,
     [RD_BF16] = 2,
+    [RD_I8] = 1,
+    [RD_F8E4M3] = 1,
 };
 
 const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
@@ -28,6 +30,8 @@ const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
     [RD_F64] = "float64",
     [RD_F16] = "float16",
     [RD_BF16] = "bfloat16",
+    [RD_I8] = "int8",
+    [RD_F8E4M3] = "float8_e4m3fn",
 };
 
 extern const rd_family_t rd_family_ref;

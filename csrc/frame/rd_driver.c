@@ -238,10 +238,43 @@ rd_at(const void *p, size_t size, rd_int i, rd_int rs, rd_int j, rd_int cs)
 typedef struct {
     const rd_plan_t *plan;
     rd_pack_t pack_a, pack_b;
+    rd_qpack_t qpack_a, qpack_b;    /* for quantized operands (else NULL) */
     size_t a_src, b_src;            /* storage element sizes of lhs, rhs */
     size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
     int k_unit;
 } rd_call_t;
+
+/* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)
+ * elements, and for a quantized operand the scales of its group with the
+ * block's origin (i0, j0) in the operand's (row, column) indices. */
+typedef struct {
+    const void *p;
+    rd_int rs, cs;
+    const rd_scales_t *q;       /* NULL: not quantized */
+    const char *qs, *qz;        /* scale / zero point of tile (0, 0) of the group */
+    rd_int i0, j0;
+} rd_block_t;
+
+/* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
+ * micro-panels: A as `rows` rows of x by `depth` columns; B as its
+ * transpose, `rows` columns of x by `depth` rows. */
+static void
+rd_pack_block(const rd_call_t *cl, int which, const rd_block_t *x, rd_int i, rd_int j,
+              rd_int rows, rd_int depth, int r, void *dst)
+{
+    const void *src = rd_at(x->p, which ? cl->b_src : cl->a_src, i, x->rs, j, x->cs);
+    const rd_int rs = which ? x->cs : x->rs, cs = which ? x->rs : x->cs;
+    if (x->q == NULL) {
+        (which ? cl->pack_b : cl->pack_a)(rows, depth, src, rs, cs, r, dst);
+        return;
+    }
+    const rd_scales_t *q = x->q;
+    rd_qblock_t qb = {x->qs, x->qz,
+                      which ? q->cs : q->rs, which ? q->rs : q->cs,
+                      which ? q->tc : q->tr, which ? q->tr : q->tc,
+                      which ? x->j0 + j : x->i0 + i, which ? x->i0 + i : x->j0 + j};
+    (which ? cl->qpack_b : cl->qpack_a)(rows, depth, src, rs, cs, r, dst, &qb);
+}
 
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
@@ -251,8 +284,7 @@ typedef struct {
  * is written once, never read back here) gets non-temporal stores. */
 static void
 rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
-              const void *a, rd_int a_rs, rd_int a_cs,
-              const void *b, rd_int b_rs, rd_int b_cs,
+              const rd_block_t *a, const rd_block_t *b,
               void *c, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
               char *apack, char *bpack)
 {
@@ -275,10 +307,10 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             int mode = accumulate || pc > 0 ? RD_ADD
                        : stream && K <= KC ? RD_STREAM : RD_STORE;
             /* B's panel is packed as its transpose: nc rows of depth kc */
-            cl->pack_b(nc, kc, rd_at(b, cl->b_src, pc, b_rs, jc, b_cs), b_cs, b_rs, NR, bpack);
+            rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
             for (rd_int ic = 0; ic < M; ic += MC) {
                 rd_int mc = M - ic < MC ? M - ic : MC;
-                cl->pack_a(mc, kc, rd_at(a, cl->a_src, ic, a_rs, pc, a_cs), a_rs, a_cs, MR, apack);
+                rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
                     const char *bp = bpack + (size_t)(jr * kp) * cl->b_size;
@@ -292,6 +324,22 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             }
         }
     }
+}
+
+/* The block of operand `x` at group g, row i0, column j0: `size` bytes a
+ * stored element, `psize` a packed one (the type of its scales). */
+static rd_block_t
+rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_int j0)
+{
+    rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0};
+    if (x->q.s != NULL) {
+        const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
+        b.q = &x->q;
+        b.qs = (const char *)x->q.s + off;
+        b.qz = x->q.z != NULL ? (const char *)x->q.z + off : NULL;
+    }
+    return b;
 }
 
 /* Run every tile of the list, each owned by one thread.  The geometry of a
@@ -335,18 +383,18 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
             char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
             if (mode == RD_MODE_ROWS) {
                 /* rows are absolute rows of lhs/out; rhs[g] is k x n */
-                rd_gemm_block(cl, rows, cols, k,
-                              rd_at(lhs->p, cl->a_src, tile->r0, lhs->rs, 0, lhs->cs), lhs->rs, lhs->cs,
-                              rd_at(rhs->p, cl->b_src, g, rhs->gs, tile->c0, rhs->cs), rhs->rs, rhs->cs,
+                rd_block_t a = rd_block(lhs, cl->a_src, cl->a_size, 0, tile->r0, 0);
+                rd_block_t b = rd_block(rhs, cl->b_src, cl->b_size, g, 0, tile->c0);
+                rd_gemm_block(cl, rows, cols, k, &a, &b,
                               o, out->rs, out->cs, accumulate, stream, apack, bpack);
             }
             else {
                 /* rows index lhs's first axis; the contraction runs over the
                  * group's rows [bounds[g], bounds[g+1]) of rhs */
                 const rd_int s = bounds[g], kg = bounds[g + 1] - bounds[g];
-                rd_gemm_block(cl, rows, cols, kg,
-                              rd_at(lhs->p, cl->a_src, tile->r0, lhs->rs, s, lhs->cs), lhs->rs, lhs->cs,
-                              rd_at(rhs->p, cl->b_src, s, rhs->rs, tile->c0, rhs->cs), rhs->rs, rhs->cs,
+                rd_block_t a = rd_block(lhs, cl->a_src, cl->a_size, 0, tile->r0, s);
+                rd_block_t b = rd_block(rhs, cl->b_src, cl->b_size, 0, s, tile->c0);
+                rd_gemm_block(cl, rows, cols, kg, &a, &b,
                               o, out->rs, out->cs, accumulate, stream, apack, bpack);
             }
         }
@@ -363,9 +411,17 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     cl->plan = plan;
-    cl->pack_a = rd_packer(plan->ct, lhs->dtype, 0);
-    cl->pack_b = rd_packer(plan->ct, rhs->dtype, 1);
-    if (cl->pack_a == NULL || cl->pack_b == NULL)
+    cl->pack_a = cl->pack_b = NULL;
+    cl->qpack_a = cl->qpack_b = NULL;
+    if (lhs->q.s != NULL)
+        cl->qpack_a = rd_qpacker(plan->ct, lhs->dtype, 0);
+    else
+        cl->pack_a = rd_packer(plan->ct, lhs->dtype, 0);
+    if (rhs->q.s != NULL)
+        cl->qpack_b = rd_qpacker(plan->ct, rhs->dtype, 1);
+    else
+        cl->pack_b = rd_packer(plan->ct, rhs->dtype, 1);
+    if ((cl->pack_a == NULL && cl->qpack_a == NULL) || (cl->pack_b == NULL && cl->qpack_b == NULL))
         return -2;
     cl->a_src = rd_dtype_size[lhs->dtype];
     cl->b_src = rd_dtype_size[rhs->dtype];

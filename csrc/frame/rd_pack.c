@@ -27,6 +27,20 @@
 #endif
 
 #include "rd_half.h"
+/* float8_e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+ * infinities, S.1111.111 is NaN) to float32, exact. */
+static inline float
+rd_f8e4m3_to_float(uint8_t b)
+{
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    const uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;
+    if (exp == 0xf && man == 0x7)
+        return rd_bits_to_float(sign | 0x7fc00000u);
+    if (exp != 0)                         /* normal: rebias 7 -> 127 */
+        return rd_bits_to_float(sign | ((exp + 120u) << 23) | (man << 20));
+    float v = (float)man * 0x1p-9f;       /* zero or subnormal: man * 2^-9 */
+    return sign ? -v : v;
+}
 
 #define RD_SRC float
 #define RD_DST float
@@ -113,6 +127,32 @@
 #define RD_FN(x) rd_pack_b_bi_##x
 #include "rd_pack_impl.h"
 
+/* Quantized values: int8 (int4 values too, held in int8) and float8_e4m3fn,
+ * read with the scales of their tiles (rd_pack_qimpl.h) */
+#define RD_SRC int8_t
+#define RD_DST float
+#define RD_CVT(v) ((float)(v))
+#define RD_FN(x) rd_pack_i8_s_##x
+#include "rd_pack_qimpl.h"
+
+#define RD_SRC int8_t
+#define RD_DST double
+#define RD_CVT(v) ((double)(v))
+#define RD_FN(x) rd_pack_i8_d_##x
+#include "rd_pack_qimpl.h"
+
+#define RD_SRC uint8_t
+#define RD_DST float
+#define RD_CVT(v) rd_f8e4m3_to_float(v)
+#define RD_FN(x) rd_pack_f8_s_##x
+#include "rd_pack_qimpl.h"
+
+#define RD_SRC uint8_t
+#define RD_DST double
+#define RD_CVT(v) ((double)rd_f8e4m3_to_float(v))
+#define RD_FN(x) rd_pack_f8_d_##x
+#include "rd_pack_qimpl.h"
+
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
@@ -151,4 +191,24 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
     }
 #endif
     return rd_pack_table[ct][src][which];
+}
+
+/* [compute type][storage dtype][A, B] of quantized operands */
+static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
+    [RD_CT_F32] = {
+        [RD_I8] = {rd_pack_i8_s_qpack, rd_pack_i8_s_qpack},
+        [RD_F8E4M3] = {rd_pack_f8_s_qpack, rd_pack_f8_s_qpack},
+    },
+    [RD_CT_F64] = {
+        [RD_I8] = {rd_pack_i8_d_qpack, rd_pack_i8_d_qpack},
+        [RD_F8E4M3] = {rd_pack_f8_d_qpack, rd_pack_f8_d_qpack},
+    },
+};
+
+rd_qpack_t
+rd_qpacker(rd_ctype_t ct, rd_dtype_t src, int which)
+{
+    if ((unsigned)ct >= RD_CT_COUNT || (unsigned)src >= RD_DTYPE_COUNT || (which != 0 && which != 1))
+        return NULL;
+    return rd_qpack_table[ct][src][which];
 }

@@ -26,7 +26,8 @@
 enum {
     RD_ANY_FLOAT = -1,      /* dtype: float32 or float64 */
     RD_ANY_STORAGE = -2,    /*        any storage dtype the packing reads:
-                               float16, bfloat16 (ml_dtypes), float32, float64 */
+                               float16, bfloat16 (ml_dtypes), float32, float64;
+                               int8, float8_e4m3fn (ml_dtypes) with scales */
     RD_AS_OUTPUT = 1 << 0,  /* flags: writeable */
     RD_CONTIG = 1 << 1,     /*        C-contiguous */
     RD_ROWS = 1 << 2,       /*        2-D with contiguous rows */

@@ -4,6 +4,8 @@
 #include "py/rd_py.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 /* Group row boundaries: int64 [ng + 1], contiguous, non-decreasing in [0, limit]. */
 static int
@@ -29,28 +31,98 @@ rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd
     return 0;
 }
 
-/* The operands of one grouped GEMM call: lhs and rhs of any storage dtype
- * that the compute type of `out` (float32 or float64) reads. */
+/* One operand of a grouped GEMM: an array of a storage dtype that compute
+ * type `ct` packs (which = 0: lhs, 1: rhs), or a quantized operand, the
+ * tuple (qvalue, scale, zero_point): qvalue int8 or float8_e4m3fn; scale an
+ * array of the compute dtype with as many dimensions as qvalue, each
+ * dividing qvalue's (tile = qvalue.shape // scale.shape); zero_point None
+ * or an array like scale.  Fills x and q (q zeroed for a plain operand). */
 static int
-rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_arg_t *rhs,
-              rd_arg_t *out, PyObject **bounds, int *accumulate, rd_plan_t *plan)
+rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
+               rd_scales_t *q)
+{
+    memset(q, 0, sizeof *q);
+    if (!PyTuple_Check(obj)) {
+        if (rd_arg_array(obj, name, ndim, RD_ANY_STORAGE, 0, x) != 0)
+            return -1;
+        if (rd_packer(ct, (rd_dtype_t)x->dtype, which) == NULL) {
+            PyErr_Format(PyExc_TypeError, "a %s product cannot read '%s' (%s): give 'out' a wider "
+                         "dtype, or pass quantized values with their scales",
+                         rd_ctypes[ct].name, name, PyArray_DESCR(x->arr)->typeobj->tp_name);
+            return -1;
+        }
+        return 0;
+    }
+    PyObject *oq, *os, *oz;
+    char sname[64], zname[64];
+    snprintf(sname, sizeof sname, "%s scale", name);
+    snprintf(zname, sizeof zname, "%s zero_point", name);
+    if (PyTuple_GET_SIZE(obj) != 3) {
+        PyErr_Format(PyExc_TypeError, "quantized '%s' must be a tuple (qvalue, scale, zero_point), "
+                     "got %zd items", name, PyTuple_GET_SIZE(obj));
+        return -1;
+    }
+    oq = PyTuple_GET_ITEM(obj, 0);
+    os = PyTuple_GET_ITEM(obj, 1);
+    oz = PyTuple_GET_ITEM(obj, 2);
+    const int scale_type = ct == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
+    rd_arg_t s, z;
+    if (rd_arg_array(oq, name, ndim, RD_ANY_STORAGE, 0, x) != 0 ||
+        rd_arg_array(os, sname, ndim, scale_type, 0, &s) != 0 ||
+        (oz != Py_None && rd_arg_array(oz, zname, ndim, scale_type, 0, &z) != 0))
+        return -1;
+    if (rd_qpacker(ct, (rd_dtype_t)x->dtype, which) == NULL) {
+        PyErr_Format(PyExc_TypeError, "quantized '%s' must hold int8 or float8_e4m3fn values, got %s",
+                     name, PyArray_DESCR(x->arr)->typeobj->tp_name);
+        return -1;
+    }
+    rd_int tile[3] = {1, 1, 1};
+    for (int d = 0; d < ndim; d++) {
+        rd_int qd = x->dim[d], sd = s.dim[d];
+        if (sd < 0 || (sd == 0 ? qd != 0 : qd % sd != 0)) {
+            PyErr_Format(PyExc_ValueError, "'%s' has %zd entries on axis %d, which does not divide "
+                         "the %zd of '%s'", sname, (Py_ssize_t)sd, d, (Py_ssize_t)qd, name);
+            return -1;
+        }
+        if (oz != Py_None && z.dim[d] != sd) {
+            PyErr_Format(PyExc_ValueError, "'%s' must have the shape of '%s'", zname, sname);
+            return -1;
+        }
+        tile[3 - ndim + d] = sd > 0 && qd / sd > 0 ? qd / sd : 1;
+    }
+    q->s = s.data;
+    q->z = oz != Py_None ? z.data : NULL;
+    if (oz != Py_None)
+        for (int d = 0; d < ndim; d++)
+            if (z.stride[d] != s.stride[d] && z.dim[d] > 1) {
+                PyErr_Format(PyExc_ValueError, "'%s' must have the strides of '%s'", zname, sname);
+                return -1;
+            }
+    q->gs = ndim == 3 ? s.stride[0] : 0;
+    q->rs = s.stride[ndim - 2];
+    q->cs = s.stride[ndim - 1];
+    q->tg = tile[0];
+    q->tr = tile[1];
+    q->tc = tile[2];
+    return 0;
+}
+
+/* The operands of one grouped GEMM call: out (float32 or float64) picks the
+ * compute type; lhs and rhs as rd_arg_operand reads them. */
+static int
+rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scales_t *lq,
+              rd_arg_t *rhs, rd_scales_t *rq, rd_arg_t *out, PyObject **bounds, int *accumulate,
+              rd_plan_t *plan)
 {
     PyObject *olhs, *orhs, *oout;
     if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, bounds, &oout, accumulate))
         return -1;
-    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, lhs) != 0 ||
-        rd_arg_array(orhs, "rhs", rhs_ndim, RD_ANY_STORAGE, 0, rhs) != 0 ||
-        rd_arg_array(oout, "out", out_ndim, RD_ANY_FLOAT, RD_AS_OUTPUT, out) != 0)
+    if (rd_arg_array(oout, "out", out_ndim, RD_ANY_FLOAT, RD_AS_OUTPUT, out) != 0)
         return -1;
     rd_plan_init(plan, rd_arg_ctype(out));
-    if (rd_packer(plan->ct, (rd_dtype_t)lhs->dtype, 0) == NULL ||
-        rd_packer(plan->ct, (rd_dtype_t)rhs->dtype, 1) == NULL) {
-        PyErr_Format(PyExc_TypeError,
-                     "a %s product cannot read 'lhs' (%s) and 'rhs' (%s): give 'out' a wider dtype",
-                     rd_ctypes[plan->ct].name, PyArray_DESCR(lhs->arr)->typeobj->tp_name,
-                     PyArray_DESCR(rhs->arr)->typeobj->tp_name);
+    if (rd_arg_operand(olhs, "lhs", 2, plan->ct, 0, lhs, lq) != 0 ||
+        rd_arg_operand(orhs, "rhs", rhs_ndim, plan->ct, 1, rhs, rq) != 0)
         return -1;
-    }
     return 0;
 }
 
@@ -59,14 +131,15 @@ static PyObject *
 rd_gemm_call(PyObject *args, int contract)
 {
     rd_arg_t lhs, rhs, out;
+    rd_scales_t lq, rq;
     PyObject *obounds;
     int accumulate;
     rd_plan_t plan;
     const rd_int *bv;
-    if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &rhs, &out, &obounds,
+    if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &lq, &rhs, &rq, &out, &obounds,
                       &accumulate, &plan) != 0)
         return NULL;
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1]};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -76,7 +149,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1]};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2]};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -85,7 +158,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2]};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1]};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
@@ -110,6 +183,10 @@ PyDoc_STRVAR(ragged_rows_doc,
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
 "(float32 or float64) is the compute type; lhs and rhs may be float16,\n"
 "bfloat16, float32 or (for a float64 out) float64, widened while packing.\n"
+"A quantized operand is the tuple (qvalue, scale, zero_point): int8 or\n"
+"float8_e4m3fn values, scales of out's dtype and of qvalue's rank (tile =\n"
+"qvalue.shape // scale.shape), zero_point None or like scale; each value\n"
+"is read as (q - zero_point) * scale of its tile while packed.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *

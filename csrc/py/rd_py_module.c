@@ -22,6 +22,8 @@ rd_storage_dtype(PyArray_Descr *descr)
         return RD_F64;
     case NPY_FLOAT16:
         return RD_F16;
+    case NPY_INT8:
+        return RD_I8;
     default: {
         const char *name = descr->typeobj->tp_name;
         const char *dot = strrchr(name, '.');
@@ -33,6 +35,9 @@ rd_storage_dtype(PyArray_Descr *descr)
         if (PyDataType_ISUSERDEF(descr) && size == 2 &&
             strcmp(dot != NULL ? dot + 1 : name, "bfloat16") == 0)
             return RD_BF16;
+        if (PyDataType_ISUSERDEF(descr) && size == 1 &&
+            strcmp(dot != NULL ? dot + 1 : name, "float8_e4m3fn") == 0)
+            return RD_F8E4M3;
         return -1;
     }
     }
@@ -60,7 +65,7 @@ rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int flags,
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "'%s' has dtype %s, expected %s", name,
                      PyArray_DESCR(arr)->typeobj->tp_name,
-                     type_num == RD_ANY_STORAGE ? "float16, bfloat16, float32 or float64"
+                     type_num == RD_ANY_STORAGE ? "float16, bfloat16, float32, float64, int8 or float8_e4m3fn"
                      : type_num == RD_ANY_FLOAT ? "float32 or float64"
                      : type_num == NPY_INT64 ? "int64" : "another dtype");
         return -1;

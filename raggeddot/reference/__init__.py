@@ -17,12 +17,17 @@ Conventions used throughout:
   group.
 * Output rows that no computed group owns are exactly zero, unless a function
   documents otherwise (``existing_out``).
+* A quantized operand (an object with ``qvalue``, ``scale`` and
+  ``zero_point``, e.g. ``raggeddot.QArray``) stands for its dequantized value
+  (``reference.dequantize``, float64); the output dtype is the one its
+  scales' dtype would give.
 * ``precision`` and ``tiling`` are accepted for signature compatibility and
   ignored: the oracle always computes in (at least) float64.
 """
 
 
 from .megablox import gmm, make_group_metadata, tgmm
+from .quant import dequantize
 from .moe import moe_block, ragged_gather, ragged_gather_reduce
 from .ragged import ragged_dot, ragged_dot_general
 
@@ -35,4 +40,5 @@ __all__ = [
     "moe_block",
     "ragged_gather",
     "ragged_gather_reduce",
+    "dequantize",
 ]

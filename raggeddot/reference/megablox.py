@@ -5,6 +5,8 @@ import numpy as np
 from ._common import (_accumulator_dtype, _check_group_sizes, _check_ndim, _first_group,
                       _group_bounds, _group_sizes_array, _result_dtype)
 
+from . import quant as _quant
+
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
 
@@ -160,7 +162,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     holds all g groups and existing_out is None; the oracle returns 0 there.
     """
     del tiling
-    lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+    lhs, rhs, lhs_like, rhs_like = _quant.operands(lhs, rhs)
     gs = _group_sizes_array(group_sizes)
     _check_ndim(lhs, 2, "lhs")
     _check_ndim(rhs, 3, "rhs")
@@ -177,7 +179,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
         existing_out = np.asarray(existing_out)
         if existing_out.shape != (m, n):
             raise ValueError(f"existing_out must have shape {(m, n)}, got {existing_out.shape}.")
-    out_dtype = _megablox_out_dtype(lhs, rhs, preferred_element_type, existing_out)
+    out_dtype = _megablox_out_dtype(lhs_like, rhs_like, preferred_element_type, existing_out)
     acc_dtype = _accumulator_dtype(out_dtype)
 
     if existing_out is None:
@@ -218,7 +220,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       [num_actual_groups, k, n].
     """
     del tiling
-    lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+    lhs, rhs, lhs_like, rhs_like = _quant.operands(lhs, rhs)
     gs = _group_sizes_array(group_sizes)
     _check_ndim(lhs, 2, "lhs")
     _check_ndim(rhs, 2, "rhs")
@@ -237,7 +239,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
             raise ValueError(
                 f"existing_out must have shape {(num_local, k, n)}, got {existing_out.shape}."
             )
-    out_dtype = _megablox_out_dtype(lhs, rhs, preferred_element_type, existing_out)
+    out_dtype = _megablox_out_dtype(lhs_like, rhs_like, preferred_element_type, existing_out)
     acc_dtype = _accumulator_dtype(out_dtype)
 
     starts, ends = _group_bounds(gs)

@@ -5,6 +5,8 @@ import numpy as np
 from ._common import (_accumulator_dtype, _check_group_sizes, _check_ndim, _first_group,
                       _group_bounds, _group_sizes_array, _result_dtype)
 
+from . import quant as _quant
+
 __all__ = ["ragged_dot", "ragged_dot_general"]
 
 
@@ -38,7 +40,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       [m, n] array of the output dtype, accumulated in float64.
     """
     del precision
-    lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+    lhs, rhs, lhs_like, rhs_like = _quant.operands(lhs, rhs)
     gs = _group_sizes_array(group_sizes)
     _check_ndim(lhs, 2, "lhs")
     _check_ndim(rhs, 3, "rhs")
@@ -53,7 +55,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         )
     first = _first_group(group_offset, gs.shape[0], g_local)
     _check_group_sizes(gs, m, "lhs.shape[0]")
-    out_dtype = _result_dtype(lhs, rhs, preferred_element_type)
+    out_dtype = _result_dtype(lhs_like, rhs_like, preferred_element_type)
     acc_dtype = _accumulator_dtype(out_dtype)
 
     starts, ends = _group_bounds(gs)
@@ -169,7 +171,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
         raise NotImplementedError(
             "group_offset is only implemented by ragged_dot and gmm."
         )
-    lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+    lhs, rhs, lhs_like, rhs_like = _quant.operands(lhs, rhs)
     gs = _group_sizes_array(group_sizes)
     (lhs_contract, rhs_contract, lhs_batch, rhs_batch, lhs_ragged,
      rhs_group) = _unpack_dimension_numbers(ragged_dot_dimension_numbers)
@@ -180,7 +182,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
     r = lhs_ragged[0]
     lhs_free = _remaining(lhs.ndim, lhs_contract, lhs_batch)
     rhs_free = _remaining(rhs.ndim, rhs_contract, rhs_batch, rhs_group)
-    out_dtype = _result_dtype(lhs, rhs, preferred_element_type)
+    out_dtype = _result_dtype(lhs_like, rhs_like, preferred_element_type)
     acc_dtype = _accumulator_dtype(out_dtype)
     nb, nc, nf = len(lhs_batch), len(lhs_contract), len(lhs_free)
 

@@ -39,6 +39,8 @@ int rd_set_kernel(const char *name);
 const char *rd_get_kernel(void);
 /* What was asked for: a family's name, or "auto" (what rd_set_kernel takes back). */
 const char *rd_kernel_selection(void);
+/* The name of the family serving compute type ct now. */
+const char *rd_kernel_for(rd_ctype_t ct);
 /* The micro-kernel in force for a compute type (never NULL: "ref" has all). */
 const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
 /* Cache blocking of the kernel in force for `ct`; MC and NC are rounded up
@@ -84,6 +86,9 @@ typedef struct {
     rd_dtype_t dtype;
     rd_int gs, rs, cs;
     rd_scales_t q;
+    rd_int panels;          /* > 0: B laid out by rd_prepack, p its group 0
+                             * (gs: bytes between groups), this many NR-wide
+                             * panels per KC block */
 } rd_in_t;
 
 /* An output of the plan's compute type. */
@@ -156,6 +161,19 @@ int rd_ragged_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
 int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
                        const rd_int *bounds, const rd_in_t *lhs, const rd_in_t *rhs,
                        const rd_out_t *out, int accumulate);
+
+/* ----------------------------------------------------------- prepacking
+ * (frame/rd_driver.c)  Weights laid out once in the micro-kernel's panel
+ * order, to be read in place by every later call: rhs [ng, k, n] (strided,
+ * any storage dtype the compute type's B packing reads) becomes, per group,
+ * the KC blocks of the contraction in order, each the ceil(n / NR) panels of
+ * NR columns that packing B would make (depth rounded up to k_unit, zero
+ * padding).  rd_prepack_bytes gives the bytes per group (0 when the plan
+ * cannot pack that dtype); rd_prepack writes group after group at `dst`.
+ * A call reads it with rd_in_t.panels = ceil(n / NR), gs = bytes per group,
+ * and a plan of the same compute type, NR and KC. */
+size_t rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n);
+int rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst);
 
 /* ----------------------------------------------------------- result buffers
  * (frame/rd_pool.c; callers hold the GIL.)  rd_buffer_take returns a block

@@ -9,6 +9,7 @@ from . import runtime
 from ._autodiff import grad, jvp, vjp
 from ._megablox import gmm, make_group_metadata, tgmm
 from ._moe import moe_block, moe_block_vjp, ragged_gather, ragged_gather_reduce
+from ._prepack import PackedRhs, prepack
 from ._ragged_dot import ragged_dot
 from ._ragged_dot_general import RaggedDotDimensionNumbers, ragged_dot_general
 from .quant import AsQArray, QArray, dequantize, quantize
@@ -18,6 +19,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ragged_dot",
+    "prepack",
+    "PackedRhs",
     "ragged_dot_general",
     "RaggedDotDimensionNumbers",
     "QArray",

@@ -44,7 +44,12 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
+from ._prepack import PackedRhs
 from .quant import AsQArray, QArray
+
+# operands the rules take as they are: quantized values (straight through)
+# and prepacked weights (differentiated as the [g, k, n] weights they hold)
+_HELD = (QArray, PackedRhs)
 
 __all__ = ["vjp", "jvp", "grad", "defvjp", "defjvp"]
 
@@ -141,7 +146,7 @@ def _primal_dtype(x):
     (a QArray's: that of its dequantized value, whose gradient it gets)."""
     if isinstance(x, AsQArray):
         x = x.array
-    return x.dtype if isinstance(x, QArray) else v.native(np.asarray(x).dtype)
+    return x.dtype if isinstance(x, _HELD) else v.native(np.asarray(x).dtype)
 
 
 def operand(x):
@@ -150,7 +155,7 @@ def operand(x):
     AsQArray quantized once, anything else as an array."""
     if isinstance(x, AsQArray):
         return x.quantize()
-    return x if isinstance(x, QArray) else np.asarray(x)
+    return x if isinstance(x, _HELD) else np.asarray(x)
 
 
 # ---------------------------------------------------------------------------
@@ -188,7 +193,7 @@ def vjp(fun, *primals):
     diff = [name in argnames and p is not None for name, p in zip(names, primals)]
     wanted = frozenset(name for name, d in zip(names, diff) if d)
     dtypes = [_primal_dtype(p) if d else None for p, d in zip(primals, diff)]
-    shapes = [np.shape(p.array) if isinstance(p, AsQArray) else tuple(p.shape) if isinstance(p, QArray)
+    shapes = [np.shape(p.array) if isinstance(p, AsQArray) else tuple(p.shape) if isinstance(p, _HELD)
               else np.shape(p) if d else None
               for p, d in zip(primals, diff)]
     out, backward = rule(args, wanted)

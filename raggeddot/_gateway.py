@@ -199,6 +199,57 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     return out
 
 
+def prepack_layout(ctype, dtype, k, n):
+    """``(bytes per group, NR, KC, kernel family)`` of weights ``[g, k, n]``
+    of storage ``dtype`` laid out for compute type ``ctype`` (a name of
+    ``_core.PACKING_READS``) with the kernel selected now."""
+    return _core.prepack_layout(ctype, dtype, int(k), int(n))
+
+
+def prepack(w, buf, ctype, kc, nr):
+    """Lay ``w [g, k, n]`` (any strides) out in ``buf`` (uint8, 64-byte
+    aligned, of prepack_layout's size times g) for ``ctype``'s kernel with
+    blocking ``kc`` and panel width ``nr``."""
+    _core.prepack(w, buf, ctype, int(kc), int(nr))
+
+
+def storage_of(x):
+    """The array holding an operand's stored values (a QArray's qvalue, a
+    PackedRhs's panels), for the checks that an output shares no memory."""
+    if isinstance(x, QArray):
+        return x.qvalue
+    buf = getattr(x, "_buf", None)
+    return x if buf is None else buf
+
+
+def check_packed_lhs(lhs, packed, fn):
+    """A PackedRhs is multiplied by a plain float lhs: TypeError otherwise."""
+    if isinstance(lhs, QArray) or not isinstance(lhs, np.ndarray):
+        raise TypeError(f"{fn}: a prepacked 'rhs' takes a float array 'lhs', got {type(lhs).__name__}")
+
+
+def check_packed_compute(packed, ct, fn):
+    """The compute dtype ``ct`` of a call must be the one ``packed`` was laid
+    out for (float64 weights: float64; others: float32)."""
+    want = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
+    if ct != want:
+        raise TypeError(f"{fn}: 'rhs' was prepacked for a {want.name} product (weights of "
+                        f"{packed.dtype.name}) but this call computes in {ct.name}: prepack "
+                        f"{ct.name} weights, or give lhs / preferred_element_type of {want.name}")
+
+
+def rows_packed(lhs, packed, bounds, out, accumulate=False):
+    """:func:`rows` with rhs a :class:`~raggeddot.PackedRhs` (weights laid
+    out once by prepack, read where they lie). ``out`` of the compute dtype
+    the weights were laid out for (float64 for float64 weights, float32
+    otherwise). Returns ``out``."""
+    if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
+        g, k, n = packed.shape
+        _core.ragged_rows_packed(operand(lhs, out.dtype, PACKED), packed._buf, packed.dtype.name,
+                                 packed.ctype, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate))
+    return out
+
+
 def contract(lhs, rhs, bounds, out, accumulate=False):
     """Ragged contraction, the weight gradient (tgmm): for each group j,
     ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],

@@ -7,6 +7,7 @@ from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
 from . import quant
+from ._prepack import PackedRhs
 
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
@@ -118,7 +119,8 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
 
     Args:
       lhs: ``[m, k]``.
-      rhs: ``[g_local, k, n]``, or ``[g_local, n, k]`` when ``transpose_rhs``
+      rhs: ``[g_local, k, n]``, or ``[g_local, n, k]`` when ``transpose_rhs``;
+        or a :class:`~raggeddot.PackedRhs` of ``[g_local, k, n]`` weights
         (read through strides, never copied). Either operand may be a
         :class:`~raggeddot.QArray` with any tiling, read as its dequantized
         value (dequantized while packed).
@@ -144,9 +146,16 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     """
     fn = "gmm"
     lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
+    packed = isinstance(rhs, PackedRhs)
+    if packed:   # weights laid out once as [g_local, k, n] (prepack's transpose_rhs says how they came)
+        if transpose_rhs:
+            raise ValueError(f"{fn}: a prepacked 'rhs' is already [g, k, n] (give transpose_rhs to "
+                             "prepack, not to gmm); got transpose_rhs=True")
+        gw.check_packed_lhs(lhs, rhs, fn)
+    else:
+        rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
     lt = quant.operand_dtype(lhs, "lhs", fn)
-    rt = quant.operand_dtype(rhs, "rhs", fn)
+    rt = rhs.dtype if packed else quant.operand_dtype(rhs, "rhs", fn)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
     if w.shape[1] != k:
@@ -165,11 +174,15 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     bounds = gw.group_bounds(gs, start, w.shape[0])
     ct = gw.compute_dtype(lt, rt, out_dtype)
     res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
-                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
+                           {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
-    gw.rows(lhs, w, bounds, res)
+    if packed:
+        gw.check_packed_compute(rhs, ct, fn)
+        gw.rows_packed(lhs, w, bounds, res)
+    else:
+        gw.rows(lhs, w, bounds, res)
     return gw.deliver(res, out, out_dtype)
 
 
@@ -270,7 +283,8 @@ def _gmm_vjp(a, wanted):
         ct = ct.astype(cdt, copy=False)
         grads = {}
         if "lhs" in wanted:
-            grads["lhs"] = gmm(ct, rhs, gs, preferred_element_type=cdt, group_offset=off,
+            w = rhs.unpack() if isinstance(rhs, PackedRhs) else rhs    # (laid out for B, not B^T)
+            grads["lhs"] = gmm(ct, w, gs, preferred_element_type=cdt, group_offset=off,
                                transpose_rhs=not tr)
         if "rhs" in wanted:
             if tr:  # rhs is [g_local, n, k]: tgmm(ct^T [n, m], lhs [m, k])

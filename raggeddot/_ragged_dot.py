@@ -5,6 +5,7 @@ from . import _gateway as gw
 from . import _validate as v
 from . import quant
 from ._megablox import tgmm
+from ._prepack import PackedRhs
 
 __all__ = ["ragged_dot"]
 
@@ -26,6 +27,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       rhs: ``[g, k, n]`` float array, one ``[k, n]`` matrix per group, or a
         QArray (per channel ``[g, 1, n]``, subchannel ``[g, k/bk, n]``, ...).
         A QArray's values are dequantized while packed, never copied whole.
+        Or a :class:`~raggeddot.PackedRhs` (:func:`~raggeddot.prepack`):
+        weights laid out once, read in place (with a float lhs).
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
       precision: as jax's: None, "default", "high", "highest", a
         ``jax.lax.Precision`` or a pair of them (all compute alike here: the
@@ -56,9 +59,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     """
     fn = "ragged_dot"
     lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-    rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
+    packed = isinstance(rhs, PackedRhs)
+    if packed:
+        gw.check_packed_lhs(lhs, rhs, fn)
+    else:
+        rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
     lt = quant.operand_dtype(lhs, "lhs", fn)
-    rt = quant.operand_dtype(rhs, "rhs", fn)
+    rt = rhs.dtype if packed else quant.operand_dtype(rhs, "rhs", fn)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
@@ -73,10 +80,15 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
     n = rhs.shape[2]
-    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
+    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn,
+                           {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
-    gw.rows(lhs, rhs, bounds, res)
+    if packed:
+        gw.check_packed_compute(rhs, ct, fn)
+        gw.rows_packed(lhs, rhs, bounds, res)
+    else:
+        gw.rows(lhs, rhs, bounds, res)
     return gw.deliver(res, out, out_dtype)
 
 
@@ -97,7 +109,8 @@ def _ragged_dot_vjp(a, wanted):
         ct = ct.astype(cdt, copy=False)
         grads = {}
         if "lhs" in wanted:  # [m, n] x [g_local, n, k] -> [m, k]
-            grads["lhs"] = ragged_dot(ct, rhs.transpose(0, 2, 1), gs, precision=a["precision"],
+            w = rhs.unpack() if isinstance(rhs, PackedRhs) else rhs    # (laid out for B, not B^T)
+            grads["lhs"] = ragged_dot(ct, w.transpose(0, 2, 1), gs, precision=a["precision"],
                                       preferred_element_type=cdt, group_offset=off)
         if "rhs" in wanted:  # [k, m] x [m, n] -> [g_local, k, n]
             grads["rhs"] = tgmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=off,

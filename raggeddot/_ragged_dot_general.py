@@ -16,6 +16,7 @@ from . import _autodiff
 from . import _gateway as gw
 from . import _validate as v
 from . import quant
+from ._prepack import PackedRhs
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
 
@@ -174,6 +175,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       is float64) and cast once at the end.
     """
     dn = _dimension_numbers(ragged_dot_dimension_numbers)
+    if isinstance(rhs, PackedRhs):
+        return _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_offset)
     lhs = quant.as_operand(lhs, "lhs", _FN)
     rhs = quant.as_operand(rhs, "rhs", _FN)
     lt = quant.operand_dtype(lhs, "lhs", _FN)
@@ -198,6 +201,21 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     else:
         out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset)
     return out if out.dtype == out_dtype else out.astype(out_dtype)
+
+
+def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_offset):
+    """A prepacked rhs ``[g, k, n]``: the dimension numbers of ragged_dot
+    (lhs ``[m, k]`` ragged along m, rhs group dimension 0, contraction k),
+    which is what the layout serves; anything else is refused."""
+    from ._ragged_dot import ragged_dot
+    if dn.dot_dimension_numbers != (((1,), (1,)), ((), ())) or tuple(dn.lhs_ragged_dimensions) != (0,) \
+            or tuple(dn.rhs_group_dimensions) != (0,):
+        raise ValueError(
+            f"{_FN}: a prepacked 'rhs' is [g, k, n] for ragged_dot's dimension numbers "
+            "(dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0], "
+            f"rhs_group_dimensions=[0]); got {dn}: pass the weights as an array")
+    return ragged_dot(lhs, rhs, group_sizes, precision=precision,
+                      preferred_element_type=preferred_element_type, group_offset=group_offset)
 
 
 def _shape(arr, dims):
@@ -395,6 +413,8 @@ def _rng(a, b):
 def _rdg_vjp(a, wanted):
     rdg, DN = ragged_dot_general, RaggedDotDimensionNumbers
     lhs, rhs = _autodiff.operand(a["lhs"]), _autodiff.operand(a["rhs"])
+    if isinstance(rhs, PackedRhs):   # the derivatives need the weights transposed
+        rhs = rhs.unpack()
     gs = np.asarray(a["group_sizes"])
     dn = a["ragged_dot_dimension_numbers"]
     off = a.get("group_offset")
@@ -465,6 +485,8 @@ def _rdg_vjp(a, wanted):
 def _rdg_jvp(a, t):
     rdg = ragged_dot_general
     lhs, rhs, gs = _autodiff.operand(a["lhs"]), _autodiff.operand(a["rhs"]), a["group_sizes"]
+    if isinstance(rhs, PackedRhs):
+        rhs = rhs.unpack()
     dn = a["ragged_dot_dimension_numbers"]
     extra = {k: val for k, val in a.items()
              if k not in ("lhs", "rhs", "group_sizes", "ragged_dot_dimension_numbers",

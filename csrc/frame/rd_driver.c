@@ -253,6 +253,7 @@ typedef struct {
     const rd_scales_t *q;       /* NULL: not quantized */
     const char *qs, *qz;        /* scale / zero point of tile (0, 0) of the group */
     rd_int i0, j0;
+    rd_int panels;              /* > 0: prepacked B (rd_prepack), p its group */
 } rd_block_t;
 
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
@@ -299,21 +300,32 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                     memset((char *)c + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
         return;
     }
-    for (rd_int jc = 0; jc < N; jc += NC) {
-        rd_int nc = N - jc < NC ? N - jc : NC;
+    /* NC blocks of whole panels when B is prepacked (its panels start every
+     * NR columns; a tile starts on a panel) */
+    const rd_int NCB = b->panels > 0 ? (NC > NR ? NC / NR * NR : NR) : NC;
+    for (rd_int jc = 0; jc < N; jc += NCB) {
+        rd_int nc = N - jc < NCB ? N - jc : NCB;
         for (rd_int pc = 0; pc < K; pc += KC) {
             rd_int kc = K - pc < KC ? K - pc : KC;
             rd_int kp = rd_round_up(kc, cl->k_unit);   /* packed depth */
             int mode = accumulate || pc > 0 ? RD_ADD
                        : stream && K <= KC ? RD_STREAM : RD_STORE;
-            /* B's panel is packed as its transpose: nc rows of depth kc */
-            rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
+            /* B's panel is packed as its transpose: nc rows of depth kc;
+             * prepacked weights are read where they lie: the KC block at
+             * pc (every earlier block is KC deep), its panel of column j0 + jc */
+            const char *bpanel = bpack;
+            if (b->panels > 0)
+                bpanel = (const char *)b->p
+                         + ((size_t)b->panels * (size_t)NR * (size_t)pc
+                            + (size_t)((b->j0 + jc) / NR) * (size_t)NR * (size_t)kp) * cl->b_size;
+            else
+                rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
             for (rd_int ic = 0; ic < M; ic += MC) {
                 rd_int mc = M - ic < MC ? M - ic : MC;
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = bpack + (size_t)(jr * kp) * cl->b_size;
+                    const char *bp = bpanel + (size_t)(jr * kp) * cl->b_size;
                     char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
                     for (rd_int ir = 0; ir < mc; ir += MR) {
                         int mr = (int)(mc - ir < MR ? mc - ir : MR);
@@ -331,8 +343,10 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
 static rd_block_t
 rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_int j0)
 {
+    if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
+        return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels};
     rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
-                    x->rs, x->cs, NULL, NULL, NULL, i0, j0};
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0};
     if (x->q.s != NULL) {
         const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
         b.q = &x->q;
@@ -473,4 +487,47 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
                    const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
 {
     return rd_run(plan, RD_MODE_CONTRACT, k, n, ng, bounds, lhs, rhs, out, accumulate);
+}
+
+/* ------------------------------------------------------------- prepacking */
+
+size_t
+rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n)
+{
+    const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
+    if (rd_packer(plan->ct, dtype, 1) == NULL || k < 0 || n < 0)
+        return 0;
+    const rd_int KC = plan->k.kc, NR = plan->k.nr;
+    const rd_int panels = (n + NR - 1) / NR;
+    rd_int depth = 0;   /* the packed depth: each KC block rounded up to k_unit */
+    for (rd_int pc = 0; pc < k; pc += KC)
+        depth += rd_round_up(k - pc < KC ? k - pc : KC, ct->k_unit);
+    return (size_t)panels * (size_t)NR * (size_t)depth * ct->b_size;
+}
+
+int
+rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst)
+{
+    const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
+    rd_pack_t pack = rd_packer(plan->ct, rhs->dtype, 1);
+    if (pack == NULL || rhs->q.s != NULL)
+        return -2;
+    const size_t per_group = rd_prepack_bytes(plan, rhs->dtype, k, n);
+    const size_t src = rd_dtype_size[rhs->dtype];
+    const rd_int KC = plan->k.kc, NR = plan->k.nr;
+    const rd_int panels = (n + NR - 1) / NR;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads) if (plan->nthreads > 1 && ng > 1)
+#endif
+    for (rd_int g = 0; g < ng; g++) {
+        char *out = (char *)dst + (size_t)g * per_group;
+        for (rd_int pc = 0; pc < k; pc += KC) {
+            rd_int kc = k - pc < KC ? k - pc : KC;
+            /* B's block as its transpose: n rows of depth kc, into panels */
+            pack(n, kc, rd_at(rhs->p, src, g * rhs->gs + pc * rhs->rs, 1, 0, rhs->cs),
+                 rhs->cs, rhs->rs, (int)NR, out);
+            out += (size_t)panels * (size_t)NR * (size_t)rd_round_up(kc, ct->k_unit) * ct->b_size;
+        }
+    }
+    return 0;
 }

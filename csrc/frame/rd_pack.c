@@ -184,10 +184,16 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
     if ((unsigned)ct >= RD_CT_COUNT || (unsigned)src >= RD_DTYPE_COUNT || (which != 0 && which != 1))
         return NULL;
 #ifdef RD_PACK_F16C
-    if (rd_pack_table[ct][src][which] == rd_pack_h_s_pack) {
+    /* float16 widened to float32 panels: with F16C where the CPU has it */
+    static const rd_pack_t f16c[RD_CT_COUNT][2] = {
+        [RD_CT_F32] = {rd_pack_h_s_f16c_pack, rd_pack_h_s_f16c_pack},
+        [RD_CT_F32_BF16W] = {rd_pack_h_s_f16c_pack, NULL},
+        [RD_CT_F32_F16W] = {rd_pack_h_s_f16c_pack, NULL},
+    };
+    if (src == RD_F16 && f16c[ct][which] != NULL) {
         __builtin_cpu_init();
         if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"))
-            return rd_pack_h_s_f16c_pack;
+            return f16c[ct][which];
     }
 #endif
     return rd_pack_table[ct][src][which];

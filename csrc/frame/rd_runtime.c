@@ -90,6 +90,13 @@ rd_kernel_selection(void)
     return rd_selected != NULL ? rd_selected->name : "auto";
 }
 
+const char *
+rd_kernel_for(rd_ctype_t ct)
+{
+    rd_ensure();
+    return rd_serving[ct]->name;
+}
+
 const rd_ukr_desc_t *
 rd_active_kernel(rd_ctype_t ct, const char **family)
 {

@@ -139,7 +139,7 @@ rd_gemm_call(PyObject *args, int contract)
     if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &lq, &rhs, &rq, &out, &obounds,
                       &accumulate, &plan) != 0)
         return NULL;
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -149,7 +149,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2]};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -158,7 +158,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1]};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
@@ -207,6 +207,182 @@ rd_py_ragged_contract(PyObject *self, PyObject *args)
 {
     (void)self;
     return rd_gemm_call(args, 1);
+}
+
+/* ------------------------------------------------------------ prepacking */
+
+/* A plan for the compute type named `name` whose kernel has register block
+ * width `nr` (any, when nr <= 0) and cache depth KC = `kc` (the plan's, when
+ * kc <= 0); -1 with an exception naming what disagrees. */
+static int
+rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan)
+{
+    int ct = -1;
+    for (int t = 0; t < RD_CT_COUNT; t++)
+        if (strcmp(rd_ctypes[t].name, name) == 0)
+            ct = t;
+    if (ct < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown compute type '%s'", name);
+        return -1;
+    }
+    rd_plan_init(plan, (rd_ctype_t)ct);
+    if (nr > 0 && plan->k.nr != nr) {
+        PyErr_Format(PyExc_ValueError,
+                     "the weights were prepacked in panels of %zd columns, but the %s kernel in use "
+                     "(%s) takes %d: prepack them again, or select the kernel they were packed for",
+                     (Py_ssize_t)nr, name, rd_kernel_for(plan->ct), plan->k.nr);
+        return -1;
+    }
+    if (kc > 0)
+        plan->k.kc = kc;
+    return 0;
+}
+
+static int
+rd_dtype_named(const char *name)
+{
+    for (int d = 0; d < RD_DTYPE_COUNT; d++)
+        if (strcmp(rd_dtype_names[d], name) == 0)
+            return d;
+    PyErr_Format(PyExc_ValueError, "unknown storage dtype '%s'", name);
+    return -1;
+}
+
+PyDoc_STRVAR(prepack_layout_doc,
+"prepack_layout(ctype, dtype, k, n) -> (bytes_per_group, nr, kc, kernel)\n\n"
+"The layout rd_prepack gives weights [g, k, n] of storage `dtype` for a\n"
+"product of compute type `ctype` with the kernel selected now.");
+
+static PyObject *
+rd_py_prepack_layout(PyObject *self, PyObject *args)
+{
+    const char *ctname, *dtname;
+    Py_ssize_t k, n;
+    rd_plan_t plan;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "ssnn", &ctname, &dtname, &k, &n))
+        return NULL;
+    int dt = rd_dtype_named(dtname);
+    if (dt < 0 || rd_prepack_plan(ctname, 0, 0, &plan) != 0)
+        return NULL;
+    if (k < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "prepack_layout needs k >= 0 and n >= 0");
+        return NULL;
+    }
+    size_t bytes = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n);
+    if (bytes == 0 && k > 0 && n > 0) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack %s weights", ctname, dtname);
+        return NULL;
+    }
+    return Py_BuildValue("(nins)", (Py_ssize_t)bytes, plan.k.nr, (Py_ssize_t)plan.k.kc,
+                         rd_kernel_for(plan.ct));
+}
+
+PyDoc_STRVAR(prepack_doc,
+"prepack(rhs, dst, ctype, kc, nr)\n\n"
+"Lay rhs [g, k, n] out in dst (uint8, C-contiguous, g x bytes_per_group of\n"
+"prepack_layout) in the panel order of the `ctype` kernel: per group, KC\n"
+"blocks of the contraction, each the NR-wide panels that packing B makes.");
+
+static PyObject *
+rd_py_prepack(PyObject *self, PyObject *args)
+{
+    PyObject *orhs, *odst;
+    const char *ctname;
+    Py_ssize_t kc, nr;
+    rd_arg_t rhs, dst;
+    rd_plan_t plan;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOsnn", &orhs, &odst, &ctname, &kc, &nr))
+        return NULL;
+    if (rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
+        rd_arg_array(orhs, "rhs", 3, RD_ANY_STORAGE, 0, &rhs) != 0 ||
+        rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
+        return NULL;
+    if (((uintptr_t)dst.data & 63) != 0) {
+        PyErr_SetString(PyExc_ValueError, "'dst' must start on a 64-byte boundary");
+        return NULL;
+    }
+    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)rhs.dtype, rhs.dim[1], rhs.dim[2]);
+    if ((per == 0 && rhs.dim[1] > 0 && rhs.dim[2] > 0) || (size_t)dst.dim[0] != per * (size_t)rhs.dim[0]) {
+        PyErr_Format(PyExc_ValueError, "'dst' must hold %zd bytes for these weights, got %zd",
+                     (Py_ssize_t)(per * (size_t)rhs.dim[0]), (Py_ssize_t)dst.dim[0]);
+        return NULL;
+    }
+    rd_in_t b = {.p = rhs.data, .dtype = (rd_dtype_t)rhs.dtype, .gs = rhs.stride[0], .rs = rhs.stride[1],
+                 .cs = rhs.stride[2]};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rd_prepack(&plan, rhs.dim[0], rhs.dim[1], rhs.dim[2], &b, dst.data);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack these weights", ctname);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ragged_rows_packed_doc,
+"ragged_rows_packed(lhs, packed, dtype, ctype, k, n, kc, nr, bounds, out, accumulate)\n\n"
+"ragged_rows with rhs [g, k, n] of storage `dtype` prepacked (prepack) for\n"
+"the `ctype` kernel with blocking kc and panel width nr; out float32 or\n"
+"float64 as ctype computes.");
+
+static PyObject *
+rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *opacked, *obounds, *oout;
+    const char *dtname, *ctname;
+    Py_ssize_t k, n, kc, nr;
+    int accumulate;
+    rd_arg_t lhs, packed, out;
+    rd_plan_t plan;
+    const rd_int *bv;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOssnnnnOOp", &olhs, &opacked, &dtname, &ctname, &k, &n, &kc, &nr,
+                          &obounds, &oout, &accumulate))
+        return NULL;
+    int dt = rd_dtype_named(dtname);
+    if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
+        rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
+        rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||
+        rd_arg_array(oout, "out", 2, RD_ANY_FLOAT, RD_AS_OUTPUT, &out) != 0)
+        return NULL;
+    if (rd_ctypes[plan.ct].c_size != rd_ctypes[rd_arg_ctype(&out)].c_size ||
+        rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or write 'out' (%s)", ctname,
+                     PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(out.arr)->typeobj->tp_name);
+        return NULL;
+    }
+    if (((uintptr_t)packed.data & 63) != 0) {
+        PyErr_SetString(PyExc_ValueError, "'packed' must start on a 64-byte boundary");
+        return NULL;
+    }
+    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n);
+    rd_int m = lhs.dim[0];
+    rd_int ng = per > 0 ? (rd_int)((size_t)packed.dim[0] / per) : 0;
+    if (lhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n || per == 0
+        || (size_t)packed.dim[0] != per * (size_t)ng) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], packed [g * bytes_per_group], out [m, n] disagree");
+        return NULL;
+    }
+    if (rd_arg_bounds(obounds, ng, m, "g", &bv) != 0)
+        return NULL;
+    const rd_int panels = (n + plan.k.nr - 1) / plan.k.nr;
+    rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels};
+    rd_out_t c = {out.data, 0, out.stride[0], out.stride[1]};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
+    Py_END_ALLOW_THREADS
+    if (rc == -1)
+        return PyErr_NoMemory();
+    if (rc != 0) {
+        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* -------------------------------------------------------------- metadata */
@@ -273,5 +449,8 @@ PyMethodDef rd_matmul_methods[] = {
     {"ragged_rows", rd_py_ragged_rows, METH_VARARGS, ragged_rows_doc},
     {"ragged_contract", rd_py_ragged_contract, METH_VARARGS, ragged_contract_doc},
     {"make_group_metadata", rd_py_make_group_metadata, METH_VARARGS, make_group_metadata_doc},
+    {"prepack_layout", rd_py_prepack_layout, METH_VARARGS, prepack_layout_doc},
+    {"prepack", rd_py_prepack, METH_VARARGS, prepack_doc},
+    {"ragged_rows_packed", rd_py_ragged_rows_packed, METH_VARARGS, ragged_rows_packed_doc},
     {NULL, NULL, 0, NULL},
 };

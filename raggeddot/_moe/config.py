@@ -100,7 +100,7 @@ def _shared(shared_experts, d, ct, fn):
         v.float_dtype(a, name, fn)
         if a.shape != want:
             raise ValueError(f"{fn}: '{name}' must have shape {want}, got {a.shape}")
-    return tuple(gw.operand(a, ct) for a in (s0, s1, so))
+    return tuple(gw.operand(a, ct, gw.PACKED) for a in (s0, s1, so))
 
 
 ROUTER_WEIGHTS_ON = ("output", "input")
@@ -252,11 +252,11 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                     topk_groups, bool(norm_topk_prob), scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     # (fused gate/up: two strided views of the one stored array)
-    w0, wo = gw.operand(w0, ct), gw.operand(wo, ct)
+    w0, wo = gw.operand(w0, ct, gw.PACKED), gw.operand(wo, ct, gw.PACKED)   # half weights read in place
     if fused:
         w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
     else:
-        w1 = gw.operand(w1, ct)
+        w1 = gw.operand(w1, ct, gw.PACKED)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",

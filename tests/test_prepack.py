@@ -117,3 +117,27 @@ def test_errors_name_what_is_wrong(rng):
             if raggeddot.prepack(rhs).nr != packed.nr:
                 with pytest.raises(ValueError, match="prepack them again"):
                     raggeddot.ragged_dot(lhs, packed, gs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_moe_block_with_prepacked_experts(rng, dtype):
+    """moe_block and moe_block_vjp take prepacked w0, w1, wo ([E, d, f],
+    [E, d, f], [E, f, d]): the same output and gradients, bit for bit."""
+    T, d, f, E = 96, 40, 24, 6
+    x = rng.standard_normal((T, d)).astype(dtype)
+    rw = rng.standard_normal((d, E)).astype(dtype)
+    w0, w1 = (rng.standard_normal((E, d, f)).astype(dtype) / 4 for _ in range(2))
+    wo = rng.standard_normal((E, f, d)).astype(dtype) / 4
+    p0, p1, po = (raggeddot.prepack(w) for w in (w0, w1, wo))
+    kw = dict(top_k=2, norm_topk_prob=True)
+    assert np.array_equal(raggeddot.moe_block(x, rw, p0, p1, po, **kw), raggeddot.moe_block(x, rw, w0, w1, wo, **kw))
+    out, vjp_fn = raggeddot.moe_block_vjp(x, rw, p0, p1, po, **kw)
+    want, want_fn = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, **kw)
+    assert np.array_equal(out, want)
+    d_out = rng.standard_normal(out.shape).astype(dtype)
+    got, exp = vjp_fn(d_out), want_fn(d_out)
+    assert got.keys() == exp.keys()
+    for name in exp:
+        assert got[name].dtype == exp[name].dtype and np.array_equal(got[name], exp[name]), name
+    with pytest.raises(ValueError, match="prepacked expert weights"):
+        raggeddot.moe_block(x, rw, p0, w1, wo, **kw)

@@ -24,6 +24,7 @@ import numpy as np
 from .. import _autodiff
 from .. import _gateway as gw
 from .. import _validate as v
+from .._prepack import PackedRhs
 from . import combine, dispatch, experts, route, shared
 from .config import prepare
 
@@ -429,7 +430,8 @@ def deliver_grads(layer, kw, grads):
     for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
                  "shared_expert_gate"):
         if kw.get(name) is not None:
-            dtype = v.native(np.asarray(kw[name]).dtype)
+            src = kw[name]
+            dtype = v.native(src.dtype if isinstance(src, PackedRhs) else np.asarray(src).dtype)
             g = grads[name]
             if name == "x":
                 g = g.reshape(layer.x_shape)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
+from .._prepack import PackedRhs
 from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
 from .shared import SharedExperts
@@ -148,7 +149,13 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     H, h = (E, "E") if held_experts is None else (held_experts, "E/P")
     fused = w1 is None
     named = [(w0, "w0"), (wo, "wo")] if fused else [(w0, "w0"), (w1, "w1"), (wo, "wo")]
-    arrays = {name: v.as_array(a, name, fn) for a, name in named}
+    packed = [name for a, name in named if isinstance(a, PackedRhs)]
+    if packed and (fused or weights_layout != "edf" or len(packed) != 3):
+        raise ValueError(f"{fn}: prepacked expert weights must be all three of w0, w1, wo, laid out "
+                         f"[E, d, f] / [E, d, f] / [E, f, d] (weights_layout='edf', w1 given); got "
+                         f"{packed} prepacked with weights_layout={weights_layout!r}, w1 "
+                         f"{'None' if fused else 'given'}")
+    arrays = {name: a if isinstance(a, PackedRhs) else v.as_array(a, name, fn) for a, name in named}
     w0, wo, w1 = arrays["w0"], arrays["wo"], arrays.get("w1")
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
@@ -252,10 +259,14 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                     topk_groups, bool(norm_topk_prob), scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     # (fused gate/up: two strided views of the one stored array)
-    w0, wo = gw.operand(w0, ct, gw.PACKED), gw.operand(wo, ct, gw.PACKED)   # half weights read in place
+    if packed:   # laid out once by prepack, read where they lie
+        for a, name in named:
+            gw.check_packed_compute(a, ct, f"{fn}: '{name}'")
+    else:
+        w0, wo = gw.operand(w0, ct, gw.PACKED), gw.operand(wo, ct, gw.PACKED)   # half weights read in place
     if fused:
         w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
-    else:
+    elif not packed:
         w1 = gw.operand(w1, ct, gw.PACKED)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))

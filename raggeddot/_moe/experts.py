@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
+from .._prepack import PackedRhs
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward", "backward"]
 
@@ -144,6 +145,19 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, out=None):
     return gw.contract(lhs_t, rhs, bounds, out)
 
 
+def _rows(x, w, bounds, out, accumulate=False):
+    """gw.rows, or gw.rows_packed for prepacked weights."""
+    if isinstance(w, PackedRhs):
+        return gw.rows_packed(x, w, bounds, out, accumulate)
+    return gw.rows(x, w, bounds, out, accumulate)
+
+
+def _transposed(w):
+    """The weights ``[n, a, b]`` as ``[n, b, a]`` (a view; prepacked weights,
+    laid out for the forward product only, are unpacked first)."""
+    return (w.unpack() if isinstance(w, PackedRhs) else w).transpose(0, 2, 1)
+
+
 def forward(experts, xs, group_sizes, group_offset=0):
     """The held experts' FFNs over ``xs [N, d]`` (compute dtype).
 
@@ -170,14 +184,14 @@ def forward(experts, xs, group_sizes, group_offset=0):
     h0 = gw.empty((last - first, f), ct)
     h1 = gw.empty((last - first, f), ct)
     if last > first and f:
-        gw.rows(rows, experts.w0, bounds, h0)
-        gw.rows(rows, experts.w1, bounds, h1)
+        _rows(rows, experts.w0, bounds, h0)
+        _rows(rows, experts.w1, bounds, h1)
     _add_group_bias(h0, experts.b0, bounds)
     _add_group_bias(h1, experts.b1, bounds)
     a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
     y = np.zeros((xs.shape[0], d), dtype=ct)
     if last > first and f:
-        gw.rows(a, experts.wo, bounds, y[first:last])
+        _rows(a, experts.wo, bounds, y[first:last])
     _add_group_bias(y[first:last], experts.bo, bounds)
     return y, ExpertsResiduals(xs, h0, h1, a, bounds, first)
 
@@ -198,15 +212,15 @@ def backward(experts, res, d_y):
     # down projection
     da = gw.empty((count, f), ct)
     if count and f:
-        gw.rows(dy, experts.wo.transpose(0, 2, 1), bounds, da)
+        gw.rows(dy, _transposed(experts.wo), bounds, da)
     dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     # gate and up projections
     d_xs = np.zeros((res.xs.shape[0], d), dtype=ct)
     if count and f:
-        gw.rows(dh0, experts.w0.transpose(0, 2, 1), bounds, d_xs[first:last])
-        gw.rows(dh1, experts.w1.transpose(0, 2, 1), bounds, d_xs[first:last], accumulate=True)
+        gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
+        gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)
     xs = res.xs[first:last]
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None

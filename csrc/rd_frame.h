@@ -175,6 +175,13 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
 size_t rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n);
 int rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst);
 
+/* ----------------------------------------------------------- narrowing
+ * (frame/rd_narrow.c)  dst[i] = src[i] rounded to nearest even into dtype
+ * RD_BF16 or RD_F16 (NaNs quiet, overflow to infinity); `portable`: the
+ * float16 conversion in plain C even where F16C exists (for tests).
+ * Returns -1 for another dtype. */
+int rd_narrow(const float *src, void *dst, rd_dtype_t dtype, size_t n, int portable);
+
 /* ----------------------------------------------------------- result buffers
  * (frame/rd_pool.c; callers hold the GIL.)  rd_buffer_take returns a block
  * of at least `bytes` (its real size in *got), 64-byte aligned, 2 MiB

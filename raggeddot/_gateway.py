@@ -162,11 +162,24 @@ def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
     return res
 
 
+def narrow(res, dtype):
+    """float32 ``res`` (C-contiguous) as a new float16 / bfloat16 array,
+    rounded to nearest even (NumPy's and ml_dtypes' casts give the same
+    values, one at a time)."""
+    out = np.empty(res.shape, dtype=dtype)
+    _core.narrow(res, out)
+    return out
+
+
 def deliver(res, out, out_dtype):
     """The result ``res`` (held in the compute dtype) as ``out_dtype``:
     written into ``out`` and returned as ``out`` when the caller gave one."""
     if out is None:
-        return res if res.dtype == out_dtype else res.astype(out_dtype)
+        if res.dtype == out_dtype:
+            return res
+        if res.dtype == _FLOAT32 and out_dtype.itemsize == 2 and res.flags.c_contiguous:
+            return narrow(res, out_dtype)
+        return res.astype(out_dtype)
     if res is not out:
         np.copyto(out, res, casting="unsafe")
     return out

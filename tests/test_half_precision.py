@@ -156,3 +156,28 @@ def test_every_half_value_is_widened_exactly(dtype, kernel):
             assert np.array_equal(np.isnan(got), nan)
             assert np.array_equal(got[~nan], want[~nan])
             assert np.array_equal(got[nonzero].view(bits), want[nonzero].view(bits))
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_results_narrowed_as_numpy_rounds(rng, dtype, portable):
+    """Half-precision results are rounded once from float32, to nearest
+    even, exactly as NumPy / ml_dtypes cast (random bit patterns, every
+    pattern around the subnormal, underflow and overflow boundaries,
+    infinities and NaNs), with F16C and in plain C."""
+    from raggeddot import _core
+    bits = np.concatenate([
+        rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32),
+        np.arange(0x33000000 - 5000, 0x33000000 + 5000, dtype=np.uint32),     # 2^-25: half of the smallest subnormal
+        np.arange(0x38800000 - 70000, 0x38800000 + 70000, dtype=np.uint32),   # 2^-14: the smallest normal
+        np.arange(0x477fe000, 0x47800100, dtype=np.uint32),                   # 65504..65536: overflow
+        np.arange(0x7f7f0000, 0x7f800010, dtype=np.uint32),                   # bfloat16 overflow, inf, NaNs
+        np.array([0, 0x80000000, 0xff800000, 0x7fc00000, 0xffc00001], dtype=np.uint32)])
+    f = bits.view(np.float32)
+    got = np.empty(f.shape, dtype=dtype)
+    _core.narrow(f, got, portable)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = f.astype(dtype)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))

@@ -102,8 +102,20 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
             for (int i = 0; i < r; i++) {
                 const RD_SRC *row = x + i * rs;
                 RD_DST *col = dst + RD_AT(i, r);
+#if RD_SAME || defined(RD_HALVES)
                 for (rd_int p = 0; p < depth; p++)
                     col[p * r] = RD_CVT(row[p]);
+#else
+                /* convert a stretch of the row with vector instructions,
+                 * then scatter it */
+                RD_DST tmp[64];
+                for (rd_int p0 = 0; p0 < depth; p0 += 64) {
+                    int w = depth - p0 < 64 ? (int)(depth - p0) : 64;
+                    RD_FN(run)(tmp, row + p0, w);
+                    for (int p = 0; p < w; p++)
+                        col[(p0 + p) * r] = tmp[p];
+                }
+#endif
             }
         }
         else {

@@ -414,6 +414,34 @@ rd_py_read_bandwidth(PyObject *self, PyObject *args)
     return PyFloat_FromDouble(total);
 }
 
+PyDoc_STRVAR(narrow_doc,
+"narrow(src, dst, portable=False)\n\n"
+"dst[...] = src rounded to nearest even: src float32, dst float16 or\n"
+"bfloat16 of the same shape, both C-contiguous (dst writeable).");
+
+static PyObject *
+rd_py_narrow(PyObject *self, PyObject *args)
+{
+    PyObject *osrc, *odst;
+    int portable = 0;
+    rd_arg_t src, dst;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO|p", &osrc, &odst, &portable))
+        return NULL;
+    if (rd_arg_array(osrc, "src", -1, NPY_FLOAT32, RD_CONTIG, &src) != 0 ||
+        rd_arg_array(odst, "dst", -1, RD_ANY_STORAGE, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
+        return NULL;
+    if ((dst.dtype != RD_F16 && dst.dtype != RD_BF16) || PyArray_SIZE(src.arr) != PyArray_SIZE(dst.arr)) {
+        PyErr_SetString(PyExc_ValueError, "narrow: 'dst' must be float16 or bfloat16 with src's size");
+        return NULL;
+    }
+    size_t n = (size_t)PyArray_SIZE(src.arr);
+    Py_BEGIN_ALLOW_THREADS
+    rd_narrow((const float *)src.data, dst.data, (rd_dtype_t)dst.dtype, n, portable);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 PyMethodDef rd_runtime_methods[] = {
     {"set_num_threads", rd_py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
@@ -434,5 +462,6 @@ PyMethodDef rd_runtime_methods[] = {
     {"build_info", rd_py_build_info, METH_NOARGS, "build_info() -> dict"},
     {"fma_peak", rd_py_fma_peak, METH_VARARGS, fma_peak_doc},
     {"read_bandwidth", rd_py_read_bandwidth, METH_VARARGS, read_bandwidth_doc},
+    {"narrow", rd_py_narrow, METH_VARARGS, narrow_doc},
     {NULL, NULL, 0, NULL},
 };

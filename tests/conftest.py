@@ -9,6 +9,11 @@
   context factory ``x64(enabled=True)`` that turns them on or off, and
   megablox's gmm module. They skip when jax is missing, except that with
   RAGGEDDOT_REQUIRE_JAX=1 (CI) a missing jax stops the run (pytest_configure).
+- torch and transformers (the ``hf`` extra) are imported by the one module
+  that uses them, through helpers.import_hf(): it skips that module when they
+  are missing, except that with RAGGEDDOT_REQUIRE_HF=1 (CI) it fails. (Not
+  in pytest_configure: every other pytest run, the sanitizer's included,
+  stays free of torch.)
 """
 
 import os

@@ -13,6 +13,9 @@ moe_block_vjp names them (``shared_experts[i]`` for the shared expert's three).
   torch.where per hit expert, F.linear on nn.Linear-layout [f, d] weights, index_add_),
   DeepSeek-V3's group-limited router; backward by autograd.
 - jax: the same layer on jax.lax.ragged_dot, jitted; backward by jax.vjp.
+- hf: transformers' own sparse-MoE block (Mixtral, Qwen3-MoE, DeepSeek-V3 or gpt-oss, as the
+  spec's options say) with the spec's weights, its experts run by transformers' per-expert
+  loop or by torch._grouped_mm; backward by autograd.
 """
 from __future__ import annotations
 
@@ -417,3 +420,173 @@ def jax_fn(jax, inputs: dict, backward: bool):
 
     fn, ct = jax.jit(fwd_bwd), jnp.asarray(inputs["ct"])
     return lambda: fn(*args, ex, ct)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face transformers: the library's own sparse-MoE blocks
+
+#: transformers' experts implementations timed (config._experts_implementation): its plain
+#: per-expert loop, and torch._grouped_mm (float32/bfloat16/float16 only)
+HF_IMPLEMENTATIONS = ("eager", "grouped_mm")
+
+
+class HFUnsupported(Exception):
+    """No transformers MoE block computes this spec's layer (the reason is the message)."""
+
+
+def _hf_family(kw: dict, f: int, shared_width: int) -> str:
+    """The transformers block that computes moe_block with options ``kw``:
+    sigmoid + groups -> DeepSeek-V3; gpt-oss's clipped SwiGLU -> gpt-oss; softmax + SiLU ->
+    Mixtral (renormalised top-k) or Qwen3-MoE (not renormalised)."""
+    act, score = kw.get("activation", "silu"), kw.get("score_func", "softmax")
+    has = {n for n in ("router_bias", "selection_bias", "w0_bias", "w1_bias", "wo_bias") if kw.get(n) is not None}
+    if score == "sigmoid":
+        if act != "silu" or has - {"selection_bias"} or not kw.get("n_groups"):
+            raise HFUnsupported("sigmoid routing: DeepSeek-V3's block needs SiLU, groups and no biases")
+        if shared_width % f:
+            raise HFUnsupported(f"DeepSeek-V3's shared experts are n x f wide; got {shared_width} for f={f}")
+        return "deepseek_v3"
+    if kw.get("shared_experts") is not None or kw.get("n_groups") or kw.get("routed_scaling_factor", 1.0) != 1.0:
+        raise HFUnsupported("softmax routing with shared experts, groups or scaling has no transformers block")
+    if act == "swiglu_oai":
+        if not kw.get("norm_topk_prob") or "selection_bias" in has:
+            raise HFUnsupported("gpt-oss's block takes the softmax of the top-k logits (renormalised)")
+        return "gpt_oss"
+    if act != "silu" or has:
+        raise HFUnsupported(f"activation {act!r} with biases {sorted(has)}: no transformers block")
+    return "mixtral" if kw.get("norm_topk_prob") else "qwen3_moe"
+
+
+def hf_block(torch, inputs: dict, implementation: str):
+    """``(block, family)``: transformers' block computing the spec's layer with its weights,
+    in eval mode, in x's dtype, its experts run by ``implementation``."""
+    import transformers as tf
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    kw, x = inputs["options"], inputs["x"]
+    w0, w1, wo = inputs["w0"], inputs["w1"], inputs["wo"]
+    (E, d, f), k = w0.shape, kw["top_k"]
+    shared = kw.get("shared_experts")
+    family = _hf_family(kw, f, 0 if shared is None else shared[0].shape[1])
+    common = dict(hidden_size=d, num_experts_per_tok=k, hidden_act="silu")
+    if family == "mixtral":
+        cfg = tf.MixtralConfig(intermediate_size=f, num_local_experts=E, **common)
+        cls = MixtralSparseMoeBlock
+    elif family == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(moe_intermediate_size=f, num_experts=E, norm_topk_prob=False, **common)
+        cls = Qwen3MoeSparseMoeBlock
+    elif family == "deepseek_v3":
+        cfg = tf.DeepseekV3Config(moe_intermediate_size=f, n_routed_experts=E, n_group=kw["n_groups"],
+                                  topk_group=kw["topk_groups"], norm_topk_prob=bool(kw.get("norm_topk_prob")),
+                                  routed_scaling_factor=kw.get("routed_scaling_factor", 1.0),
+                                  n_shared_experts=0 if shared is None else shared[0].shape[1] // f, **common)
+        cls = DeepseekV3MoE
+    else:
+        cfg = tf.GptOssConfig(intermediate_size=f, num_local_experts=E, swiglu_limit=kw.get("swiglu_limit", 7.0),
+                              **common)
+        cls = GptOssMLP
+    cfg._experts_implementation = implementation
+    dtype = torch.float64 if x.dtype == np.float64 else torch.float32
+    block = cls(cfg).to(dtype).eval()
+
+    def put(param, value):
+        with torch.no_grad():
+            param.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+    def zeros(*shape):
+        return np.zeros(shape, dtype=x.dtype)
+
+    e = block.experts
+    if family == "gpt_oss":        # [E, d, 2f] and [E, 2f], gate and up interleaved
+        put(block.router.weight, inputs["router_weights"].T)
+        put(block.router.bias, kw["router_bias"] if kw.get("router_bias") is not None else zeros(E))
+        gate_up, gate_up_bias = np.empty((E, d, 2 * f), x.dtype), np.empty((E, 2 * f), x.dtype)
+        gate_up[..., 0::2], gate_up[..., 1::2] = w0, w1
+        gate_up_bias[:, 0::2] = kw["w0_bias"] if kw.get("w0_bias") is not None else 0
+        gate_up_bias[:, 1::2] = kw["w1_bias"] if kw.get("w1_bias") is not None else 0
+        put(e.gate_up_proj, gate_up)
+        put(e.gate_up_proj_bias, gate_up_bias)
+        put(e.down_proj, wo)
+        put(e.down_proj_bias, kw["wo_bias"] if kw.get("wo_bias") is not None else zeros(E, d))
+        return block, family
+    put(block.gate.weight, inputs["router_weights"].T)       # [E, 2f, d]: gate rows, then up rows
+    put(e.gate_up_proj, np.concatenate([w0.transpose(0, 2, 1), w1.transpose(0, 2, 1)], axis=1))
+    put(e.down_proj, wo.transpose(0, 2, 1))
+    if family == "deepseek_v3":
+        sb = kw.get("selection_bias")
+        put(block.gate.e_score_correction_bias, sb if sb is not None else zeros(E))
+        if shared is not None:
+            s = block.shared_experts
+            for param, w in ((s.gate_proj.weight, shared[0]), (s.up_proj.weight, shared[1]),
+                             (s.down_proj.weight, shared[2])):
+                put(param, w.T)
+    return block, family
+
+
+def _hf_grads(block, family: str, x_grad) -> dict:
+    """The block's gradients named and laid out as moe_block_vjp's main ones."""
+    e = block.experts
+    gu, down = e.gate_up_proj.grad.numpy(), e.down_proj.grad.numpy()
+    if family == "gpt_oss":
+        return {"x": x_grad, "router_weights": block.router.weight.grad.numpy().T,
+                "w0": gu[..., 0::2], "w1": gu[..., 1::2], "wo": down}
+    f = gu.shape[1] // 2
+    return {"x": x_grad, "router_weights": block.gate.weight.grad.numpy().T,
+            "w0": gu[:, :f].transpose(0, 2, 1), "w1": gu[:, f:].transpose(0, 2, 1), "wo": down.transpose(0, 2, 1)}
+
+
+def float64_routing(torch):
+    """A torch function mode in which a float64 tensor asked to become float32 stays float64
+    (transformers computes the routing in float32 even in a float64 model)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Float64Routing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.float and args[0].dtype == torch.float64:
+                return args[0]
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32:
+                kwargs["dtype"] = torch.float64
+            return func(*args, **kwargs)
+
+    return Float64Routing()
+
+
+def hf_fn(torch, inputs: dict, backward: bool, implementation: str):
+    """transformers' block on the spec (see hf_block); forward under torch.inference_mode,
+    forward + backward by autograd. A float64 spec runs with float64 routing
+    (float64_routing), without which it is off by float32 rounding."""
+    import contextlib
+
+    block, family = hf_block(torch, inputs, implementation)
+    x = torch.from_numpy(inputs["x"])[None]            # [1, T, d]: the blocks take [batch, seq, d]
+    f64 = inputs["x"].dtype == np.float64
+
+    def run(xt):
+        out = block(xt)
+        return out[0] if isinstance(out, tuple) else out  # gpt-oss: (out, router scores)
+
+    def routing():
+        return float64_routing(torch) if f64 else contextlib.nullcontext()
+
+    if not backward:
+        def fwd():
+            with torch.inference_mode(), routing():
+                return {"out": run(x)[0].numpy()}
+        return fwd
+
+    ct = torch.from_numpy(inputs["ct"])[None]
+
+    def fwd_bwd():
+        block.zero_grad(set_to_none=True)
+        xt = x.detach().requires_grad_(True)
+        with routing():
+            out = run(xt)
+            out.backward(ct)
+        return dict(_hf_grads(block, family, xt.grad[0].numpy()), out=out.detach()[0].numpy())
+
+    return fwd_bwd

@@ -47,7 +47,8 @@ def ratio(a, b):
 
 def derive(op: str, rec: dict, ctx: dict) -> None:
     """rec['metrics']: the ratios the tables and targets use. 'best' is the fastest baseline
-    computing the same thing: the NumPy variants in every flavour and torch."""
+    computing the same thing: the NumPy variants in every flavour, torch and (moe) transformers'
+    own blocks."""
     v, m = rec["variants"], {}
     if op == "ragged_dot":
         sec = v["ragged_dot"]
@@ -78,7 +79,8 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
         for phase in ("fwd", "fwd+bwd"):
             sec = v[phase]
             rd = _get(sec, "raggeddot", "median_s")
-            m[f"{phase} best"], m[f"{phase} best_is"] = best_of(sec, ("numpy", "torch"), "median_s", lowest=True)
+            m[f"{phase} best"], m[f"{phase} best_is"] = best_of(sec, ("numpy", "torch", "hf-eager", "hf-gmm"), "median_s",
+                                                                 lowest=True)
             m[f"{phase} best/rd"] = ratio(m[f"{phase} best"], rd)
             m[f"{phase} np/rd"] = ratio(best_of(sec, ("numpy",), "median_s", lowest=True)[0], rd)
             mem = [_get(sec, x, "peak_extra_bytes") for x in ("raggeddot", "numpy")]

@@ -24,6 +24,11 @@ Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU 
   np-loop, numpy   NumPy, one np.matmul per group (moe: the whole layer, argsort + per-expert loop)
   torch-loop       the same loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
   torch            moe: HF transformers' expert loop, backward by autograd
+  hf-eager, hf-gmm moe: transformers' own sparse-MoE block of the family the spec's options
+                   describe (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss), weights loaded from the
+                   spec, eval mode; its experts run by the per-expert loop ("eager") or by
+                   torch._grouped_mm ("grouped_mm", float32 only); forward under
+                   torch.inference_mode, backward by autograd; float64 with float64 routing
   jax              jax.jit of jax.lax.ragged_dot / jax.vjp on CPU. XLA:CPU lowers ragged_dot to
                    a dense dot over a masked [m, g*k] copy (g x the FLOPs): a call estimated
                    above --jax-time-limit, or a masked copy over 2 GiB, is "skip"
@@ -32,7 +37,8 @@ Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU 
   NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
                    (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
                    Zen5); the JSON has OpenBLAS's core name of every NumPy variant
-  best, best_is    the fastest baseline computing the same thing: every NumPy flavour and torch
+  best, best_is    the fastest baseline computing the same thing: every NumPy flavour, torch
+                   and (moe) transformers' blocks
   rd/X             raggeddot's GFLOP/s over X's (moe: X's time over raggeddot's); rd/best over
                    'best', rd/loop over the best NumPy loop, rd/dense over the best np-dense
   %peak            raggeddot's GFLOP/s over the FMA peak measured at start (runtime.peak_gflops)
@@ -366,7 +372,7 @@ def environment(args, op: str, chosen: list):
     names = {v.name for v in chosen}
     limit = args.jax_time_limit if args.jax_time_limit is not None else JAX_TIME_LIMIT[op] / (4 if args.quick else 1)
     env = V.Env(jax_time_limit=limit)
-    if names & {"torch", "torch-loop", "torch-gmm"}:
+    if names & {"torch", "torch-loop", "torch-gmm", "hf-eager", "hf-gmm"}:
         env.setup_torch()
     if "jax" in names:
         env.setup_jax(x64="float64" in args.dtype)

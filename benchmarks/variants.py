@@ -347,6 +347,18 @@ def _moe(kind: str, backward: bool):
             return MB.numpy_fn(inputs, backward)
         if kind == "torch":
             return MB.torch_fn(env.need_torch(), inputs, backward)
+        if kind in MB.HF_IMPLEMENTATIONS:
+            torch = env.need_torch()
+            if kind == "grouped_mm" and (not env.torch_gmm or c.dtype != np.float32):
+                raise Skip(env.torch_note or "torch._grouped_mm takes float32/bfloat16/float16 only")
+            try:
+                import transformers  # noqa: F401
+            except Exception as e:  # noqa: BLE001 - an optional baseline
+                raise Skip(f"transformers not importable: {type(e).__name__}") from None
+            try:
+                return MB.hf_fn(torch, inputs, backward, kind)
+            except MB.HFUnsupported as e:
+                raise Skip(str(e)) from None
         if kind == "jax":
             return MB.jax_fn(env.need_jax(c, backward), inputs, backward)
         args, kw = [inputs[a] for a in specs.MOE_ARGS], inputs["options"]
@@ -367,6 +379,8 @@ def _moe_variants(phase: str, backward: bool) -> list[Variant]:
     return [Variant("raggeddot", phase, _moe("raggeddot", backward), refs, phase, memory=True),
             Variant("numpy", phase, _moe("numpy", backward), refs, phase, numpy=True, memory=True),
             Variant("torch", phase, _moe("torch", backward), refs, phase),
+            Variant("hf-eager", phase, _moe("eager", backward), refs, phase),
+            Variant("hf-gmm", phase, _moe("grouped_mm", backward), refs, phase),
             Variant("jax", phase, _moe("jax", backward), refs, phase, jit=True, sync=jax_sync)]
 
 

@@ -9,6 +9,11 @@
   context factory ``x64(enabled=True)`` that turns them on or off, and
   megablox's gmm module. They skip when jax is missing, except that with
   RAGGEDDOT_REQUIRE_JAX=1 (CI) a missing jax stops the run (pytest_configure).
+- torch and transformers (the ``hf`` extra) are imported by the one module
+  that uses them, through helpers.import_hf(): it skips that module when they
+  are missing, except that with RAGGEDDOT_REQUIRE_HF=1 (CI) it fails. (Not
+  in pytest_configure: every other pytest run, the sanitizer's included,
+  stays free of torch.)
 """
 
 import os
@@ -72,3 +77,11 @@ def pytest_configure(config):
                 f"RAGGEDDOT_REQUIRE_JAX=1 but jax (with megablox) cannot be imported: {e!r}; "
                 "install the test extra: pip install -e '.[test]'"
             )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The conformance tests against transformers run last: running torch and
+    transformers leaves state in the process (their objects, caches and
+    threads) that the leak tests' measurements of reference counts and traced
+    memory would see as growth if those ran after them."""
+    items.sort(key=lambda item: item.path.name == "test_hf_conformance.py")   # stable: order kept otherwise

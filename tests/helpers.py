@@ -6,7 +6,10 @@ that a test module imports what it uses (``from helpers import check_close``).
 Only raggeddot's public modules are used here.
 """
 
+import os
+
 import numpy as np
+import pytest
 
 from raggeddot import runtime
 
@@ -316,3 +319,25 @@ def with_layout(x, layout):
 
 KERNELS = runtime.runnable_kernels()   # every kernel family this CPU runs
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
+
+
+# ---------------------------------------------------------------------------
+# Optional dependencies
+# ---------------------------------------------------------------------------
+
+
+def import_hf():
+    """``(torch, transformers)`` for a test module that compares against
+    transformers (the ``hf`` extra). Without them the module is skipped,
+    unless RAGGEDDOT_REQUIRE_HF=1 (CI), where the run fails instead: there
+    the conformance tests must run, not skip. Call at module level."""
+    try:
+        import torch
+        import transformers
+    except Exception as e:  # ImportError, or a broken install
+        if os.environ.get("RAGGEDDOT_REQUIRE_HF") == "1":
+            pytest.fail(f"RAGGEDDOT_REQUIRE_HF=1 but torch and transformers cannot be imported: {e!r}; "
+                        "install the hf extra: pip install -e '.[hf]'", pytrace=False)
+        pytest.skip(f"torch and transformers (the hf extra) are not installed: {e!r}",
+                    allow_module_level=True)
+    return torch, transformers

@@ -349,6 +349,9 @@ def gather_rows(x, indices, scale=None):
     ct = compute_dtype(x.dtype)
     if scale is not None:
         scale = operand(np.asarray(scale), ct, CONTIGUOUS)
+    if x.dtype.itemsize == 2:   # 16-bit rows: gathered as they are, never widened whole
+        rows = np.take(x, _indices(indices), axis=0)
+        return rows if scale is None else rows.astype(ct) * scale[:, None]
     return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale)
 
 
@@ -360,7 +363,20 @@ def gather_reduce(y, indices, weights=None):
     ct = compute_dtype(y.dtype)
     if weights is not None:
         weights = operand(np.asarray(weights), ct, CONTIGUOUS)
-    return _core.gather_reduce(operand(y, ct, ROWS), _indices(indices), weights)
+    idx = _indices(indices)
+    if y.dtype.itemsize == 2:
+        # 16-bit rows: one slot per token at a time, widened row by row, the
+        # products and sums in float32 in the kernel's order (j ascending)
+        out = np.zeros((idx.shape[0], y.shape[1]), dtype=ct)
+        for j in range(idx.shape[1]):
+            slot = idx[:, j]
+            term = np.take(y, np.maximum(slot, 0), axis=0).astype(ct)
+            if weights is not None:
+                term *= weights[:, j, None]
+            term[slot < 0] = 0
+            out += term
+        return out
+    return _core.gather_reduce(operand(y, ct, ROWS), idx, weights)
 
 
 def gated_act(gate, up, activation, limit, alpha=1.702):

@@ -181,3 +181,34 @@ def test_results_narrowed_as_numpy_rounds(rng, dtype, portable):
     nan = np.isnan(want.astype(np.float32))
     assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
     assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_gathers_read_half_rows_in_place(rng, dtype):
+    """ragged_gather / ragged_gather_reduce on 16-bit rows: the results of
+    converting first, rounded once, and no float32 copy of the rows."""
+    T, k, d = 2048, 8, 256
+    x = rng.standard_normal((T, d)).astype(dtype)
+    y = rng.standard_normal((T * k, d)).astype(dtype)
+    idx = rng.integers(0, T, T * k)
+    slots = rng.permutation(T * k).reshape(T, k)
+    slots[rng.random((T, k)) < 0.1] = -1
+    w = rng.random((T, k)).astype(np.float32)
+    s = rng.random(T * k).astype(np.float32)
+    for got, want in [
+        (raggeddot.ragged_gather(x, idx), x[idx]),
+        (raggeddot.ragged_gather(x, idx, s), raggeddot.ragged_gather(x.astype(np.float32), idx, s).astype(dtype)),
+        (raggeddot.ragged_gather_reduce(y, slots), raggeddot.ragged_gather_reduce(y.astype(np.float32), slots).astype(dtype)),
+        (raggeddot.ragged_gather_reduce(y, slots, w),
+         raggeddot.ragged_gather_reduce(y.astype(np.float32), slots, w).astype(dtype)),
+    ]:
+        assert got.dtype == dtype and np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    raggeddot.ragged_gather_reduce(y, slots, w)
+    with runtime.configured(buffer_cache=0):
+        tracemalloc.start()
+        try:
+            raggeddot.ragged_gather_reduce(y, slots, w)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * y.size // 2, peak      # a float32 copy of y alone would take 4 * y.size

@@ -17,16 +17,18 @@ def _ids(spec):
     return spec.name
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", specs.DTYPES)
 @pytest.mark.parametrize("spec", specs.SPECS, ids=_ids)
 def test_spec_matches_reference(spec, dtype):
+    assert dtype in spec.dtypes
     inputs = specs.make_inputs(spec, dtype, scale=SCALE)
     got, want = specs.run_raggeddot(spec, inputs), specs.run_reference(spec, inputs)
     assert set(got) == set(want)
     for name, ref in want.items():
+        assert ref.dtype == specs.dtype_of(dtype), (name, ref.dtype)
         ok, err = specs.check(got[name], ref, dtype)
         assert ok, f"{spec.name} {name}: rel err {err:.3g}, dtype {got[name].dtype}"
-    if spec.op != "moe":
+    if spec.op != "moe" and not specs.is_half(dtype):  # NumPy has no fast 16-bit matmul
         loop = specs.numpy_loop(spec, inputs)()
         for name, ref in want.items():
             assert specs.check(loop[name], ref, dtype)[0], f"{spec.name} NumPy loop {name}"
@@ -47,7 +49,7 @@ def test_names_ops_tags_patterns():
     assert len({s.name for s in specs.SPECS}) == len(specs.SPECS)
     for s in specs.SPECS:
         assert s.op in specs.OPS and s.tags <= set(specs.TAGS), s.name
-        assert set(s.dtypes) <= {"float32", "float64"}
+        assert set(s.dtypes) <= set(specs.DTYPES)
         if s.op == "moe":
             assert s.shape["E"] % s.options.get("n_groups", 1) == 0
             continue
@@ -72,6 +74,31 @@ def test_inputs_are_deterministic_and_follow_the_pattern():
     gs = specs.make_inputs(specs.get("deepseek-m16384-g256-partial"), scale=SCALE)["group_sizes"]
     assert gs.sum() == 3 * (16384 // 64) // 4
     assert specs.get("dense-2048").resized(0.5).shape == {"m": 1024, "k": 1024, "n": 1024, "g": 1}
+
+
+@pytest.mark.parametrize("dtype", specs.HALF_DTYPES)
+def test_half_inputs_are_the_float32_draws_rounded(dtype):
+    for name in ("qwen3-m4096-g64-skewed", "bwd-qwen3-m4096-g64-skewed", "gpt-oss"):
+        s = specs.get(name)
+        f32, half = specs.make_inputs(s, "float32", scale=SCALE), specs.make_inputs(s, dtype, scale=SCALE)
+        for key, value in f32.items():
+            if isinstance(value, np.ndarray) and value.dtype == np.float32:
+                assert half[key].dtype == specs.dtype_of(dtype), (name, key)
+                assert np.array_equal(half[key], value.astype(specs.dtype_of(dtype))), (name, key)
+
+
+def test_half_tolerances_and_dtype_errors():
+    assert specs.REL_TOL[specs.dtype_of("bfloat16")] == pytest.approx(1e-2)
+    assert specs.REL_TOL[specs.dtype_of("float16")] == pytest.approx(2e-3)
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    off = (ref + 0.02).astype(specs.dtype_of("bfloat16"))  # 1% of max |ref|: just over the bound
+    assert not specs.check(off, ref.astype(off.dtype), "bfloat16")[0]
+    assert specs.check(ref.astype(off.dtype), ref.astype(off.dtype), "bfloat16") == (True, 0.0)
+    assert not specs.check(ref, ref, "bfloat16")[0]  # a float32 result is not a bfloat16 one
+    with pytest.raises(ValueError, match="int8"):
+        specs.dtype_of("int8")
+    with pytest.raises(ValueError, match="float128"):
+        specs.dtype_of("float128")
 
 
 def test_select_by_glob_and_errors():

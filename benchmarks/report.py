@@ -266,8 +266,8 @@ def print_header(info: dict) -> None:
         print(f"FMA peak {isa} (float32 GFLOP/s; float64 half): "
               + ", ".join(f"{t} thr {fmt(p)}" for t, p in pk.items()))
     for dtype, pk in (info.get("native_peaks") or {}).items():
-        figs = ", ".join(f"{t} thr {fmt(p)}" for t, p in (pk.get("gflops") or {}).items()) or "absent"
-        print(f"{dtype} peak ({pk.get('instruction')}, {pk.get('basis')}): {figs}; {pk.get('note', '')}")
+        figs = ", ".join(f"{t} thr {fmt(p)}" for t, p in (pk.get("gflops") or {}).items()) or "not measured"
+        print(f"{dtype} peak ({pk.get('instruction')}): {figs} ({pk.get('note', '')})")
     bw = info.get("read_bandwidth")
     if bw:
         print(f"read bandwidth (runtime.read_bandwidth, {bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s")
@@ -288,6 +288,9 @@ def print_run(run: dict) -> None:
         lines = notes(rows)
         if lines:
             print("notes:\n" + "\n".join(lines))
+    vnni = (run["machine"].get("native_peaks") or {}).get("int8")
+    if op == "quant" and vnni and not vnni.get("gflops"):
+        print(f"\nint8 %vnni: the vpdpbusd peak is absent ({vnni.get('note')}); %fma is against the FMA peak")
     sc = run.get("scaling")
     if sc:
         print(f"\n== scaling: {sc['spec']} ({sc['dtype']}, {sc['describe']}), raggeddot at 1..ncpu threads")

@@ -501,17 +501,17 @@ def _jax_step(env, c):
 
 
 def _tgmm(env, c):
-    lhs_t, ct, gs = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"]
-    return lambda: {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs)}
+    lhs_t, ct, gs, dt = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"], c.dtype
+    return lambda: {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs, preferred_element_type=dt)}  # megablox: float32
 
 
 def _tgmm_fresh(env, c):
-    lhs_t, ct, gs = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"]
+    lhs_t, ct, gs, dt = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"], c.dtype
 
     def call():
         limit = raggeddot.set_buffer_cache(0)  # also releases the block of the previous call
         try:
-            return {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs)}
+            return {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs, preferred_element_type=dt)}
         finally:
             raggeddot.set_buffer_cache(limit)
 
@@ -568,26 +568,62 @@ def _moe(kind: str, backward: bool):
 
 
 def _torch_moe_half(torch, c: Case, backward: bool):
-    """moe_baselines' torch expert loop with every tensor in the case's 16-bit dtype
-    (forward; forward + backward by autograd). Outputs are tensors (the runner converts)."""
-    dt = getattr(torch, c.dtype.name)
-    kw = c.inputs32["options"]
-    a = {key: t.to(dt) for key, t in MB._torch_tensors(torch, c.inputs32).items()}
-    if not backward:
-        def fwd():
-            with torch.inference_mode():
-                return {"out": MB.torch_layer(torch, kw, a)}
-        return fwd
+    """A torch per-expert loop with the expert weights and matmuls in the case's 16-bit dtype
+    (forward only). The router runs in float32, as in raggeddot's moe_block: a 16-bit router
+    picks other experts for near-tied tokens, which makes it another layer. Then, per expert
+    that got tokens, F.linear on HF's [out, in] weights in the 16-bit dtype, the activation,
+    and the weighted combine accumulated in float32 (index_add_); the result rounded."""
+    if backward:
+        raise Skip("the 16-bit torch loop is forward only")
+    i32, kw = c.inputs32, c.inputs32["options"]
+    if kw.get("n_groups"):
+        raise Skip("group-limited routing is not in the 16-bit torch loop")
+    F, dt = torch.nn.functional, getattr(torch, c.dtype.name)
+    act, limit, k = kw.get("activation", "silu"), kw.get("swiglu_limit", 7.0), kw["top_k"]
+    sigmoid = kw.get("score_func", "softmax") == "sigmoid"
 
-    def fwd_bwd():
-        params = {key: a[key].detach().requires_grad_(True) for _, key, _ in MB.TORCH_LEAVES if key in a}
-        out = MB.torch_layer(torch, kw, dict(a, **params))
-        out.backward(a["ct"])
-        grads = {name: params[key].grad.transpose(-1, -2) if transposed else params[key].grad
-                 for name, key, transposed in MB.TORCH_LEAVES if key in params}
-        return dict(grads, out=out.detach())
+    def t32(a):
+        return torch.from_numpy(np.ascontiguousarray(a))
 
-    return fwd_bwd
+    def half(a, transpose=False):
+        return None if a is None else t32(a.transpose(0, 2, 1) if transpose else a).to(dt)
+
+    x32, rw = t32(i32["x"]), t32(i32["router_weights"])
+    rb, sb = (None if kw.get(n) is None else t32(kw[n]) for n in ("router_bias", "selection_bias"))
+    xh = x32.to(dt)
+    w0, w1, wo = (half(i32[n], True) for n in ("w0", "w1", "wo"))
+    b0, b1, bo = (half(kw.get(n)) for n in ("w0_bias", "w1_bias", "wo_bias"))
+    shared = [t32(w.T).to(dt) for w in kw["shared_experts"]] if kw.get("shared_experts") is not None else None
+
+    def mlp(h, e0, e1, eo, c0=None, c1=None, co=None):
+        g, u = F.linear(h, e0, c0), F.linear(h, e1, c1)
+        if act == "silu":
+            z = F.silu(g) * u
+        else:
+            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+            z = g * torch.sigmoid(g * 1.702) * (u + 1)
+        return F.linear(z, eo, co)
+
+    def fwd():
+        with torch.inference_mode():
+            logits = x32 @ rw if rb is None else x32 @ rw + rb
+            scores = logits.sigmoid() if sigmoid else F.softmax(logits, dim=1)
+            idx = torch.topk(scores if sb is None else scores + sb, k, dim=1)[1]
+            w = scores.gather(1, idx)
+            if kw.get("norm_topk_prob"):
+                w = w / (w.sum(dim=1, keepdim=True) + (1e-20 if sigmoid else 0.0))
+            w = w * kw.get("routed_scaling_factor", 1.0)
+            out = torch.zeros(x32.shape, dtype=torch.float32)
+            for e in torch.unique(idx).tolist():
+                tok, slot = torch.where(idx == e)
+                bias = [None if b is None else b[e] for b in (b0, b1, bo)]
+                y = mlp(xh[tok], w0[e], w1[e], wo[e], *bias)
+                out.index_add_(0, tok, y.float() * w[tok, slot, None])
+            if shared is not None:
+                out += mlp(xh, *shared).float()
+            return {"out": out.to(dt)}
+
+    return fwd
 
 
 def _moe_variants(phase: str, backward: bool) -> list[Variant]:

@@ -120,7 +120,8 @@ def test_runner_uses_existing_tags_and_specs():
     assert set(run.TAGS_USED) <= set(specs.TAGS)
     for name in run.SCALING_SPEC.values():
         assert specs.get(name).op == "ragged_dot"
-    for op in specs.OPS:
+    assert set(run.V.SECTIONS) == set(specs.OPS) | {"quant"}
+    for op in run.V.SECTIONS:
         record = {"dtype": "float32", "variants": {s: {} for s in run.V.SECTIONS[op]}}
         report.derive(op, record, {})
         targets = report.load_targets(op)
@@ -138,3 +139,57 @@ def test_main_job_runs(capsys):
     out = capsys.readouterr().out
     n = len([s for s in specs.select(tags=["main"]) if s.op != "moe"])
     assert f"{n} passed, 0 failed" in out
+
+
+def _runner():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return run
+
+
+def _smoke(tmp_path, argv):
+    """A smoke run of benchmarks/run.py; its records (every variant was checked against the
+    oracle before being timed)."""
+    import json
+
+    run = _runner()
+    base = ["--smoke", "--no-progress", "--no-plot", "--coretype", "none", "--out", str(tmp_path)]
+    assert run.main(argv + base) == 0
+    name = "quant" if "--quant" in argv else argv[0]
+    with open(tmp_path / f"bench_{name}.json") as f:
+        return json.load(f)
+
+
+def test_runner_half_dtype_checks_raggeddot_and_its_float32_twin(tmp_path):
+    res = _smoke(tmp_path, ["ragged_dot", "--spec", "tiny-m4096-g256-k64-n64", "--dtype", "bfloat16", "float16",
+                            "--variants", "rd-f32", "np-loop", "rd-prepacked", "--scaling-spec", "none"])
+    assert res["machine"]["read_bandwidth"]["gbs"] > 0
+    assert res["machine"]["native_peaks"]["int8"]["instruction"] == "vpdpbusd"
+    assert [r["dtype"] for r in res["results"]] == ["bfloat16", "float16"]
+    for r in res["results"]:
+        sec = r["variants"]["ragged_dot"]
+        for name in ("raggeddot", "rd-f32", "np-loop"):
+            assert sec[name]["status"] == "ok", (r["dtype"], name, sec[name])
+            assert sec[name]["rel_err"] <= specs.REL_TOL[specs.dtype_of(r["dtype"])]
+            assert sec[name]["weight_gbs"] > 0  # 16 rows per group: memory-bound
+        assert sec["rd-f32"]["weight_bytes"] == 2 * sec["raggeddot"]["weight_bytes"]
+        assert sec["rd-prepacked"]["status"] == ("skip" if not hasattr(raggeddot, "prepack") else "ok")
+        assert r["metrics"]["rd/f32"] > 0 and r["metrics"]["%bw"] > 0
+
+
+def test_runner_quant_checks_every_mode_against_the_dequantized_product(tmp_path):
+    res = _smoke(tmp_path, ["ragged_dot", "--quant", "int8", "int8-sub128", "int8w", "fp8w",
+                            "--spec", "qwen3-m4096-g64-skewed",
+                            "--variants", "rd-bf16", "int8", "int8-sub128", "int8w", "fp8w"])
+    assert res["benchmark"] == "quant"
+    (r,) = res["results"]
+    sec = r["variants"]["quant"]
+    for name in ("rd-f32", "rd-bf16", "int8", "int8-sub128", "int8w", "fp8w"):
+        assert sec[name]["status"] == "ok", (name, sec[name])
+    assert r["metrics"]["int8/f32"] > 0 and r["metrics"]["fp8w/bf16"] > 0
+    # weight bytes: int8 one byte a value plus one float32 scale per (group, column)
+    k = r["shape"]["k"]
+    assert sec["int8w"]["weight_bytes"] == pytest.approx(sec["rd-f32"]["weight_bytes"] * (1 + 4 / k) / 4)

@@ -140,7 +140,7 @@ def native_peaks(peaks: dict, fma_isa: str, seconds: float) -> dict:
             else:
                 rec["note"] = f"the CPU has {', '.join(has)} but runtime.peak_gflops has no probe of {instr}"
         if rec["gflops"] is None and dtype == "bfloat16":
-            rec.update(gflops=fma or None, basis="fma",
+            rec.update(gflops=fma or None, basis="fma", instruction=f"{fma_isa} FMA",
                        note=rec["note"] + f"; bfloat16 compared with the {fma_isa} FMA peak (widened to float32)")
         else:
             rec["basis"] = "native" if rec["gflops"] else "absent"

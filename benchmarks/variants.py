@@ -755,13 +755,17 @@ VARIANTS: dict[str, list[Variant]] = {
 
 def run_gathers(c: Case, timer) -> dict:
     """ragged_gather (x -> [N, d]) and ragged_gather_reduce ([N, d] -> [T, d], weighted) on
-    the routing of the NumPy forward, checked, then timed with timer(fn) -> timing dict."""
+    the routing of the NumPy forward, checked, then timed with timer(fn) -> timing dict.
+    A 16-bit case gathers its own arrays (y and w rounded to its dtype)."""
     r, x, k = c.extra["np_res"], c.inputs["x"], c.spec.shape["top_k"]
     tok, slot, w, y = r["tok"], r["slot"], r["w"], r["y"]
-    want = np.zeros_like(x)
+    if c.half:
+        w, y = w.astype(c.dtype), y.astype(c.dtype)
+    w32, y32 = (w.astype(np.float32), y.astype(np.float32)) if c.half else (w, y)
+    want = np.zeros(x.shape, dtype=np.result_type(w32, y32))
     for j in range(k):
-        want += w[:, j, None] * y[slot[:, j]]
-    ok, err = specs.check(raggeddot.ragged_gather_reduce(y, slot, w), want, c.dtype)
+        want += w32[:, j, None] * y32[slot[:, j]]
+    ok, err = specs.check(raggeddot.ragged_gather_reduce(y, slot, w), want.astype(c.dtype, copy=False), c.dtype)
     if not (ok and np.array_equal(raggeddot.ragged_gather(x, tok), x[tok])):
         return {"status": "FAILED", "rel_err": err}
     tg = timer(lambda: raggeddot.ragged_gather(x, tok))

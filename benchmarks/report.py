@@ -149,7 +149,8 @@ TABLES = {
                ["best", "best_is", *(f"{mode}/{b}" for mode, over in QUANT_RATIOS.items() for b in over),
                 "int8 %fma", "int8 %vnni", "int8w %fma"]),
               ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); %bw: of "
-                        "the read bandwidth measured at start", "gbs", ["f32 %bw", "bf16 %bw", "int8w %bw", "fp8w %bw"])],
+                        "the read bandwidth measured at start", "gbs",
+               ["f32 %bw", "bf16 %bw", "int8w %bw", "fp8w %bw"])],
     "backward": [
         ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n; step/fwd t = raggeddot "
                  "step time / forward time (3.0: backward at forward speed)", "gflops",
@@ -270,7 +271,8 @@ def print_header(info: dict) -> None:
         print(f"{dtype} peak ({pk.get('instruction')}): {figs} ({pk.get('note', '')})")
     bw = info.get("read_bandwidth")
     if bw:
-        print(f"read bandwidth (runtime.read_bandwidth, {bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s")
+        print(f"read bandwidth (runtime.read_bandwidth, {bw['threads']} thr, {bw['megabytes']} MB): "
+              f"{fmt(bw['gbs'])} GB/s")
     for w in info.get("warnings", []):
         print(f"warning: {w}")
     sys.stdout.flush()

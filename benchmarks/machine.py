@@ -1,5 +1,6 @@
 """What the benchmarks record about the machine: CPU, NumPy's OpenBLAS (and the core
-type it chose), load, stolen CPU time, and the measured FMA peak."""
+type it chose), load, stolen CPU time, the measured FMA peak, the peaks of the 16-bit and
+int8 instructions where the CPU has them, and the measured read bandwidth."""
 from __future__ import annotations
 
 import ctypes
@@ -105,6 +106,52 @@ def measure_peaks(seconds: float, repeats: int = 2) -> dict:
     ncpu = os.cpu_count() or 1
     return {isa: {str(t): (max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None)
                   for t in range(1, ncpu + 1)} for isa in ISAS}
+
+
+#: the instruction a 16-bit or int8 product would run natively: (CPU features, one of which
+#: it needs; the runtime.peak_gflops isa names that may probe it)
+NATIVE = {"bfloat16": ("vdpbf16ps", ("avx512_bf16",), ("avx512_bf16", "bf16")),
+          "int8": ("vpdpbusd", ("avx512_vnni", "avx_vnni"), ("avx512_vnni", "avx_vnni", "vnni"))}
+
+
+def native_peaks(peaks: dict, fma_isa: str, seconds: float) -> dict:
+    """{bfloat16, float16, int8: {instruction, gflops: {threads: GFLOP/s} or None, basis, note}}:
+    the yardstick of each low-precision product. bfloat16 and int8: their native instruction's
+    peak (runtime.peak_gflops, when it probes it and the CPU has it); without it the figure is
+    absent and the products are compared with the FMA peak of ``fma_isa`` (raggeddot widens
+    16-bit values to float32 while packing and runs FMAs). float16 always runs FMAs."""
+    cpu, ncpu = runtime.build_info()["cpu"], os.cpu_count() or 1
+    fma = peaks.get(fma_isa) or {}
+    out = {"float16": {"instruction": f"{fma_isa} FMA", "gflops": fma or None, "basis": "fma",
+                       "note": "float16 values widened to float32: FMA peak"}}
+    for dtype, (instr, features, probes) in NATIVE.items():
+        has = [f for f in features if cpu.get(f)]
+        rec = {"instruction": instr, "gflops": None, "features": has}
+        if not has:
+            rec["note"] = f"absent: the CPU has no {' / '.join(f.upper() for f in features)}"
+        else:
+            for isa in probes:
+                try:
+                    rec["gflops"] = {str(t): runtime.peak_gflops(isa, t, seconds) or None for t in range(1, ncpu + 1)}
+                    rec["note"] = f"runtime.peak_gflops({isa!r})"
+                    break
+                except ValueError:
+                    continue
+            else:
+                rec["note"] = f"the CPU has {', '.join(has)} but runtime.peak_gflops has no probe of {instr}"
+        if rec["gflops"] is None and dtype == "bfloat16":
+            rec.update(gflops=fma or None, basis="fma", instruction=f"{fma_isa} FMA",
+                       note=rec["note"] + f"; bfloat16 compared with the {fma_isa} FMA peak (widened to float32)")
+        else:
+            rec["basis"] = "native" if rec["gflops"] else "absent"
+        out[dtype] = rec
+    return out
+
+
+def measure_read_bandwidth(threads: int, seconds: float, megabytes: float = 256, repeats: int = 2) -> dict:
+    """{threads, megabytes, gbs}: the best of ``repeats`` runs of runtime.read_bandwidth."""
+    gbs = max(runtime.read_bandwidth(threads, megabytes, seconds) for _ in range(repeats))
+    return {"threads": threads, "megabytes": megabytes, "gbs": gbs}
 
 
 def peak_warnings(peaks: dict) -> list[str]:

@@ -45,6 +45,33 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
+def _peak(ctx: dict, dtype: str, isa_key: str | None = None):
+    """The GFLOP/s yardstick of a record's dtype at raggeddot's thread count: the FMA peak of
+    the kernel's ISA (float64: half), or for bfloat16 / float16 / int8 the native_peaks entry."""
+    t = str(ctx.get("rd_threads"))
+    if dtype in ("bfloat16", "float16", "int8") and isa_key is None:
+        return ((ctx.get("native_peaks") or {}).get(dtype, {}).get("gflops") or {}).get(t)
+    p = (ctx.get("peaks", {}).get(isa_key or ctx.get("peak_isa")) or {}).get(t)
+    return p / 2 if p and dtype == "float64" else p
+
+
+def _pct(a, b):
+    return 100 * a / b if a and b else None
+
+
+def _bandwidth(m: dict, sec: dict, names: dict, ctx: dict) -> None:
+    """GB/s of weight bytes and % of the read bandwidth, {metric prefix: variant}."""
+    bw = ctx.get("read_gbs")
+    for prefix, name in names.items():
+        gbs = _get(sec, name, "weight_gbs")
+        m[f"{prefix}GB/s"], m[f"{prefix}%bw"] = gbs, _pct(gbs, bw)
+
+
+#: the metrics of the quant benchmark, besides best/best_is: mode -> its ratio columns
+QUANT_RATIOS = {"int8": ("f32", "bf16", "torch"), "int8-sub128": ("f32", "bf16"), "int8w": ("f32", "bf16", "torch"),
+                "fp8w": ("f32", "bf16")}
+
+
 def derive(op: str, rec: dict, ctx: dict) -> None:
     """rec['metrics']: the ratios the tables and targets use. 'best' is the fastest baseline
     computing the same thing: the NumPy variants in every flavour, torch and (moe) transformers'
@@ -57,11 +84,25 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
         m.update({"rd/best": ratio(rd, m["best"]), "rd/dense": ratio(rd, best_of(sec, ("np-dense",))[0]),
                   "rd/loop": ratio(rd, best_of(sec, ("np-loop",))[0]),
                   "rd/torch": ratio(rd, best_of(sec, ("torch-loop", "torch-gmm"))[0]),
-                  "rd/jax": ratio(rd, _get(sec, "jax", "gflops"))})
-        for key, isa in (("pct_peak", ctx.get("peak_isa")), ("pct_peak_avx2", "avx2")):
-            p = (ctx.get("peaks", {}).get(isa) or {}).get(str(ctx.get("rd_threads")))
-            p = p / 2 if p and rec["dtype"] == "float64" else p
-            m[key] = 100 * rd / p if rd and p else None
+                  "rd/tdense": ratio(rd, _get(sec, "torch-dense", "gflops")),
+                  "rd/jax": ratio(rd, _get(sec, "jax", "gflops")),
+                  "rd/f32": ratio(rd, _get(sec, "rd-f32", "gflops")),
+                  "pre/rd": ratio(_get(sec, "rd-prepacked", "gflops"), rd)})
+        m["pct_peak"] = _pct(rd, _peak(ctx, rec["dtype"]))
+        m["pct_peak_avx2"] = _pct(rd, _peak(ctx, rec["dtype"], "avx2"))
+        _bandwidth(m, sec, {"": "raggeddot", "f32 ": "rd-f32", "pre ": "rd-prepacked"}, ctx)
+    elif op == "quant":
+        sec = v["quant"]
+        f32, bf16 = _get(sec, "rd-f32", "gflops"), _get(sec, "rd-bf16", "gflops")
+        m["best"], m["best_is"] = best_of(sec, ("torch-int8", "torch-int8w"))
+        for mode, over in QUANT_RATIOS.items():
+            g = _get(sec, mode, "gflops")
+            base = {"f32": f32, "bf16": bf16, "torch": _get(sec, f"torch-{mode}", "gflops")}
+            for b in over:
+                m[f"{mode}/{b}"] = ratio(g, base[b])
+            m[f"{mode} %fma"] = _pct(g, _peak(ctx, "float32"))
+        m["int8 %vnni"] = _pct(_get(sec, "int8", "gflops"), _peak(ctx, "int8"))
+        _bandwidth(m, sec, {"f32 ": "rd-f32", "bf16 ": "rd-bf16", "int8w ": "int8w", "fp8w ": "fp8w"}, ctx)
     elif op == "backward":
         st, tg = v["step"], v["tgmm"]
         rd = _get(st, "raggeddot", "gflops")
@@ -83,6 +124,8 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
                                                                  lowest=True)
             m[f"{phase} best/rd"] = ratio(m[f"{phase} best"], rd)
             m[f"{phase} np/rd"] = ratio(best_of(sec, ("numpy",), "median_s", lowest=True)[0], rd)
+            m[f"{phase} f32/rd"] = ratio(_get(sec, "rd-f32", "median_s"), rd)
+            m[f"{phase} torch/rd"] = ratio(_get(sec, "torch", "median_s"), rd)
             mem = [_get(sec, x, "peak_extra_bytes") for x in ("raggeddot", "numpy")]
             m[f"{phase} mem rd/np"] = mem[0] / mem[1] if None not in mem and mem[1] else None
         g = rec.get("gathers", {})
@@ -97,7 +140,19 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
 #: per benchmark: (section, title, value shown per variant, metric columns)
 TABLES = {
     "ragged_dot": [("ragged_dot", "ragged_dot: GFLOP/s (median); FLOPs = 2*sum(gs)*k*n (np-dense: 2*m*k*n)", "gflops",
-                    ["best", "best_is", "rd/best", "rd/dense", "rd/loop", "rd/torch", "rd/jax", "pct_peak"])],
+                    ["best", "best_is", "rd/best", "rd/dense", "rd/loop", "rd/torch", "rd/tdense", "rd/jax", "rd/f32",
+                     "pre/rd", "pct_peak"]),
+                   ("ragged_dot", "weights streamed (memory-bound specs): GB/s of the weight bytes of the groups with "
+                                  "rows; %bw: raggeddot's share of the read bandwidth measured at start", "gbs",
+                    ["%bw", "f32 %bw", "pre %bw"])],
+    "quant": [("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32, X/bf16: "
+                        "over raggeddot float32 / bfloat16; %fma: of the FMA peak; %vnni: of the vpdpbusd peak; "
+                        "GB/s, %bw: weight bytes (scales included), memory-bound specs", "gflops",
+               ["best", "best_is", *(f"{mode}/{b}" for mode, over in QUANT_RATIOS.items() for b in over),
+                "int8 %fma", "int8 %vnni", "int8w %fma"]),
+              ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); %bw: of "
+                        "the read bandwidth measured at start", "gbs",
+               ["f32 %bw", "bf16 %bw", "int8w %bw", "fp8w %bw"])],
     "backward": [
         ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n; step/fwd t = raggeddot "
                  "step time / forward time (3.0: backward at forward speed)", "gflops",
@@ -108,11 +163,13 @@ TABLES = {
     "moe": [
         ("fwd", "moe_block forward: median ms; best/rd = best baseline time / raggeddot time; mem = peak extra "
                 "memory (tracemalloc) raggeddot / numpy; gathers = dispatch + combine share of the forward", "ms",
-         ["fwd best", "fwd best_is", "fwd best/rd", "fwd np/rd", "fwd mem rd/np", "gathers %fwd"]),
+         ["fwd best", "fwd best_is", "fwd best/rd", "fwd np/rd", "fwd f32/rd", "fwd torch/rd", "fwd mem rd/np",
+          "gathers %fwd"]),
         ("fwd+bwd", "moe_block forward + backward (moe_block_vjp, vjp_fn(ct)): median ms", "ms",
-         ["fwd+bwd best", "fwd+bwd best_is", "fwd+bwd best/rd", "fwd+bwd np/rd", "fwd+bwd mem rd/np"])],
+         ["fwd+bwd best", "fwd+bwd best_is", "fwd+bwd best/rd", "fwd+bwd np/rd", "fwd+bwd f32/rd",
+          "fwd+bwd torch/rd", "fwd+bwd mem rd/np"])],
 }
-SHAPE_COLS = {"ragged_dot": ["m", "k", "n", "g"], "backward": ["m", "k", "n", "g"],
+SHAPE_COLS = {"ragged_dot": ["m", "k", "n", "g"], "backward": ["m", "k", "n", "g"], "quant": ["m", "k", "n", "g"],
               "moe": ["T", "d", "f", "E", "top_k"]}
 
 
@@ -131,13 +188,15 @@ def cell(vr: dict | None, kind: str) -> str:
         return vr["status"]
     if kind == "ms":
         return fmt(vr["median_s"] * 1e3, 0 if vr["median_s"] > 0.1 else 1) + ("*" if vr.get("contended") else "")
+    if kind == "gbs":
+        return fmt(vr.get("weight_gbs")) + ("*" if vr.get("contended") and vr.get("weight_gbs") else "")
     return fmt(vr["gflops"]) + ("*" if vr.get("contended") else "")
 
 
 def metric_cell(name: str, x, kind: str) -> str:
     if name == "best" or name.endswith(" best"):
         return fmt(x * 1e3 if kind == "ms" and x else x)
-    if "pct" in name or "%" in name:
+    if "pct" in name or "%" in name or name.endswith("GB/s"):
         return fmt(x, 1)
     return fmt(x, 2)
 
@@ -150,8 +209,18 @@ def format_table(headers, rows) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def section_table(op: str, records: list[dict], section: str, kind: str, metrics: list[str]) -> str:
-    seen = list(dict.fromkeys(n for r in records for n in r["variants"][section]))
+def section_table(op: str, records: list[dict], section: str, kind: str, metrics: list[str]) -> str | None:
+    """One row per record: its variants' figures (``kind``: gflops, ms, or gbs: weight GB/s,
+    memory-bound records only), then the metric columns that have a figure somewhere;
+    None when no record has a row."""
+    if kind == "gbs":
+        records = [r for r in records if any(vr.get("weight_gbs") for vr in r["variants"][section].values())]
+        if not records:
+            return None
+    metrics = [x for x in metrics if any(r["metrics"].get(x) is not None for r in records)]
+    seen = list(dict.fromkeys(n for r in records for n in r["variants"][section]
+                              if kind != "gbs" or any(r2["variants"][section].get(n, {}).get("weight_gbs")
+                                                      for r2 in records)))
     base = {n: n.split(":")[0] for n in seen}  # a flavour (np-loop:skx) right after its base
     names = sorted(seen, key=lambda n: seen.index(base[n]) if base[n] in seen else seen.index(n))
     short = [re.sub(r"^(step|tgmm|fwd\+bwd|fwd) ", "", x).replace("pct_peak", "%peak") for x in metrics]
@@ -199,6 +268,13 @@ def print_header(info: dict) -> None:
     for isa, pk in (info.get("fma_peak_gflops_f32") or {}).items():
         print(f"FMA peak {isa} (float32 GFLOP/s; float64 half): "
               + ", ".join(f"{t} thr {fmt(p)}" for t, p in pk.items()))
+    for dtype, pk in (info.get("native_peaks") or {}).items():
+        figs = ", ".join(f"{t} thr {fmt(p)}" for t, p in (pk.get("gflops") or {}).items()) or "not measured"
+        print(f"{dtype} peak ({pk.get('instruction')}): {figs} ({pk.get('note', '')})")
+    bw = info.get("read_bandwidth")
+    if bw:
+        print(f"read bandwidth (runtime.read_bandwidth, {bw['threads']} thr, {bw['megabytes']} MB): "
+              f"{fmt(bw['gbs'])} GB/s")
     for w in info.get("warnings", []):
         print(f"warning: {w}")
     sys.stdout.flush()
@@ -209,11 +285,16 @@ def print_run(run: dict) -> None:
     for dtype in dict.fromkeys(r["dtype"] for r in records):
         rows = [r for r in records if r["dtype"] == dtype]
         for section, title, kind, metrics in TABLES[op]:
-            print(f"\n== {dtype} {title}")
-            print(section_table(op, rows, section, kind, metrics))
+            table = section_table(op, rows, section, kind, metrics)
+            if table is not None:
+                print(f"\n== {dtype} {title}")
+                print(table)
         lines = notes(rows)
         if lines:
             print("notes:\n" + "\n".join(lines))
+    vnni = (run["machine"].get("native_peaks") or {}).get("int8")
+    if op == "quant" and vnni and not vnni.get("gflops"):
+        print(f"\nint8 %vnni: the vpdpbusd peak is absent ({vnni.get('note')}); %fma is against the FMA peak")
     sc = run.get("scaling")
     if sc:
         print(f"\n== scaling: {sc['spec']} ({sc['dtype']}, {sc['describe']}), raggeddot at 1..ncpu threads")

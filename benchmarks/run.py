@@ -4,8 +4,10 @@
     python benchmarks/run.py ragged_dot   # ragged_dot(lhs [m,k], rhs [g,k,n], group_sizes [g])
     python benchmarks/run.py backward     # the forward + vjp step, and tgmm (the weight gradient)
     python benchmarks/run.py moe          # moe_block, forward and forward + backward
-    options: [--quick | --smoke] [--spec NAME/GLOB ...] [--tag TAG ...] [--dtype float32 float64]
-             [--threads N] [--kernel NAME] [--variants NAME ...] [--out DIR] [--list] ...
+    python benchmarks/run.py quant        # ragged_dot on int8 / float8 operands (raggeddot.quantize)
+    options: [--quick | --smoke] [--spec NAME/GLOB ...] [--tag TAG ...]
+             [--dtype float32 float64 bfloat16 float16] [--quant MODE ...] [--threads N]
+             [--kernel NAME] [--variants NAME ...] [--out DIR] [--list] ...
 
 --quick runs the specs tagged 'quick' (or those --spec names; moe: at 1024 tokens) with
 shorter timing; --smoke runs them at 1/16 of their sizes, each variant once, to show that the
@@ -13,8 +15,10 @@ whole run works (its figures mean nothing). --list shows the specs.
 
 Every variant is first checked against the oracle (raggeddot.reference; for moe the NumPy
 version, itself checked against raggeddot.reference on the first 48 tokens): every output it
-returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64. A variant that
-fails is reported FAILED and is not timed. Then it is warmed up and timed: the median of an
+returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64, 1e-2 bfloat16,
+2e-3 float16 (the oracle's dtype: a float32 baseline of a 16-bit case is rounded to it first;
+a quantized product's oracle is the reference product of the dequantized operands). A variant
+that fails is reported FAILED and is not timed. Then it is warmed up and timed: the median of an
 adaptive number of runs (>= 3, ~0.75 s per variant; 0.2 s with --quick).
 
 Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU time, or
@@ -37,6 +41,30 @@ Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU 
   NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
                    (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
                    Zen5); the JSON has OpenBLAS's core name of every NumPy variant
+  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed once outside the
+                   timing (skipped when raggeddot has no prepack)
+  torch-dense      torch lhs @ rhs[0] in the case's dtype (the roofline of torch's matmul)
+16-bit cases (--dtype bfloat16 / float16; the inputs are the float32 draws rounded):
+  raggeddot        on the 16-bit arrays, result in that dtype (as jax)
+  rd-f32           raggeddot float32 on the same values converted (outside the timing)
+  np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul);
+                   np-half: NumPy's own 16-bit dense matmul, on small products only
+  torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it)
+  rd/f32           raggeddot 16-bit over raggeddot float32, GFLOP/s; %peak against the
+                   native instruction's peak (vdpbf16ps) where measured, else the FMA peak
+memory-bound specs (tag 'memory-bound' or <= 32 rows per group): GB/s = bytes of the weights
+  of the groups with rows (rhs of every non-empty group, in the variant's storage, scales
+  included) over the time; %bw = that over runtime.read_bandwidth() measured at start
+quant (python benchmarks/run.py quant [--quant MODE ...], or ragged_dot --quant MODE): on the
+  float32 specs, operands quantized by raggeddot.quantize outside the timing:
+  int8             int8 x int8: lhs one scale per row, rhs one per group and output column
+  int8-sub128      int8 x int8, scales per block of 128 along k on both operands
+  int8w, fp8w      float32 lhs x int8 / float8_e4m3fn rhs, one scale per group and column
+  rd-f32, rd-bf16  raggeddot float32, and bfloat16 on the inputs rounded
+  torch-int8       torch._int_mm per group (int32), scales applied after ("int8")
+  torch-int8w      torch._weight_int8pack_mm per group ("int8w")
+  X/f32, X/bf16    mode X's GFLOP/s over rd-f32's / rd-bf16's; %fma: over the FMA peak; %vnni:
+                   over the vpdpbusd peak (absent without AVX512_VNNI / AVX-VNNI)
   best, best_is    the fastest baseline computing the same thing: every NumPy flavour, torch
                    and (moe) transformers' blocks
   rd/X             raggeddot's GFLOP/s over X's (moe: X's time over raggeddot's); rd/best over
@@ -75,7 +103,7 @@ from raggeddot import runtime, specs  # noqa: E402
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
 #: seconds per call above which jax is skipped (a quarter with --quick)
-JAX_TIME_LIMIT = {"ragged_dot": 4.0, "backward": 4.0, "moe": 6.0}
+JAX_TIME_LIMIT = {"ragged_dot": 4.0, "backward": 4.0, "moe": 6.0, "quant": 4.0}
 SMOKE_SCALE = 1 / 16
 #: tags the runner and its plot select specs by (tests check they exist)
 TAGS_USED = ("quick", "moe")
@@ -84,12 +112,15 @@ TAGS_USED = ("quick", "moe")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("benchmark", choices=specs.OPS)
+    p.add_argument("benchmark", choices=specs.OPS + ("quant",))
     p.add_argument("--quick", action="store_true", help="the specs tagged 'quick', shorter timing")
     p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run per variant (checks the run)")
     p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs (e.g. 'qwen3-*')")
     p.add_argument("--tag", nargs="+", default=(), help="only specs with all these tags (e.g. primary)")
-    p.add_argument("--dtype", nargs="+", choices=["float32", "float64"], default=["float32"])
+    p.add_argument("--dtype", nargs="+", choices=list(specs.DTYPES), default=["float32"],
+                   help="quant: ignored (float32 specs, quantized)")
+    p.add_argument("--quant", nargs="+", choices=list(V.QUANT_MODES), default=None,
+                   help="quantized modes (implies the quant benchmark; default there: all)")
     p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: its own)")
     p.add_argument("--kernel", default=None, help="raggeddot micro-kernel family (runtime.runnable_kernels())")
     p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (raggeddot always runs)")
@@ -106,6 +137,12 @@ def parse_args(argv=None):
     p.add_argument("--list", action="store_true", help="list the specs and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quant and args.benchmark != "quant":
+        if args.benchmark != "ragged_dot":
+            p.error(f"--quant goes with the ragged_dot or quant benchmark, not {args.benchmark}")
+        args.benchmark = "quant"
+    if args.benchmark == "quant":
+        args.quant, args.dtype = list(args.quant or V.QUANT_MODES), ["float32"]
     args.quick = args.quick or args.smoke
     args.mode = "quick" if args.quick else "full"
     if args.scale is None:
@@ -186,7 +223,9 @@ def peak_extra_memory(fn) -> int:
 
 
 def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
-    """Check every output of fn() against the oracle, then time fn(): the variant's record."""
+    """Check every output of fn() against the oracle (in the oracle's dtype; a float32
+    variant of a 16-bit case rounded to it first), then time fn(): the variant's record.
+    On a memory-bound case, also the weight bytes it reads per second."""
     rec, bad, errs = {}, [], {}
     try:
         settle()
@@ -196,9 +235,12 @@ def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
             if name not in c.refs:
                 bad.append(f"unexpected output {name}")
                 continue
-            ok, errs[name] = specs.check(out, c.refs[name], c.dtype)
+            out, ref = V.as_numpy(out), c.refs[name]
+            if v.f32 and c.half and out.dtype == np.float32:
+                out = out.astype(c.dtype)
+            ok, errs[name] = specs.check(out, ref, ref.dtype)
             if not ok:
-                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {np.asarray(out).dtype}")
+                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {out.dtype}")
         del res
     except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
         return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -210,6 +252,9 @@ def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
     settle()
     rec.update(status="ok", first_call_s=first, **time_fn(fn, v.sync, first, opts, v.jit))
     rec.update(flops=c.flops[v.flops], gflops=c.flops[v.flops] / rec["median_s"] / 1e9)
+    if c.spec.op == "ragged_dot" and c.memory_bound and v.flops == "flops":
+        rec["weight_bytes"] = c.weight_bytes(v)
+        rec["weight_gbs"] = rec["weight_bytes"] / rec["median_s"] / 1e9
     if v.memory:
         rec["peak_extra_bytes"] = peak_extra_memory(fn)
     return rec
@@ -223,10 +268,11 @@ def resize(spec: specs.Spec, args) -> specs.Spec:
     return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
 
 
-def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log) -> dict:
+def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
     spec, op = c.spec, c.spec.op
     rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
-           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[op]}}
+           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]},
+           "memory_bound": c.memory_bound}
     if op == "moe":
         rec.update(note=spec.note, numpy_vs_reference=c.extra["numpy_vs_reference"],
                    options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
@@ -329,12 +375,15 @@ def progress(items: list, desc: str, enabled: bool):
 
 
 def select_variants(op: str, args) -> list:
-    """The variants of ``op`` named by --variants (all when not given; raggeddot always)."""
+    """The variants of ``op`` named by --variants (all when not given; raggeddot always;
+    quant: rd-f32 always, and only the variants of the --quant modes)."""
     unknown = set(args.variants or ()) - {v.name for v in V.VARIANTS[op]}
     if unknown:
         sys.exit(f"unknown {op} variants {sorted(unknown)}; known: {sorted({v.name for v in V.VARIANTS[op]})}")
-    keep = set(args.variants or ()) | {"raggeddot"}
-    return [v for v in V.VARIANTS[op] if not args.variants or v.name in keep]
+    keep = set(args.variants or ()) | {"raggeddot", "rd-f32"}
+    modes = set(args.quant or ())
+    return [v for v in V.VARIANTS[op] if (not args.variants or v.name in keep)
+            and (op != "quant" or v.mode is None or v.mode in modes)]
 
 
 def worker(args) -> int:
@@ -351,13 +400,14 @@ def worker(args) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     op = args.benchmark
+    spec_op = "ragged_dot" if op == "quant" else op
     try:
         quick = ["quick"] if args.quick and not args.spec else []
-        chosen_specs = specs.select(op, args.spec, list(args.tag) + quick)
+        chosen_specs = specs.select(spec_op, args.spec, list(args.tag) + quick)
     except ValueError as e:
         sys.exit(str(e))
     if args.list:
-        for s in specs.select(op):
+        for s in specs.select(spec_op):
             print(f"{s.name:34s} {s.describe():44s} {' '.join(sorted(s.tags))}")
         return 0
     with runtime.configured(kernel=args.kernel, num_threads=args.threads):
@@ -372,18 +422,24 @@ def environment(args, op: str, chosen: list):
     names = {v.name for v in chosen}
     limit = args.jax_time_limit if args.jax_time_limit is not None else JAX_TIME_LIMIT[op] / (4 if args.quick else 1)
     env = V.Env(jax_time_limit=limit)
-    if names & {"torch", "torch-loop", "torch-gmm", "hf-eager", "hf-gmm"}:
+    if any(n.startswith("torch") or n.startswith("hf-") for n in names):
         env.setup_torch()
     if "jax" in names:
         env.setup_jax(x64="float64" in args.dtype)
     blas = machine.numpy_blas_info()
     ctx = {"rd_threads": runtime.get_num_threads(), "blas_threads": blas["num_threads"]}
     peaks, warnings = {}, []
-    if op == "ragged_dot":  # first, while this process is quiet
-        peaks = machine.measure_peaks(0.02 if args.smoke else 0.2 if args.quick else 0.5)
+    bandwidth, native = None, None
+    if op in ("ragged_dot", "quant"):  # first, while this process is quiet
+        seconds = 0.02 if args.smoke else 0.2 if args.quick else 0.5
+        peaks = machine.measure_peaks(seconds)
         ctx["peak_isa"] = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"].get("1") else "avx2"
         ctx["peaks"], ctx["peak_warnings"] = peaks, machine.peak_warnings(peaks)
         warnings += ctx["peak_warnings"]
+        ctx["native_peaks"] = native = machine.native_peaks(peaks, ctx["peak_isa"], seconds)
+        bandwidth = machine.measure_read_bandwidth(runtime.get_num_threads(), 0.05 if args.smoke else 0.5,
+                                                   64 if args.smoke else 256)
+        ctx["read_gbs"] = bandwidth["gbs"]
     la = machine.loadavg()
     if la and la[0] >= 1.0:
         warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
@@ -391,7 +447,7 @@ def environment(args, op: str, chosen: list):
     coretype = args.coretype if args.coretype.lower() != "none" and machine.has_avx512f() else None
     info = machine.machine_info({
         "coretype": coretype, "fma_peak_gflops_f32": peaks or None, "peak_isa": ctx.get("peak_isa"),
-        "warnings": warnings,
+        "native_peaks": native, "read_bandwidth": bandwidth, "warnings": warnings,
         "torch": {"version": env.torch.__version__, "threads": env.torch.get_num_threads(),
                   "grouped_mm": env.torch_gmm, "note": env.torch_note} if env.torch else {"note": env.torch_note},
         "jax": {"version": env.jax.__version__, "x64": bool(env.jax.config.jax_enable_x64),
@@ -417,7 +473,7 @@ def run(args, op: str, chosen_specs: list) -> int:
     for dtype, spec in it:
         try:
             c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
-            rec = run_case(c, chosen, env, opts, ctx, log)
+            rec = run_case(c, chosen, env, opts, ctx, log, op)
             if op == "moe":
                 rec["gathers"] = V.run_gathers(c, lambda fn: time_fn(fn, None, _call(fn, None)[1], opts))
             del c
@@ -437,12 +493,15 @@ def run(args, op: str, chosen_specs: list) -> int:
     sname = args.scaling_spec or SCALING_SPEC[args.mode]
     if op == "ragged_dot" and sname.lower() != "none":
         print(f"scaling: {sname} ...", file=sys.stderr, flush=True)
-        scaling = run_scaling(sname, args.dtype[0], args, env, opts, peaks.get(ctx["peak_isa"]), log)
+        sdtype = "float32" if "float32" in args.dtype else args.dtype[0]
+        scaling = run_scaling(sname, sdtype, args, env, opts, peaks.get(ctx["peak_isa"]), log)
 
     result = {"benchmark": op, "machine": info, "context": ctx,
               "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
                          "specs": [s.name for s in chosen_specs], "variants": [v.name for v in chosen],
-                         "seed": args.seed, "timing": opts, "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
+                         "seed": args.seed, "timing": opts, "quant": args.quant,
+                         "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
+                         "quant_modes": {k: V.QUANT_MODES[k] for k in args.quant or ()},
                          "jax_time_limit_s": env.jax_time_limit, "jax_max_mask_bytes": V.JAX_MAX_MASK_BYTES,
                          "argv": sys.argv[1:]},
               "specs": {s.name: {"op": s.op, "shape": s.shape, "pattern": s.pattern, "tags": sorted(s.tags),
@@ -460,7 +519,7 @@ def run(args, op: str, chosen_specs: list) -> int:
         print(f"plot: {err}" if err else f"wrote {png}")
     print(f"total {result['elapsed_s']:.0f} s; load average at start {info['loadavg_start']}, at end "
           f"{result['loadavg_end']}")
-    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward")
+    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-bf16", *V.QUANT_MODES)
     failed = [(r["spec"], r["dtype"], s) for r in records for s, sec in r["variants"].items()
               for name, vr in sec.items() if name in ours and vr["status"] == "FAILED"]
     if failed:

@@ -20,7 +20,8 @@ Group-size patterns (ragged_dot and backward), drawn from
 - ``partial``: multinomial-uniform with sum ``3m/4``: the last ``m/4`` rows are in no group.
 
 Data: ``lhs`` from ``default_rng([seed, 1, m, k])``, ``rhs`` from ``[seed, 2, g, k, n]``,
-``ct`` from ``[seed, 3, m, n]``, all standard normal. An MoE spec draws its arrays in a fixed
+``ct`` from ``[seed, 3, m, n]``, all standard normal; in bfloat16 or float16, the float32
+draws rounded to that dtype (so the float32 copy of a 16-bit input is exact). An MoE spec draws its arrays in a fixed
 order from ``default_rng(seed)``, weights scaled by ``1/sqrt(fan_in)``.
 
     >>> from raggeddot import specs
@@ -40,6 +41,11 @@ import numpy as np
 import raggeddot
 from raggeddot import reference
 
+try:  # registers numpy's "bfloat16" dtype name; raggeddot.quant imports it too when present
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
 OPS = ("ragged_dot", "backward", "moe")
 PATTERNS = ("balanced", "skewed", "empty", "partial")
 
@@ -54,8 +60,34 @@ TAGS = {
 }
 MEMORY_BOUND_ROWS = 32
 
-#: max |out - ref| / max |ref| a result may differ from the oracle by
-REL_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+#: the dtypes a spec runs in: the 16-bit ones hold the float32 draws rounded to them
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+HALF_DTYPES = ("bfloat16", "float16")
+
+#: max |out - ref| / max |ref| a result may differ from the oracle by (a 16-bit result: its
+#: rounding, ~2^-9 of the largest value for bfloat16, ~2^-12 for float16, with headroom)
+REL_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10, np.dtype(np.float16): 2e-3}
+if ml_dtypes is not None:
+    REL_TOL[np.dtype(ml_dtypes.bfloat16)] = 1e-2
+
+
+def dtype_of(name) -> np.dtype:
+    """np.dtype of a name of DTYPES (bfloat16 is ml_dtypes'): ValueError when unknown or
+    when bfloat16 is asked for without the ml_dtypes package."""
+    if str(name) == "bfloat16" and ml_dtypes is None:
+        raise ValueError("dtype 'bfloat16' needs the ml_dtypes package")
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {DTYPES}") from None
+    if dt not in REL_TOL:
+        raise ValueError(f"dtype {dt.name!r} has no tolerance; expected one of {DTYPES}")
+    return dt
+
+
+def is_half(dtype) -> bool:
+    """bfloat16 or float16."""
+    return np.dtype(dtype).name in HALF_DTYPES
 
 _SIZE_DIMS = {"ragged_dot": ("m", "k", "n"), "backward": ("m", "k", "n"), "moe": ("T", "d", "f", "shared")}
 
@@ -76,7 +108,7 @@ class Spec:
     shape: dict
     pattern: str = "balanced"
     options: dict = field(default_factory=dict)
-    dtypes: tuple = ("float32", "float64")
+    dtypes: tuple = DTYPES
     tags: frozenset = frozenset()
     quick_shape: dict = field(default_factory=dict)
     note: str = ""
@@ -254,21 +286,24 @@ def make_inputs(spec: Spec, dtype="float32", seed: int = 0, scale: float = 1.0, 
     wo, ct and ``options`` (moe_block's keyword arguments with top_k, arrays made).
     ``cache`` (a dict the caller keeps) reuses large operands across specs of one shape."""
     spec = spec.resized(scale)
-    dtype = np.dtype(dtype)
+    dtype = dtype_of(dtype)
     if spec.op == "moe":
         return _moe_inputs(spec, dtype, seed)
     m, k, n, g = (spec.shape[x] for x in "mkng")
     rng = np.random.default_rng([seed, m, g, PATTERNS.index(spec.pattern)])
+    draw = dtype if dtype == np.float64 else np.dtype(np.float32)
+
+    def normal(stream, shape):
+        a = np.random.default_rng(stream).standard_normal(shape, dtype=draw)
+        return a if a.dtype == dtype else a.astype(dtype)
+
     out = {
-        "lhs": _cached(cache, ("lhs", m, k, dtype.str, seed),
-                       lambda: np.random.default_rng([seed, 1, m, k]).standard_normal((m, k), dtype=dtype)),
-        "rhs": _cached(cache, ("rhs", g, k, n, dtype.str, seed),
-                       lambda: np.random.default_rng([seed, 2, g, k, n]).standard_normal((g, k, n), dtype=dtype)),
+        "lhs": _cached(cache, ("lhs", m, k, dtype.name, seed), lambda: normal([seed, 1, m, k], (m, k))),
+        "rhs": _cached(cache, ("rhs", g, k, n, dtype.name, seed), lambda: normal([seed, 2, g, k, n], (g, k, n))),
         "group_sizes": group_sizes(spec.pattern, m, g, rng),
     }
     if spec.op == "backward":
-        out["ct"] = _cached(cache, ("ct", m, n, dtype.str, seed),
-                            lambda: np.random.default_rng([seed, 3, m, n]).standard_normal((m, n), dtype=dtype))
+        out["ct"] = _cached(cache, ("ct", m, n, dtype.name, seed), lambda: normal([seed, 3, m, n], (m, n)))
     return out
 
 
@@ -323,7 +358,8 @@ def run_reference(spec: Spec, inputs: dict) -> dict:
     if spec.op == "backward":
         ct = inputs["ct"]
         out["d_lhs"] = reference.ragged_dot(ct, rhs.transpose(0, 2, 1), gs)
-        out["d_rhs"] = reference.tgmm(lhs.T, ct, gs)
+        # in rhs's dtype, as the vjp gives it (megablox's tgmm would default to float32)
+        out["d_rhs"] = reference.tgmm(lhs.T, ct, gs, preferred_element_type=rhs.dtype)
     return out
 
 
@@ -404,6 +440,6 @@ def rel_err(out, ref, block: int = 1 << 20) -> float:
 def check(out, ref, dtype) -> tuple[bool, float]:
     """(passed, relative error) of ``out`` against the oracle's ``ref``: the error within
     REL_TOL[dtype] and ``out`` of that dtype."""
-    dtype = np.dtype(dtype)
+    dtype = dtype_of(dtype)
     err = rel_err(out, ref)
     return err <= REL_TOL[dtype] and np.asarray(out).dtype == dtype, err

@@ -25,6 +25,7 @@ from .. import _autodiff
 from .. import _gateway as gw
 from .. import _validate as v
 from . import combine, dispatch, experts, route, shared
+from ..quant import AsQArray, QArray
 from .config import prepare
 
 __all__ = ["moe_block", "moe_block_vjp"]
@@ -429,7 +430,10 @@ def deliver_grads(layer, kw, grads):
     for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
                  "shared_expert_gate"):
         if kw.get(name) is not None:
-            dtype = v.native(np.asarray(kw[name]).dtype)
+            p = kw[name]
+            p = p.array if isinstance(p, AsQArray) else p
+            # a quantized weight's gradient is its dequantized value's
+            dtype = p.dtype if isinstance(p, QArray) else v.native(np.asarray(p).dtype)
             g = grads[name]
             if name == "x":
                 g = g.reshape(layer.x_shape)

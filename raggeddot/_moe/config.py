@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
+from .. import quant as qz
 from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
 from .shared import SharedExperts
@@ -148,7 +149,9 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     H, h = (E, "E") if held_experts is None else (held_experts, "E/P")
     fused = w1 is None
     named = [(w0, "w0"), (wo, "wo")] if fused else [(w0, "w0"), (w1, "w1"), (wo, "wo")]
-    arrays = {name: v.as_array(a, name, fn) for a, name in named}
+    # expert weights may be QArrays (AsQArray: quantized here, once a call):
+    # they stay quantized, read by the grouped kernels' packing
+    arrays = {name: qz.as_operand(a, name, fn) for a, name in named}
     w0, wo, w1 = arrays["w0"], arrays["wo"], arrays.get("w1")
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
@@ -176,7 +179,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
             _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
         _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
-    dts = [v.float_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
+    dts = [qz.operand_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
     out_dtype = dts[0]
     for dt in dts[1:]:
         out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
@@ -252,11 +255,14 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                     topk_groups, bool(norm_topk_prob), scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     # (fused gate/up: two strided views of the one stored array)
-    w0, wo = gw.operand(w0, ct), gw.operand(wo, ct)
+    def weight(a):
+        return a if isinstance(a, qz.QArray) else gw.operand(a, ct)
+
+    w0, wo = weight(w0), weight(wo)
     if fused:
         w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
     else:
-        w1 = gw.operand(w1, ct)
+        w1 = weight(w1)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",

@@ -217,7 +217,9 @@ PyDoc_STRVAR(ragged_rows_doc,
 "A quantized operand is the tuple (qvalue, scale, zero_point): int8 or\n"
 "float8_e4m3fn values, scales of out's dtype and of qvalue's rank (tile =\n"
 "qvalue.shape // scale.shape), zero_point None or like scale; each value\n"
-"is read as (q - zero_point) * scale of its tile while packed.\n"
+"is read as (q - zero_point) * scale of its tile while packed; a float32\n"
+"product of two int8 operands (zero points None or integers in [-128, 127])\n"
+"sums the integers exactly in int32 per block and scales each block once.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *

@@ -257,6 +257,10 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         ("efd", transformers' Mixtral/Qwen/OLMoE ``gate_up_proj``), split as
         ``gate_up`` says and read as two strided views, never copied.
       wo: down projection ``[E, f, d]`` (``[E, d, f]`` with "efd").
+        w0, w1 and wo may be :class:`~raggeddot.QArray` (or ``AsQArray``):
+        the layer uses their dequantized values, read by the grouped
+        kernels' packing (never dequantized whole); their gradients are
+        those of the dequantized values.
       top_k: experts per token.
       score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3,
         Llama4) of the logits, per token.

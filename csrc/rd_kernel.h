@@ -59,6 +59,14 @@ typedef enum {
      * mask widen a vector of pairs; F16W keeps the columns in order. */
     RD_CT_F32_BF16W = 2,
     RD_CT_F32_F16W = 3,
+    /* exact integer products of int8 x int8 quantized operands (RD_I8 with
+     * scales on both sides): A and B packed as int16 k-pairs, the products
+     * of each pair summed into int32 (vpmaddwd: |pair| <= 2 * 255 * 255, no
+     * saturation), the int32 sum of one KC block converted to float32 once
+     * and multiplied by the scales of its rows and columns (the packing
+     * keeps each KC block within one scale block of the contraction; see
+     * the contract below).  float32 output. */
+    RD_CT_I8I32 = 4,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -67,7 +75,14 @@ typedef struct {
     size_t a_size, b_size;  /* bytes of a packed-A / packed-B element */
     size_t c_size;          /* bytes of an output element */
     int k_unit;             /* the packed contraction is padded to a multiple */
+    size_t scale_size;      /* bytes per row of the scales that follow each
+                               packed micro-panel (0: none) */
 } rd_ctype_desc_t;
+
+/* The longest contraction an RD_CT_I8I32 micro-kernel sums in int32: pair
+ * sums of values in [-255, 255] (int8 less an int8 zero point) are at most
+ * 130050 in magnitude, so 16384 pairs stay below 2^31. */
+#define RD_I32_KC_MAX ((rd_int)32768)
 
 extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
 
@@ -95,6 +110,14 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  * The product is accumulated in registers in the order p = 0, 1, ..., kc-1
  * (one fused or unfused multiply-add per step) starting from zero, and is
  * added to C once at the end.  Padding rows/columns of the panels are zero.
+ *
+ * RD_CT_I8I32 (k_unit 2, scale_size 4): with kp = kc rounded up to even,
+ *   a : int16 A[i][p] = a[(p/2)*2*MR + 2*i + p%2], then float sa[MR] (the
+ *       scale of each row for this block) at byte 2*MR*kp
+ *   b : int16 B[p][j] = b[(p/2)*2*NR + 2*j + p%2], then float sb[NR]
+ *   C[i][j] (+)= (float)(sum_p A[i][p] B[p][j]) * (sa[i] * sb[j]),
+ *   the sum exact in int32 (kc <= RD_I32_KC_MAX): the integer part agrees
+ *   bit for bit across families, the float32 epilogue within its roundings.
  */
 enum { RD_STORE = 0, RD_ADD = 1, RD_STREAM = 2 };
 

@@ -12,7 +12,10 @@ the tile shape is ``qvalue.shape // scale.shape`` and::
 ``lhs``, ``rhs`` or both; the result is the product of the dequantized
 operands. The C kernels dequantize each value while packing it into the
 cache-sized panels the micro-kernels read, so no dequantized copy of an
-operand is ever made. Derivatives (``raggeddot.vjp``/``jvp``) treat a
+operand is ever made. When both operands of a float32 product are int8 (or
+int4) with integral zero points, the products are summed exactly in int32
+within each block of the reduction and scaled once per block in float32.
+Derivatives (``raggeddot.vjp``/``jvp``) treat a
 quantized operand as its dequantized value (the straight-through estimator,
 as qwix): its gradient is that of ``dequantize(q)``, and the gradient of the
 other operand multiplies the quantized one through the same packing path.

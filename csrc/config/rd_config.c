@@ -9,11 +9,13 @@
 #include "rd_frame.h"
 
 const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
-    /*             name       packed A        packed B        output          k_unit */
+    /*             name       packed A        packed B        output          k_unit (scale_size 0) */
     [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1},
     [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1},
     [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1},
     [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1},
+    /* int16 k-pairs, each micro-panel followed by one float scale a row */
+    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float)},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {

@@ -241,6 +241,8 @@ typedef struct {
     rd_qpack_t qpack_a, qpack_b;    /* for quantized operands (else NULL) */
     size_t a_src, b_src;            /* storage element sizes of lhs, rhs */
     size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
+    size_t scale_size;              /* bytes a row of scales after each micro-panel */
+    size_t q_size;                  /* bytes of an element of the operands' scales */
     int k_unit;
 } rd_call_t;
 
@@ -277,11 +279,34 @@ rd_pack_block(const rd_call_t *cl, int which, const rd_block_t *x, rd_int i, rd_
     (which ? cl->qpack_b : cl->qpack_a)(rows, depth, src, rs, cs, r, dst, &qb);
 }
 
+/* Bytes of one r-row micro-panel of depth kp (packed values, then the
+ * scales of its rows where the compute type carries them). */
+static inline size_t
+rd_panel_bytes(const rd_call_t *cl, size_t elem, rd_int r, rd_int kp)
+{
+    return (size_t)r * ((size_t)kp * elem + cl->scale_size);
+}
+
+/* How far the contraction may run from its position pc before it leaves
+ * the scale tile of quantized operand x (which = 0: A, whose depth is its
+ * column axis; 1: B, whose depth is its row axis), in the operand's own
+ * (absolute) indices: group bounds and cache blocks cut scale tiles. */
+static rd_int
+rd_scale_room(const rd_block_t *x, int which, rd_int pc)
+{
+    const rd_int tp = which ? x->q->tr : x->q->tc;
+    const rd_int pos = (which ? x->i0 : x->j0) + pc;
+    return tp - pos % tp;
+}
+
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
  * NR x MR micro-tiles.  apack holds roundup(MC,MR)*KC packed elements, bpack
- * KC*roundup(min(N,NC),NR).  K == 0 writes zeros (or leaves C unchanged
- * when accumulating).  With `stream`, a C that one KC block completes (it
+ * KC*roundup(min(N,NC),NR) (with their scales, rd_panel_bytes).  K == 0
+ * writes zeros (or leaves C unchanged when accumulating).  A compute type
+ * that carries scales in its panels (RD_CT_I8I32) has each KC block end at
+ * the next scale-tile boundary of either operand along the contraction, so
+ * that one scale per row and column covers the block.  With `stream`, a C that one KC block completes (it
  * is written once, never read back here) gets non-temporal stores. */
 static void
 rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
@@ -290,7 +315,8 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
               char *apack, char *bpack)
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
-    const rd_int MC = kd->mc, KC = kd->kc, NC = kd->nc;
+    const rd_int MC = kd->mc, NC = kd->nc;
+    const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
     const int MR = kd->mr, NR = kd->nr;
     const size_t cz = cl->c_size;
     if (K == 0) {
@@ -305,14 +331,21 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
     const rd_int NCB = b->panels > 0 ? (NC > NR ? NC / NR * NR : NR) : NC;
     for (rd_int jc = 0; jc < N; jc += NCB) {
         rd_int nc = N - jc < NCB ? N - jc : NCB;
-        for (rd_int pc = 0; pc < K; pc += KC) {
-            rd_int kc = K - pc < KC ? K - pc : KC;
+        rd_int kc;
+        for (rd_int pc = 0; pc < K; pc += kc) {
+            kc = K - pc < KC ? K - pc : KC;
+            if (cl->scale_size) {
+                rd_int ra = rd_scale_room(a, 0, pc), rb = rd_scale_room(b, 1, pc);
+                kc = kc < ra ? kc : ra;
+                kc = kc < rb ? kc : rb;
+            }
             rd_int kp = rd_round_up(kc, cl->k_unit);   /* packed depth */
             int mode = accumulate || pc > 0 ? RD_ADD
-                       : stream && K <= KC ? RD_STREAM : RD_STORE;
+                       : stream && kc == K ? RD_STREAM : RD_STORE;
             /* B's panel is packed as its transpose: nc rows of depth kc;
-             * prepacked weights are read where they lie: the KC block at
-             * pc (every earlier block is KC deep), its panel of column j0 + jc */
+             * prepacked weights (float types, no scales) are read where they
+             * lie: the KC block at pc (every earlier block is KC deep), its
+             * panel of column j0 + jc */
             const char *bpanel = bpack;
             if (b->panels > 0)
                 bpanel = (const char *)b->p
@@ -325,11 +358,11 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = bpanel + (size_t)(jr * kp) * cl->b_size;
+                    const char *bp = bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
                     char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
                     for (rd_int ir = 0; ir < mc; ir += MR) {
                         int mr = (int)(mc - ir < MR ? mc - ir : MR);
-                        kd->ukr(kc, apack + (size_t)(ir * kp) * cl->a_size, bp,
+                        kd->ukr(kc, apack + rd_panel_bytes(cl, cl->a_size, ir, kp), bp,
                                 cj + ir * c_rs * (rd_int)cz, c_rs, c_cs, mr, nr, mode);
                     }
                 }
@@ -339,7 +372,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
 }
 
 /* The block of operand `x` at group g, row i0, column j0: `size` bytes a
- * stored element, `psize` a packed one (the type of its scales). */
+ * stored element, `psize` one of its scales. */
 static rd_block_t
 rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_int j0)
 {
@@ -367,8 +400,8 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
     const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
-    const size_t a_bytes = (size_t)rd_round_up(kd->mc, kd->mr) * (size_t)kp_max * cl->a_size;
-    const size_t b_bytes = (size_t)nc_max * (size_t)kp_max * cl->b_size;
+    const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, rd_round_up(kd->mc, kd->mr), kp_max);
+    const size_t b_bytes = rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
     const size_t cz = cl->c_size;
     int failed = 0;
 
@@ -397,8 +430,8 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
             char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
             if (mode == RD_MODE_ROWS) {
                 /* rows are absolute rows of lhs/out; rhs[g] is k x n */
-                rd_block_t a = rd_block(lhs, cl->a_src, cl->a_size, 0, tile->r0, 0);
-                rd_block_t b = rd_block(rhs, cl->b_src, cl->b_size, g, 0, tile->c0);
+                rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, 0);
+                rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, g, 0, tile->c0);
                 rd_gemm_block(cl, rows, cols, k, &a, &b,
                               o, out->rs, out->cs, accumulate, stream, apack, bpack);
             }
@@ -406,8 +439,8 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
                 /* rows index lhs's first axis; the contraction runs over the
                  * group's rows [bounds[g], bounds[g+1]) of rhs */
                 const rd_int s = bounds[g], kg = bounds[g + 1] - bounds[g];
-                rd_block_t a = rd_block(lhs, cl->a_src, cl->a_size, 0, tile->r0, s);
-                rd_block_t b = rd_block(rhs, cl->b_src, cl->b_size, 0, s, tile->c0);
+                rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, s);
+                rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, 0, s, tile->c0);
                 rd_gemm_block(cl, rows, cols, kg, &a, &b,
                               o, out->rs, out->cs, accumulate, stream, apack, bpack);
             }
@@ -442,7 +475,12 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     cl->a_size = ct->a_size;
     cl->b_size = ct->b_size;
     cl->c_size = ct->c_size;
+    cl->scale_size = ct->scale_size;
+    cl->q_size = ct->scale_size ? ct->scale_size : ct->a_size;   /* float or double */
     cl->k_unit = ct->k_unit;
+    /* panels that carry scales need them on both sides */
+    if (cl->scale_size && (lhs->q.s == NULL || rhs->q.s == NULL))
+        return -2;
     return 0;
 }
 

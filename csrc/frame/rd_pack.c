@@ -153,6 +153,59 @@ rd_f8e4m3_to_float(uint8_t b)
 #define RD_FN(x) rd_pack_f8_d_##x
 #include "rd_pack_qimpl.h"
 
+/*
+ * int8 values for the exact integer products (RD_CT_I8I32): each value less
+ * its (integral) zero point, as int16, in k-pairs: X[i][p] at
+ * panel[(p/2)*2r + 2i + p%2], depth padded to even with zeros; after the
+ * r*kp values of each panel, r floats: the scale of each row's tile for
+ * this block, which lies within one tile along the depth (the driver cuts
+ * its blocks there).  Padding rows get zeros and scale 0.
+ */
+RD_PACK_CLONES static void
+rd_pack_i8_i16_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
+                     int r, void *dst_, const rd_qblock_t *qb)
+{
+    const int8_t *src = (const int8_t *)src_;
+    const float *scale = (const float *)qb->s;
+    const float *zero = (const float *)qb->z;
+    const rd_int kp = (depth + 1) / 2 * 2;
+    const rd_int t = qb->p0 / qb->tp;          /* the block's tile along the depth */
+    int16_t *restrict dst = (int16_t *)dst_;
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        float *sc = (float *)(void *)(dst + (rd_int)r * kp);
+        for (rd_int i = 0; i < have; i++) {
+            const int8_t *x = src + (i0 + i) * rs;
+            const rd_int at = (qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps;
+            const int16_t zp = zero != NULL ? (int16_t)zero[at] : 0;
+            int16_t *col = dst + 2 * i;
+            rd_int p = 0;
+            if (cs == 1)
+                for (; p + 1 < depth; p += 2) {
+                    col[p * r] = (int16_t)(x[p] - zp);
+                    col[p * r + 1] = (int16_t)(x[p + 1] - zp);
+                }
+            for (; p + 1 < depth; p += 2) {
+                col[p * r] = (int16_t)(x[p * cs] - zp);
+                col[p * r + 1] = (int16_t)(x[(p + 1) * cs] - zp);
+            }
+            if (p < depth) {
+                col[p * r] = (int16_t)(x[p * cs] - zp);
+                col[p * r + 1] = 0;
+            }
+            sc[i] = scale[at];
+        }
+        for (rd_int i = have; i < r; i++) {
+            for (rd_int p = 0; p < kp; p += 2) {
+                dst[p * r + 2 * i] = 0;
+                dst[p * r + 2 * i + 1] = 0;
+            }
+            sc[i] = 0.0f;
+        }
+        dst += (rd_int)r * kp + 2 * (rd_int)r;   /* values, then r floats */
+    }
+}
+
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
@@ -208,6 +261,9 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F64] = {
         [RD_I8] = {rd_pack_i8_d_qpack, rd_pack_i8_d_qpack},
         [RD_F8E4M3] = {rd_pack_f8_d_qpack, rd_pack_f8_d_qpack},
+    },
+    [RD_CT_I8I32] = {
+        [RD_I8] = {rd_pack_i8_i16_qpack, rd_pack_i8_i16_qpack},
     },
 };
 

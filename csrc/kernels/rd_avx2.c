@@ -6,6 +6,8 @@
  *   rd_sgemm_avx2_6x16:  6 rows x 16 columns of float32, 12 ymm accumulators
  *   rd_dgemm_avx2_6x8 :  6 rows x  8 columns of float64, 12 ymm accumulators
  *   rd_sgemm_avx2_{bf16w,f16w}_6x16: float32 with 16-bit B panels (F16C too)
+ *   rd_i8gemm_avx2_6x16: int16 k-pairs into int32 (vpmaddwd + vpaddd), the
+ *       sums scaled into float32 once per block (RD_CT_I8I32)
  *
  * Per step p of the contraction: two loads of the B row, six broadcasts of
  * the A column, twelve independent FMAs (two FMA pipes x four cycles of
@@ -18,6 +20,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -194,6 +197,66 @@ rd_dgemm_avx2_6x8(rd_int kc, const void *a_, const void *b_, void *c_,
     rd_d_store_edge(buf, 8, c, rs_c, cs_c, m, n, accumulate);
 }
 
+/* ------------------------------------------------------ int8 x int8 -> int32
+ *
+ * Per pair of contraction steps: two loads of 8 int16 pairs of B, six
+ * broadcasts of an A pair (one 32-bit lane), twelve vpmaddwd (two int16
+ * products summed into each int32 lane, exact for int8-range values) and
+ * twelve vpaddd.  The epilogue converts each int32 sum to float32 once and
+ * multiplies it by sa[i] * sb[j] (rd_kernel.h). */
+#define I_DECL(i) __m256i c##i##0 = _mm256_setzero_si256(), c##i##1 = _mm256_setzero_si256();
+#define I_STEP(i)                                                           \
+    {                                                                       \
+        int32_t pair;                                                       \
+        memcpy(&pair, a + 2 * (i), sizeof pair);                            \
+        const __m256i av = _mm256_set1_epi32(pair);                         \
+        c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(av, b0));     \
+        c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(av, b1));     \
+    }
+#define I_SCALE(i)                                                          \
+    {                                                                       \
+        const __m256 s = _mm256_set1_ps(sa[i]);                             \
+        f##i##0 = _mm256_mul_ps(_mm256_cvtepi32_ps(c##i##0), _mm256_mul_ps(s, sb0)); \
+        f##i##1 = _mm256_mul_ps(_mm256_cvtepi32_ps(c##i##1), _mm256_mul_ps(s, sb1)); \
+    }
+#define I_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define I_FDECL(i) __m256 f##i##0, f##i##1;
+#define I_PUT(i) s_store_row(c + (i) * rs_c, f##i##0, f##i##1, accumulate);
+#define I_SPILL(i)                                                          \
+    _mm256_store_ps(buf + 16 * (i), f##i##0);                               \
+    _mm256_store_ps(buf + 16 * (i) + 8, f##i##1);
+
+RD_AVX2 static void
+rd_i8gemm_avx2_6x16(rd_int kc, const void *a_, const void *b_, void *c_,
+                    rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)
+{
+    const int16_t *a = (const int16_t *)a_, *b = (const int16_t *)b_;
+    float *c = (float *)c_;
+    const rd_int kp = (kc + 1) / 2 * 2;
+    const float *sa = (const float *)(const void *)(a + 6 * kp);
+    const float *sb = (const float *)(const void *)(b + 16 * kp);
+    I_ROWS(I_DECL)
+    for (rd_int p = 0; p < kp; p += 2) {
+        const __m256i b0 = _mm256_loadu_si256((const __m256i *)(const void *)b);
+        const __m256i b1 = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16));
+        I_ROWS(I_STEP)
+        a += 12;
+        b += 32;
+    }
+    const __m256 sb0 = _mm256_loadu_ps(sb), sb1 = _mm256_loadu_ps(sb + 8);
+    I_ROWS(I_FDECL)
+    I_ROWS(I_SCALE)
+    if (m == 6 && n == 16 && cs_c == 1) {
+        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float)))
+            accumulate = RD_STORE;
+        I_ROWS(I_PUT)
+        return;
+    }
+    float buf[6 * 16] __attribute__((aligned(32)));
+    I_ROWS(I_SPILL)
+    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);
+}
+
 /* ---------------------------------------------------------------- family */
 
 static int
@@ -214,6 +277,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F64] = {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080},
         [RD_CT_F32_BF16W] = {rd_sgemm_avx2_bf16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_avx2_f16w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_I8I32] = {rd_i8gemm_avx2_6x16, 6, 16, 144, 512, 4080},
     },
 };
 

@@ -4,10 +4,15 @@
  *   rd_sgemm_avx512_12x32:  12 rows x 32 columns of float32
  *   rd_dgemm_avx512_12x16:  12 rows x 16 columns of float64
  *   rd_sgemm_avx512_{bf16w,f16w}_12x32: float32 with 16-bit B panels
+ *   rd_i8gemm_avx512_12x32: int16 k-pairs into int32 (AVX-512BW vpmaddwd +
+ *       vpaddd), scaled into float32 once per block (RD_CT_I8I32)
  *
  * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
  * the A column, 24 FMAs.
+ *
+ * The family needs AVX-512BW besides AVX-512F (its integer kernel does):
+ * every AVX-512 CPU but the Xeon Phi has both; those run the AVX2 family.
  */
 #include "rd_kernel.h"
 
@@ -15,6 +20,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define RD_AVX512 __attribute__((target("avx512f")))
 
@@ -211,13 +217,88 @@ RD_KERNEL(rd_dgemm_avx512_12x16, d_rows4, d_rows8, d_rows12)
 #undef STREAM
 #undef STORE_EDGE
 
+/* ------------------------------------------------------ int8 x int8 -> int32
+ *
+ * Per pair of contraction steps: two loads of 16 int16 pairs of B, R
+ * broadcasts of an A pair, 2R vpmaddwd (two int16 products summed into an
+ * int32 lane: exact for int8-range values, no saturation) and 2R vpaddd.
+ * The epilogue converts each int32 sum to float32 once and multiplies it by
+ * sa[i] * sb[j] (rd_kernel.h). */
+#define RD_AVX512BW __attribute__((target("avx512f,avx512bw")))
+
+#define I_DECL(i) __m512i c##i##0 = _mm512_setzero_si512(), c##i##1 = _mm512_setzero_si512();
+#define I_STEP(i)                                                           \
+    {                                                                       \
+        int32_t pair;                                                       \
+        memcpy(&pair, a + 2 * (i), sizeof pair);                            \
+        const __m512i av = _mm512_set1_epi32(pair);                         \
+        c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(av, b0));     \
+        c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(av, b1));     \
+    }
+#define I_SCALE(i)                                                          \
+    const __m512 s##i = _mm512_set1_ps(sa[i]);                              \
+    const __m512 f##i##0 = _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), _mm512_mul_ps(s##i, sb0)); \
+    const __m512 f##i##1 = _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), _mm512_mul_ps(s##i, sb1));
+#define I_PUT(i) s_store_row(c + (i) * rs_c, f##i##0, f##i##1, accumulate);
+#define I_SPILL(i)                                                          \
+    _mm512_store_ps(buf + (i) * 32, f##i##0);                               \
+    _mm512_store_ps(buf + (i) * 32 + 16, f##i##1);
+
+#define RD_IBODY(NAME, R, ROWS)                                             \
+RD_AVX512BW static void                                                     \
+NAME(rd_int kc, const int16_t *a, const int16_t *b, float *c, rd_int rs_c,  \
+     rd_int cs_c, int m, int n, int accumulate)                             \
+{                                                                           \
+    const rd_int kp = (kc + 1) / 2 * 2;                                     \
+    const float *sa = (const float *)(const void *)(a + 12 * kp);           \
+    const float *sb = (const float *)(const void *)(b + 32 * kp);           \
+    ROWS(I_DECL)                                                            \
+    for (rd_int p = 0; p < kp; p += 2) {                                    \
+        const __m512i b0 = _mm512_loadu_si512((const void *)b);             \
+        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 32));      \
+        ROWS(I_STEP)                                                        \
+        a += 24;                                                            \
+        b += 64;                                                            \
+    }                                                                       \
+    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16); \
+    ROWS(I_SCALE)                                                           \
+    if (m == (R) && n == 32 && cs_c == 1) {                                 \
+        ROWS(I_PUT)                                                         \
+        return;                                                             \
+    }                                                                       \
+    float buf[(R) * 32] __attribute__((aligned(64)));                       \
+    ROWS(I_SPILL)                                                           \
+    rd_s_store_edge(buf, 32, c, rs_c, cs_c, m, n, accumulate);              \
+}
+RD_IBODY(i_rows4, 4, ROWS4)
+RD_IBODY(i_rows8, 8, ROWS8)
+RD_IBODY(i_rows12, 12, ROWS12)
+
+/* Dispatch on the number of valid rows (streaming stores are not used:
+ * RD_STREAM is taken as RD_STORE). */
+static void
+rd_i8gemm_avx512_12x32(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,
+                       rd_int cs_c, int m, int n, int accumulate)
+{
+    const int16_t *a = (const int16_t *)a_, *b = (const int16_t *)b_;
+    float *c = (float *)c_;
+    if (accumulate == RD_STREAM)
+        accumulate = RD_STORE;
+    if (m > 8)
+        i_rows12(kc, a, b, c, rs_c, cs_c, m, n, accumulate);
+    else if (m > 4)
+        i_rows8(kc, a, b, c, rs_c, cs_c, m, n, accumulate);
+    else
+        i_rows4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);
+}
+
 /* ---------------------------------------------------------------- family */
 
 static int
 rd_avx512_runnable(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 
 /* Blocking: twice the register block of the AVX2 kernels, the same
@@ -230,6 +311,7 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_F64] = {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080},
         [RD_CT_F32_BF16W] = {rd_sgemm_avx512_bf16w_12x32, 12, 32, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_avx512_f16w_12x32, 12, 32, 144, 256, 4080},
+        [RD_CT_I8I32] = {rd_i8gemm_avx512_12x32, 12, 32, 144, 512, 4080},
     },
 };
 

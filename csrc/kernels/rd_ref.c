@@ -9,6 +9,8 @@
  *   rd_sgemm_ref_bf16w_6x16, rd_sgemm_ref_f16w_6x16: float32 A, 16-bit B
  *       panels (RD_CT_F32_BF16W with interleaved halves, RD_CT_F32_F16W),
  *       each B value widened exactly to float32 before its products
+ *   rd_i8gemm_ref_6x16:  int16 k-pairs of int8 values (RD_CT_I8I32), exact
+ *       int32 sums, scaled into float32 once per block
  */
 #include "rd_kernel.h"
 #include "rd_half.h"
@@ -62,6 +64,35 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
 RD_REF_UKR_W(rd_sgemm_ref_bf16w_6x16, 6, 16, rd_bf16_to_float, RD_HALVES_16)
 RD_REF_UKR_W(rd_sgemm_ref_f16w_6x16, 6, 16, rd_f16_to_float, RD_IN_ORDER)
 
+/* The integer contract (rd_kernel.h, RD_CT_I8I32): pairs of int16
+ * products summed in int32 (as vpmaddwd does), the sum converted to float32
+ * once and multiplied by sa[i] * sb[j]. */
+static void
+rd_i8gemm_ref_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c,
+                   rd_int cs_c, int m, int n, int mode)
+{
+    enum { MR = 6, NR = 16 };
+    const int16_t *a = (const int16_t *)a_, *b = (const int16_t *)b_;
+    const rd_int kp = (kc + 1) / 2 * 2;
+    int32_t acc[MR][NR];
+    float out[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            acc[i][j] = 0;
+    for (rd_int p = 0; p < kp; p += 2) {
+        const int16_t *ap = a + p * MR, *bp = b + p * NR;
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++)
+                acc[i][j] += (int32_t)ap[2 * i] * bp[2 * j] + (int32_t)ap[2 * i + 1] * bp[2 * j + 1];
+    }
+    const float *sa = (const float *)(const void *)(a + MR * kp);
+    const float *sb = (const float *)(const void *)(b + NR * kp);
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            out[i][j] = (float)acc[i][j] * (sa[i] * sb[j]);
+    rd_s_store_edge(&out[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);
+}
+
 static int
 rd_ref_runnable(void)
 {
@@ -78,5 +109,6 @@ const rd_family_t rd_family_ref = {
         [RD_CT_F64] = {rd_dgemm_ref_6x8, 6, 8, 72, 256, 4080},
         [RD_CT_F32_BF16W] = {rd_sgemm_ref_bf16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_ref_f16w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_I8I32] = {rd_i8gemm_ref_6x16, 6, 16, 144, 256, 4080},
     },
 };

@@ -107,8 +107,37 @@ rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int whi
     return 0;
 }
 
+/* Whether quantized operand `obj` (a tuple, as rd_arg_operand read it)
+ * holds int8 values whose zero points, if any, are integers in
+ * [-128, 127]: its values less their zero points are then exact int16s.
+ * (Called after rd_arg_operand accepted obj.) */
+static int
+rd_int8_exact(PyObject *obj, const rd_arg_t *x)
+{
+    if (!PyTuple_Check(obj) || x->dtype != RD_I8)
+        return 0;
+    PyObject *oz = PyTuple_GET_ITEM(obj, 2);
+    if (oz == Py_None)
+        return 1;
+    PyArrayIterObject *it = (PyArrayIterObject *)PyArray_IterNew(oz);
+    if (it == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = 1;
+    while (ok && it->index < it->size) {
+        const float z = *(const float *)it->dataptr;
+        ok = z >= -128.0f && z <= 127.0f && z == (float)(int)z;
+        PyArray_ITER_NEXT(it);
+    }
+    Py_DECREF(it);
+    return ok;
+}
+
 /* The operands of one grouped GEMM call: out (float32 or float64) picks the
- * compute type; lhs and rhs as rd_arg_operand reads them. */
+ * compute type; lhs and rhs as rd_arg_operand reads them.  A float32
+ * product of two int8 quantized operands (integral zero points) runs on
+ * the exact integer compute type RD_CT_I8I32. */
 static int
 rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scales_t *lq,
               rd_arg_t *rhs, rd_scales_t *rq, rd_arg_t *out, PyObject **bounds, int *accumulate,
@@ -123,6 +152,8 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
     if (rd_arg_operand(olhs, "lhs", 2, plan->ct, 0, lhs, lq) != 0 ||
         rd_arg_operand(orhs, "rhs", rhs_ndim, plan->ct, 1, rhs, rq) != 0)
         return -1;
+    if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
+        rd_plan_init(plan, RD_CT_I8I32);
     return 0;
 }
 
@@ -186,7 +217,9 @@ PyDoc_STRVAR(ragged_rows_doc,
 "A quantized operand is the tuple (qvalue, scale, zero_point): int8 or\n"
 "float8_e4m3fn values, scales of out's dtype and of qvalue's rank (tile =\n"
 "qvalue.shape // scale.shape), zero_point None or like scale; each value\n"
-"is read as (q - zero_point) * scale of its tile while packed.\n"
+"is read as (q - zero_point) * scale of its tile while packed; a float32\n"
+"product of two int8 operands (zero points None or integers in [-128, 127])\n"
+"sums the integers exactly in int32 per block and scales each block once.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *

@@ -26,6 +26,7 @@ from .. import _gateway as gw
 from .. import _validate as v
 from .._prepack import PackedRhs
 from . import combine, dispatch, experts, route, shared
+from ..quant import AsQArray, QArray
 from .config import prepare
 
 __all__ = ["moe_block", "moe_block_vjp"]
@@ -257,6 +258,10 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         ("efd", transformers' Mixtral/Qwen/OLMoE ``gate_up_proj``), split as
         ``gate_up`` says and read as two strided views, never copied.
       wo: down projection ``[E, f, d]`` (``[E, d, f]`` with "efd").
+        w0, w1 and wo may be :class:`~raggeddot.QArray` (or ``AsQArray``):
+        the layer uses their dequantized values, read by the grouped
+        kernels' packing (never dequantized whole); their gradients are
+        those of the dequantized values.
       top_k: experts per token.
       score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3,
         Llama4) of the logits, per token.
@@ -430,8 +435,11 @@ def deliver_grads(layer, kw, grads):
     for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
                  "shared_expert_gate"):
         if kw.get(name) is not None:
-            src = kw[name]
-            dtype = v.native(src.dtype if isinstance(src, PackedRhs) else np.asarray(src).dtype)
+            p = kw[name]
+            p = p.array if isinstance(p, AsQArray) else p
+            # a quantized weight's gradient is its dequantized value's; a
+            # prepacked one's, that of the weights it holds
+            dtype = p.dtype if isinstance(p, (QArray, PackedRhs)) else v.native(np.asarray(p).dtype)
             g = grads[name]
             if name == "x":
                 g = g.reshape(layer.x_shape)

@@ -11,6 +11,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _validate as v
 from .._prepack import PackedRhs
+from .. import quant as qz
 from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
 from .shared import SharedExperts
@@ -155,7 +156,9 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                          f"[E, d, f] / [E, d, f] / [E, f, d] (weights_layout='edf', w1 given); got "
                          f"{packed} prepacked with weights_layout={weights_layout!r}, w1 "
                          f"{'None' if fused else 'given'}")
-    arrays = {name: a if isinstance(a, PackedRhs) else v.as_array(a, name, fn) for a, name in named}
+    # expert weights may be QArrays (AsQArray: quantized here, once a call):
+    # they stay quantized, read by the grouped kernels' packing; or PackedRhs
+    arrays = {name: a if isinstance(a, PackedRhs) else qz.as_operand(a, name, fn) for a, name in named}
     w0, wo, w1 = arrays["w0"], arrays["wo"], arrays.get("w1")
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
@@ -183,7 +186,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
             _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
         _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
-    dts = [v.float_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
+    dts = [qz.operand_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
     out_dtype = dts[0]
     for dt in dts[1:]:
         out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
@@ -259,15 +262,18 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                     topk_groups, bool(norm_topk_prob), scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     # (fused gate/up: two strided views of the one stored array)
+    def weight(a):   # QArrays as they are, half weights read in place
+        return a if isinstance(a, qz.QArray) else gw.operand(a, ct, gw.PACKED)
+
     if packed:   # laid out once by prepack, read where they lie
         for a, name in named:
             gw.check_packed_compute(a, ct, f"{fn}: '{name}'")
     else:
-        w0, wo = gw.operand(w0, ct, gw.PACKED), gw.operand(wo, ct, gw.PACKED)   # half weights read in place
+        w0, wo = weight(w0), weight(wo)
     if fused:
         w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
     elif not packed:
-        w1 = gw.operand(w1, ct, gw.PACKED)
+        w1 = weight(w1)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",

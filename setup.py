@@ -63,6 +63,8 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = BASE_FLAGS + (["-fopenmp"] if use_openmp else []) + extra
             ext.extra_link_args = (["-fopenmp"] if use_openmp else []) + extra
+        if self.parallel is None:   # compile the C files on every core (pip gives no -j)
+            self.parallel = os.cpu_count() or 1
         super().build_extensions()
 
 

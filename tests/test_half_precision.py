@@ -12,6 +12,18 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 HALF = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 
 
+def _traced_peak(call):
+    """The peak of the memory Python's allocators trace during ``call()``,
+    with no result buffers kept for reuse."""
+    with runtime.configured(buffer_cache=0):
+        tracemalloc.start()
+        try:
+            call()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
 def test_no_float32_copy_of_the_operands(rng, dtype):
     m, k, n, g = 2048, 1024, 256, 8
@@ -25,13 +37,7 @@ def test_no_float32_copy_of_the_operands(rng, dtype):
     for name, (call, result) in calls.items():
         copy = 4 * (lhs.size + (rhs.size if name == "ragged_dot" else m * n))  # a float32 copy's bytes
         call()                                          # warm-up (packing buffers)
-        with runtime.configured(buffer_cache=0):
-            tracemalloc.start()
-            try:
-                call()
-                peak = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+        peak = _traced_peak(call)
         assert peak < result + copy // 8, (name, peak, result, copy)
 
 
@@ -98,13 +104,7 @@ def test_ragged_dot_general_allocates_no_float32_copy(rng, dtype):
         call = lambda: raggeddot.ragged_dot_general(lhs, rhs, gs, dn, preferred_element_type=np.float32)
         result = call().nbytes
         copy = 4 * (lhs.size + rhs.size)     # what float32 copies of the operands would take
-        with runtime.configured(buffer_cache=0):
-            tracemalloc.start()
-            try:
-                call()
-                peak = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+        peak = _traced_peak(call)
         assert peak < result + copy // 8, (name, peak, result, copy)
 
 
@@ -204,11 +204,5 @@ def test_gathers_read_half_rows_in_place(rng, dtype):
     ]:
         assert got.dtype == dtype and np.array_equal(got.view(np.uint16), want.view(np.uint16))
     raggeddot.ragged_gather_reduce(y, slots, w)
-    with runtime.configured(buffer_cache=0):
-        tracemalloc.start()
-        try:
-            raggeddot.ragged_gather_reduce(y, slots, w)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+    peak = _traced_peak(lambda: raggeddot.ragged_gather_reduce(y, slots, w))
     assert peak < 4 * y.size // 2, peak      # a float32 copy of y alone would take 4 * y.size

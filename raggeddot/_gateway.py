@@ -259,7 +259,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False):
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         g, k, n = packed.shape
         _core.ragged_rows_packed(operand(lhs, out.dtype, PACKED), packed._buf, packed.dtype.name,
-                                 packed.ctype, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate))
+                                 packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate))
     return out
 
 

@@ -141,3 +141,16 @@ def test_moe_block_with_prepacked_experts(rng, dtype):
         assert got[name].dtype == exp[name].dtype and np.array_equal(got[name], exp[name]), name
     with pytest.raises(ValueError, match="prepacked expert weights"):
         raggeddot.moe_block(x, rw, p0, w1, wo, **kw)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (2, 4, 0), (0, 4, 3)])
+def test_empty_weights_give_the_plain_results(shape):
+    """k = 0 (rows of a group become 0), n = 0 and no local groups, as with
+    the plain array."""
+    g, k, n = shape
+    lhs = np.ones((5, k), np.float32)
+    rhs = np.ones(shape, np.float32)
+    gs = np.array([2, 2])
+    off = 2 if g == 0 else None
+    got = raggeddot.ragged_dot(lhs, raggeddot.prepack(rhs), gs, group_offset=off)
+    assert np.array_equal(got, raggeddot.ragged_dot(lhs, rhs, gs, group_offset=off)) and got.shape == (5, n)

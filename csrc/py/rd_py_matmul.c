@@ -157,6 +157,19 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
     return 0;
 }
 
+/* None for a driver's 0, else the exception its return code means. */
+static PyObject *
+rd_gemm_result(int rc)
+{
+    if (rc == -1)
+        return PyErr_NoMemory();
+    if (rc != 0) {
+        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ragged_rows (contract = 0) or ragged_contract (contract = 1). */
 static PyObject *
 rd_gemm_call(PyObject *args, int contract)
@@ -199,13 +212,7 @@ rd_gemm_call(PyObject *args, int contract)
     rc = contract ? rd_ragged_contract(&plan, k, n, ng, bv, &a, &b, &c, accumulate)
                   : rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
     Py_END_ALLOW_THREADS
-    if (rc == -1)
-        return PyErr_NoMemory();
-    if (rc != 0) {
-        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return rd_gemm_result(rc);
 }
 
 PyDoc_STRVAR(ragged_rows_doc,
@@ -356,7 +363,7 @@ rd_py_prepack(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(ragged_rows_packed_doc,
-"ragged_rows_packed(lhs, packed, dtype, ctype, k, n, kc, nr, bounds, out, accumulate)\n\n"
+"ragged_rows_packed(lhs, packed, dtype, ctype, g, k, n, kc, nr, bounds, out, accumulate)\n\n"
 "ragged_rows with rhs [g, k, n] of storage `dtype` prepacked (prepack) for\n"
 "the `ctype` kernel with blocking kc and panel width nr; out float32 or\n"
 "float64 as ctype computes.");
@@ -366,13 +373,13 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
 {
     PyObject *olhs, *opacked, *obounds, *oout;
     const char *dtname, *ctname;
-    Py_ssize_t k, n, kc, nr;
+    Py_ssize_t ng, k, n, kc, nr;
     int accumulate;
     rd_arg_t lhs, packed, out;
     rd_plan_t plan;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOssnnnnOOp", &olhs, &opacked, &dtname, &ctname, &k, &n, &kc, &nr,
+    if (!PyArg_ParseTuple(args, "OOssnnnnnOOp", &olhs, &opacked, &dtname, &ctname, &ng, &k, &n, &kc, &nr,
                           &obounds, &oout, &accumulate))
         return NULL;
     int dt = rd_dtype_named(dtname);
@@ -387,16 +394,15 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
                      PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(out.arr)->typeobj->tp_name);
         return NULL;
     }
-    if (((uintptr_t)packed.data & 63) != 0) {
-        PyErr_SetString(PyExc_ValueError, "'packed' must start on a 64-byte boundary");
-        return NULL;
-    }
     size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n);
     rd_int m = lhs.dim[0];
-    rd_int ng = per > 0 ? (rd_int)((size_t)packed.dim[0] / per) : 0;
-    if (lhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n || per == 0
-        || (size_t)packed.dim[0] != per * (size_t)ng) {
+    if (ng < 0 || lhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n
+        || (per == 0 && k > 0 && n > 0) || (size_t)packed.dim[0] != per * (size_t)ng) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], packed [g * bytes_per_group], out [m, n] disagree");
+        return NULL;
+    }
+    if (packed.dim[0] > 0 && ((uintptr_t)packed.data & 63) != 0) {
+        PyErr_SetString(PyExc_ValueError, "'packed' must start on a 64-byte boundary");
         return NULL;
     }
     if (rd_arg_bounds(obounds, ng, m, "g", &bv) != 0)
@@ -409,13 +415,7 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
     Py_END_ALLOW_THREADS
-    if (rc == -1)
-        return PyErr_NoMemory();
-    if (rc != 0) {
-        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return rd_gemm_result(rc);
 }
 
 /* -------------------------------------------------------------- metadata */

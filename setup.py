@@ -30,7 +30,9 @@ int main(void) {
 """
 
 BASE_FLAGS = ["-O3", "-Wall", "-Wextra", "-fno-strict-aliasing"]
-SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+# (-O1 after -O3: the sanitized copy compiles in half the time and still
+# inlines enough to run its tests quickly)
+SANITIZE_FLAGS = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-g"]
 
 

@@ -102,7 +102,11 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
                 m[f"{mode}/{b}"] = ratio(g, base[b])
             m[f"{mode} %fma"] = _pct(g, _peak(ctx, "float32"))
         m["int8 %vnni"] = _pct(_get(sec, "int8", "gflops"), _peak(ctx, "int8"))
-        _bandwidth(m, sec, {"f32 ": "rd-f32", "bf16 ": "rd-bf16", "int8w ": "int8w", "fp8w ": "fp8w"}, ctx)
+        for mode in ("int8w", "fp8w"):   # weights prepacked once: over float32 and the per-call mode
+            pre = _get(sec, f"{mode}-prepacked", "gflops")
+            m[f"{mode}-pre/f32"], m[f"{mode}-pre/{mode}"] = ratio(pre, f32), ratio(pre, _get(sec, mode, "gflops"))
+        _bandwidth(m, sec, {"f32 ": "rd-f32", "bf16 ": "rd-bf16", "int8w ": "int8w", "fp8w ": "fp8w",
+                            "int8w-pre ": "int8w-prepacked", "fp8w-pre ": "fp8w-prepacked"}, ctx)
     elif op == "backward":
         st, tg = v["step"], v["tgmm"]
         rd = _get(st, "raggeddot", "gflops")
@@ -149,10 +153,11 @@ TABLES = {
                         "over raggeddot float32 / bfloat16; %fma: of the FMA peak; %vnni: of the vpdpbusd peak; "
                         "GB/s, %bw: weight bytes (scales included), memory-bound specs", "gflops",
                ["best", "best_is", *(f"{mode}/{b}" for mode, over in QUANT_RATIOS.items() for b in over),
-                "int8 %fma", "int8 %vnni", "int8w %fma"]),
+                "int8 %fma", "int8 %vnni", "int8w %fma", "int8w-pre/f32", "int8w-pre/int8w", "fp8w-pre/f32",
+                "fp8w-pre/fp8w"]),
               ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); %bw: of "
                         "the read bandwidth measured at start", "gbs",
-               ["f32 %bw", "bf16 %bw", "int8w %bw", "fp8w %bw"])],
+               ["f32 %bw", "bf16 %bw", "int8w %bw", "fp8w %bw", "int8w-pre %bw", "fp8w-pre %bw"])],
     "backward": [
         ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n; step/fwd t = raggeddot "
                  "step time / forward time (3.0: backward at forward speed)", "gflops",

@@ -60,6 +60,9 @@ quant (python benchmarks/run.py quant [--quant MODE ...], or ragged_dot --quant 
   int8             int8 x int8: lhs one scale per row, rhs one per group and output column
   int8-sub128      int8 x int8, scales per block of 128 along k on both operands
   int8w, fp8w      float32 lhs x int8 / float8_e4m3fn rhs, one scale per group and column
+  int8w-prepacked, fp8w-prepacked  the same on raggeddot.prepack(rhs QArray) made outside the
+                   timing: one byte a weight read in place, dequantized in the micro-kernel; its
+                   GB/s counts the layout's bytes (values, panel padding, scales)
   rd-f32, rd-bf16  raggeddot float32, and bfloat16 on the inputs rounded
   torch-int8       torch._int_mm per group (int32), scales applied after ("int8")
   torch-int8w      torch._weight_int8pack_mm per group ("int8w")
@@ -519,7 +522,8 @@ def run(args, op: str, chosen_specs: list) -> int:
         print(f"plot: {err}" if err else f"wrote {png}")
     print(f"total {result['elapsed_s']:.0f} s; load average at start {info['loadavg_start']}, at end "
           f"{result['loadavg_end']}")
-    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-bf16", *V.QUANT_MODES)
+    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-bf16", *V.QUANT_MODES,
+            *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
     failed = [(r["spec"], r["dtype"], s) for r in records for s, sec in r["variants"].items()
               for name, vr in sec.items() if name in ours and vr["status"] == "FAILED"]
     if failed:

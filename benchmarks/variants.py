@@ -47,6 +47,8 @@ QUANT_MODES = {
     "fp8w": (None, ("float8_e4m3fn", "channel")),
 }
 QUANT_BLOCK = 128
+#: the weight-only modes also timed on weights prepacked once ("<mode>-prepacked")
+QUANT_PREPACKED = ("int8w", "fp8w")
 
 
 class Skip(Exception):
@@ -662,6 +664,42 @@ def _rd_quant(mode: str):
     return build
 
 
+def _prepacked_weights(c: Case, mode: str):
+    """The quantized rhs of ``mode`` laid out once by raggeddot.prepack (kept in the case);
+    Skip when this raggeddot cannot prepack a QArray."""
+    key = f"qp:{mode}"
+    if key not in c.extra:
+        if not hasattr(raggeddot, "prepack"):
+            raise Skip("this raggeddot has no prepack()")
+        try:
+            c.extra[key] = raggeddot.prepack(quant_operands(c, mode)[1])
+        except (TypeError, ValueError) as e:
+            raise Skip(f"prepack refuses the {mode} weights: {str(e)[:120]}") from None
+    return c.extra[key]
+
+
+def _rd_quant_prepacked(mode: str):
+    """ragged_dot on the mode's quantized rhs prepacked once (outside the timing): one byte a
+    weight read in place, dequantized in the micro-kernel."""
+    def build(env, c):
+        lhs = quant_operands(c, mode)[0]
+        packed = _prepacked_weights(c, mode)
+        gs = c.inputs["group_sizes"]
+        return lambda: {f"out:{mode}": raggeddot.ragged_dot(lhs, packed, gs)}
+
+    return build
+
+
+def _qpsize(mode: str):
+    """Bytes a prepacked quantized weight value costs: the layout's bytes (values, panel
+    padding, the scales after each panel) over the values."""
+    def size(c):
+        packed = _prepacked_weights(c, mode)
+        return packed.nbytes / max(int(np.prod(packed.shape)), 1)
+
+    return size
+
+
 def _qsize(mode: str):
     """Bytes a quantized weight value costs: its storage plus its share of the scales."""
     def size(c):
@@ -732,6 +770,9 @@ def _quant_variants() -> list[Variant]:
     for mode in QUANT_MODES:
         out.append(Variant(mode, "quant", _rd_quant(mode), (f"out:{mode}",), "flops", threads="rd", mode=mode,
                            wsize=_qsize(mode)))
+    for mode in QUANT_PREPACKED:
+        out.append(Variant(f"{mode}-prepacked", "quant", _rd_quant_prepacked(mode), (f"out:{mode}",), "flops",
+                           threads="rd", mode=mode, wsize=_qpsize(mode)))
     out += [Variant("torch-int8", "quant", _torch_int_mm, ("out:int8",), "flops", mode="int8", wsize=_qsize("int8")),
             Variant("torch-int8w", "quant", _torch_int8w, ("out:int8w",), "flops", mode="int8w",
                     wsize=_qsize("int8w"))]

@@ -89,6 +89,9 @@ typedef struct {
     rd_int panels;          /* > 0: B laid out by rd_prepack, p its group 0
                              * (gs: bytes between groups), this many NR-wide
                              * panels per KC block */
+    rd_int qtile;           /* prepacked quantized B (panels > 0): the depth
+                             * along k of its scale tiles; 0: float panels */
+    int qzp;                /* prepacked quantized B: with zero points */
 } rd_in_t;
 
 /* An output of the plan's compute type. */
@@ -166,13 +169,27 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
  * (frame/rd_driver.c)  Weights laid out once in the micro-kernel's panel
  * order, to be read in place by every later call: rhs [ng, k, n] (strided,
  * any storage dtype the compute type's B packing reads) becomes, per group,
- * the KC blocks of the contraction in order, each the ceil(n / NR) panels of
- * NR columns that packing B would make (depth rounded up to k_unit, zero
- * padding).  rd_prepack_bytes gives the bytes per group (0 when the plan
- * cannot pack that dtype); rd_prepack writes group after group at `dst`.
- * A call reads it with rd_in_t.panels = ceil(n / NR), gs = bytes per group,
- * and a plan of the same compute type, NR and KC. */
-size_t rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n);
+ * the KC blocks of the contraction in order (every block KC deep but the
+ * last), each the ceil(n / NR) panels of NR columns that packing B would
+ * make (depth rounded up to k_unit, zero padding).
+ *
+ * Quantized weights (rhs->q.s != NULL: int8 values for RD_CT_F32_I8W,
+ * float8_e4m3fn codes for RD_CT_F32_F8W, float32 scales and zero points)
+ * keep their bytes; each micro-panel of a block at pc, kc deep, is followed
+ * by the trailer of rd_kernel.h: the runs of the block within scale tiles
+ * of depth qtile = rhs->q.tr along k (the first run to the next tile
+ * boundary, qtile - pc % qtile steps) with the scales (and zero points) of
+ * the panel's columns for each run (zeros past n).  The blocks are the KC
+ * blocks of the float32 product on the dequantized values, so the sums are
+ * the same; a scale tile may end inside a block.
+ *
+ * rd_prepack_bytes gives the bytes per group (0 when the plan cannot pack
+ * that dtype; qtile 0 for float weights, qzp: with zero points);
+ * rd_prepack writes group after group at `dst`.  A call reads it with
+ * rd_in_t.panels = ceil(n / NR), gs = bytes per group, qtile / qzp as
+ * given here, and a plan of the same compute type, NR and KC. */
+size_t rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n,
+                        rd_int qtile, int qzp);
 int rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst);
 
 /* ----------------------------------------------------------- narrowing

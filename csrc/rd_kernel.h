@@ -67,6 +67,16 @@ typedef enum {
      * keeps each KC block within one scale block of the contraction; see
      * the contract below).  float32 output. */
     RD_CT_I8I32 = 4,
+    /* float32 arithmetic on prepacked quantized weights (rd_prepack of an
+     * int8 / int4-in-int8 or float8_e4m3fn rhs with its scales): B panels
+     * keep one byte a weight, each micro-panel followed by the scales (and
+     * zero points) of its columns (RD_QTRAILER below); the micro-kernel
+     * widens each B vector exactly and computes (w - z) * s per column
+     * before its products, the value the per-call dequantizing packing
+     * writes, so the results equal those of RD_CT_F32 on the dequantized
+     * weights bit for bit.  A is packed as RD_CT_F32 packs it. */
+    RD_CT_F32_I8W = 5,
+    RD_CT_F32_F8W = 6,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -118,7 +128,36 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   C[i][j] (+)= (float)(sum_p A[i][p] B[p][j]) * (sa[i] * sb[j]),
  *   the sum exact in int32 (kc <= RD_I32_KC_MAX): the integer part agrees
  *   bit for bit across families, the float32 epilogue within its roundings.
+ *
+ * RD_CT_F32_I8W / RD_CT_F32_F8W (float32 A as RD_CT_F32):
+ *   b : one byte B[p][j] = b[p*NR + j] (an int8 value, or a float8_e4m3fn
+ *       code that is not NaN), then at byte NR*kc the trailer rd_qtrailer_t:
+ *       the block's contraction steps fall in scale tiles ("runs") of
+ *       `first` steps, then `tile` steps each (the last one cut at kc); for
+ *       run r the trailer holds float s[NR] (and with zp, float z[NR]) at
+ *       RD_QRUN(r, NR, zp) bytes past its start.
+ *   For step p of run r:  B[p][j] = (widen(b[p*NR + j]) - z[j]) * s[j]
+ *   (z = 0 without zero points), rounded to float32 as written, then the
+ *   products and sums of the float32 contract above.  widen is exact.
  */
+typedef struct {
+    int first;      /* steps of the first run (1 <= first <= kc) */
+    int tile;       /* steps of every later run */
+    int zp;         /* 1: each run has zero points after its scales */
+    int pad;
+} rd_qtrailer_t;
+
+/* Bytes from a trailer's start to run r's scales; and of the whole trailer
+ * of a kc-step block (NR columns). */
+#define RD_QRUN(r, NR, zp) \
+    ((size_t)sizeof(rd_qtrailer_t) + (size_t)(r) * (size_t)(NR) * sizeof(float) * ((zp) ? 2u : 1u))
+
+static inline rd_int
+rd_qruns(rd_int first, rd_int tile, rd_int kc)
+{
+    return kc <= first ? 1 : 1 + (kc - first + tile - 1) / tile;
+}
+
 enum { RD_STORE = 0, RD_ADD = 1, RD_STREAM = 2 };
 
 typedef void (*rd_ukr_t)(rd_int kc, const void *a, const void *b, void *c,

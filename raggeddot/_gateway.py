@@ -212,17 +212,20 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     return out
 
 
-def prepack_layout(ctype, dtype, k, n):
+def prepack_layout(ctype, dtype, k, n, qtile=0, zero_points=False):
     """``(bytes per group, NR, KC, kernel family)`` of weights ``[g, k, n]``
     of storage ``dtype`` laid out for compute type ``ctype`` (a name of
-    ``_core.PACKING_READS``) with the kernel selected now."""
-    return _core.prepack_layout(ctype, dtype, int(k), int(n))
+    ``_core.PACKING_READS``) with the kernel selected now; quantized weights
+    (ctype "float32-int8w" / "float32-float8w") with scale tiles ``qtile``
+    deep along k, and zero points when ``zero_points``."""
+    return _core.prepack_layout(ctype, dtype, int(k), int(n), int(qtile), bool(zero_points))
 
 
 def prepack(w, buf, ctype, kc, nr):
-    """Lay ``w [g, k, n]`` (any strides) out in ``buf`` (uint8, 64-byte
-    aligned, of prepack_layout's size times g) for ``ctype``'s kernel with
-    blocking ``kc`` and panel width ``nr``."""
+    """Lay ``w [g, k, n]`` (any strides; for quantized weights the tuple
+    :func:`operand` makes of a QArray, float32 scales) out in ``buf``
+    (uint8, 64-byte aligned, of prepack_layout's size times g) for
+    ``ctype``'s kernel with blocking ``kc`` and panel width ``nr``."""
     _core.prepack(w, buf, ctype, int(kc), int(nr))
 
 
@@ -258,8 +261,9 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False):
     otherwise). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         g, k, n = packed.shape
-        _core.ragged_rows_packed(operand(lhs, out.dtype, PACKED), packed._buf, packed.dtype.name,
-                                 packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate))
+        _core.ragged_rows_packed(operand(lhs, out.dtype, PACKED), packed._buf, packed._storage.name,
+                                 packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate),
+                                 packed._qtile, packed._zero_point is not None)
     return out
 
 

@@ -4,6 +4,7 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
+from .quant import QArray
 
 __all__ = ["PackedRhs", "prepack"]
 
@@ -13,6 +14,11 @@ __all__ = ["PackedRhs", "prepack"]
 # and float16 weights keep their 2 bytes an element in memory).
 _LAYOUT = {"float32": "float32", "float64": "float64",
            "bfloat16": "float32-bfloat16w", "float16": "float32-float16w"}
+# Quantized weights (a QArray): one byte a value in the panels, widened and
+# dequantized by the micro-kernel, (q - zero_point) * scale per column, in
+# float32 (int4 values are held in int8).
+_QLAYOUT = {"int8": "float32-int8w", "int4": "float32-int8w", "float8_e4m3fn": "float32-float8w"}
+_TRAILER = 16   # bytes of the header before a quantized panel's scales (rd_qtrailer_t)
 
 
 class PackedRhs:
@@ -30,28 +36,45 @@ class PackedRhs:
     then those of the float32 kernel on the same values: results equal an
     unpacked call bit for bit).
 
+    Quantized weights (a :class:`~raggeddot.QArray`, qtype int8, int4 or
+    float8_e4m3fn) keep one byte a value; after each panel of a block come
+    the float32 scales (and zero points) of its columns for that block, per
+    scale tile along k that the block meets. The micro-kernel widens each
+    value exactly and computes ``(q - zero_point) * scale`` in float32
+    before its products: the value the per-call path dequantizes into its
+    panels, so results equal a call with the QArray itself bit for bit.
+
     Attributes:
-      shape: ``(g, k, n)``; dtype: the weights' dtype; nbytes: the bytes the
-        layout holds (``g * ceil(n / NR) * NR * k`` elements, plus k padding
-        for k-pair kernels); kernel, nr, kc: the kernel family and the
-        blocking it was laid out for. A call made while another kernel family
-        serves that product (``runtime.set_kernel``) raises ValueError: the
-        panels would not fit its register block.
+      shape: ``(g, k, n)``; dtype: the weights' dtype (for a QArray, that of
+        its dequantized value: its scale's dtype); qtype: the QArray's qtype,
+        or None for float weights; nbytes: the bytes the layout holds, which
+        a call reads (``g * ceil(n / NR) * NR * k`` elements, plus k padding
+        for k-pair kernels; for a QArray, one byte a value plus the scales
+        and zero points after each panel); kernel, nr, kc: the kernel family
+        and the blocking it was laid out for. A call made while another
+        kernel family serves that product (``runtime.set_kernel``) raises
+        ValueError: the panels would not fit its register block.
 
     Derivatives: the gradient with respect to a PackedRhs is that of the
-    ``[g, k, n]`` weights it holds (a plain array); the gradient of lhs needs
-    the weights transposed, so the backward unpacks a copy
-    (:meth:`unpack`) for it.
+    ``[g, k, n]`` weights it holds (their dequantized value for a QArray:
+    straight through); the gradient of lhs needs the weights transposed, so
+    the backward unpacks a copy (:meth:`unpack`) for it.
     """
 
-    __slots__ = ("_buf", "shape", "dtype", "ctype", "nr", "kc", "kernel", "_per_group")
+    __slots__ = ("_buf", "shape", "dtype", "ctype", "nr", "kc", "kernel", "_per_group", "qtype",
+                 "_storage", "_qtile", "_scale", "_zero_point")
 
-    def __init__(self, buf, shape, dtype, ctype, nr, kc, kernel, per_group):
+    def __init__(self, buf, shape, dtype, ctype, nr, kc, kernel, per_group, quant=None):
         self._buf = buf
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.ctype, self.nr, self.kc, self.kernel = ctype, nr, kc, kernel
         self._per_group = per_group
+        if quant is None:
+            self.qtype, self._storage, self._qtile, self._scale, self._zero_point = \
+                None, self.dtype, 0, None, None
+        else:   # (qtype, storage dtype, scale tile along k, scale, zero_point)
+            self.qtype, self._storage, self._qtile, self._scale, self._zero_point = quant
 
     ndim = 3
 
@@ -61,12 +84,18 @@ class PackedRhs:
 
     def __repr__(self):
         g, k, n = self.shape
-        return (f"PackedRhs(shape=({g}, {k}, {n}), dtype={self.dtype.name}, kernel={self.kernel!r}, "
+        q = "" if self.qtype is None else f", qtype={self.qtype!r}"
+        return (f"PackedRhs(shape=({g}, {k}, {n}), dtype={self.dtype.name}{q}, kernel={self.kernel!r}, "
                 f"nr={self.nr}, kc={self.kc}, nbytes={self.nbytes})")
 
     def unpack(self):
-        """The weights ``[g, k, n]`` as a new array of their dtype (exactly
-        the values given to :func:`prepack`)."""
+        """The weights ``[g, k, n]`` as given to :func:`prepack` (transposed
+        back to ``[g, k, n]`` when given with ``transpose_rhs``): a new array
+        of their dtype, or for quantized weights a new
+        :class:`~raggeddot.QArray` with the same values, scales, zero points
+        and qtype (not its dequantized value)."""
+        if self.qtype is not None:
+            return self._unpack_quantized()
         g, k, n = self.shape
         nr, kc = self.nr, self.kc
         panels = -(-n // nr)
@@ -88,6 +117,33 @@ class PackedRhs:
             start += panels * depth * nr
         return out
 
+    def _unpack_quantized(self):
+        g, k, n = self.shape
+        nr, kc = self.nr, self.kc
+        panels = -(-n // nr)
+        flat = self._buf.view(np.uint8).reshape(g, -1)
+        values = np.empty((g, k, n), dtype=np.uint8)
+        start = 0
+        for pc in range(0, k, kc):
+            depth = min(kc, k - pc)
+            step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None)
+            block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * depth]
+            block = block.reshape(g, panels, depth, nr).transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
+            values[:, pc:pc + depth, :] = block[:, :, :n]
+            start += panels * step
+        zp = None if self._zero_point is None else self._zero_point.copy()
+        return QArray(values.view(self._storage), self._scale.copy(), zp, self.qtype)
+
+
+def _qpanel_bytes(nr, pc, kc, qtile, zp):
+    """Bytes of one micro-panel of quantized weights in the block at ``pc``
+    (``kc`` deep): the values, the trailer header, then per run of the block
+    within one scale tile along k (``qtile`` deep) ``nr`` scales (and ``nr``
+    zero points). The C layout's rule (rd_ppanel_bytes)."""
+    first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
+    runs = 1 if kc <= first else 1 + -(-(kc - first) // tile)
+    return nr * kc + _TRAILER + runs * nr * 4 * (2 if zp else 1)
+
 
 def prepack(rhs, *, transpose_rhs=False):
     """Lay the weights ``rhs`` out once in the micro-kernel's panel order.
@@ -95,15 +151,28 @@ def prepack(rhs, *, transpose_rhs=False):
     Args:
       rhs: ``[g, k, n]`` weights (``[g, n, k]`` with ``transpose_rhs``, read
         as its transpose, as :func:`~raggeddot.gmm` reads it): float32,
-        float64, bfloat16 or float16, any strides.
+        float64, bfloat16 or float16, any strides; or a
+        :class:`~raggeddot.QArray` of qtype int8, int4 or float8_e4m3fn with
+        any tiling of its scales (per tensor, per channel ``[g, 1, n]``,
+        subchannel ``[g, k / bk, n]``, tiles along n or g), with or without
+        zero points, and float32, bfloat16 or float16 scales. Its product
+        is that of the dequantized weights ``(q - zero_point) * scale``
+        computed in float32, as a call with the QArray computes it.
     Returns:
       A :class:`PackedRhs` of the ``[g, k, n]`` weights, accepted as ``rhs``
       by ragged_dot, gmm and ragged_dot_general wherever the plain array is
-      (ragged_dot_general: the ragged_dot form of its dimension numbers).
-      It holds its own copy: ``rhs`` may be dropped afterwards.
+      (ragged_dot_general: the ragged_dot form of its dimension numbers),
+      with a float lhs (float32, bfloat16, float16; float64 for float64
+      weights). It holds its own copy: ``rhs`` may be dropped afterwards.
+    Raises:
+      ValueError for float8_e4m3fn values holding NaN codes (the layout has
+      no NaN weights) or a QArray with float64 scales (a float64 product).
     """
     fn = "prepack"
-    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
+    shape_doc = " [g, n, k]" if transpose_rhs else " [g, k, n]"
+    if isinstance(rhs, QArray):
+        return _prepack_quantized(rhs, transpose_rhs, shape_doc, fn)
+    rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=shape_doc)
     dt = v.float_dtype(rhs, "rhs", fn)
     if not rhs.dtype.isnative or not rhs.flags.aligned:
         rhs = np.array(rhs, dtype=dt)
@@ -115,6 +184,36 @@ def prepack(rhs, *, transpose_rhs=False):
     if buf.size:
         gw.prepack(w, buf, ctype, kc, nr)
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group)
+
+
+def _prepack_quantized(q, transpose_rhs, shape_doc, fn):
+    """prepack of a QArray ``q`` (checked here; laid out by the C layout)."""
+    if q.ndim != 3:
+        raise ValueError(f"{fn}: expected 3-D 'rhs'{shape_doc} but got a {q.ndim}-D QArray of shape {q.shape}")
+    dt = q.dtype
+    if dt.itemsize == 8:
+        raise ValueError(f"{fn}: the QArray 'rhs' has float64 scales (a float64 product); prepacked "
+                         "quantized weights compute in float32: give float32 scales")
+    if q.qtype == "float8_e4m3fn":
+        codes = q.qvalue.view(np.uint8)
+        nan = (codes & 0x7F) == 0x7F
+        if nan.any():
+            where = tuple(int(i) for i in np.argwhere(nan)[0])
+            raise ValueError(f"{fn}: the float8_e4m3fn QArray 'rhs' holds NaN at {where} "
+                             f"({int(nan.sum())} NaN values): NaN weights cannot be prepacked")
+    w = q.transpose(0, 2, 1) if transpose_rhs else q
+    g, k, n = w.shape
+    ctype = _QLAYOUT[q.qtype]
+    storage = np.dtype(w.qvalue.dtype)
+    qtile = w.tile_shape[1]
+    zp = w.zero_point is not None
+    per_group, nr, kc, kernel = gw.prepack_layout(ctype, storage.name, k, n, qtile, zp)
+    buf = _aligned(g * per_group)
+    if buf.size:
+        gw.prepack(gw.operand(w, np.dtype(np.float32), gw.PACKED), buf, ctype, kc, nr)
+    kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True),
+            None if w.zero_point is None else np.array(w.zero_point, copy=True))
+    return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
 
 
 def _aligned(nbytes, alignment=64):

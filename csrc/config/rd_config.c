@@ -16,6 +16,11 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
     [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1},
     /* int16 k-pairs, each micro-panel followed by one float scale a row */
     [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float)},
+    /* one-byte B panels of prepacked quantized weights, each micro-panel
+     * followed by its rd_qtrailer_t and scales (not counted here: the
+     * trailer's size depends on the block, see rd_prepack) */
+    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1},
+    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {

@@ -256,6 +256,8 @@ typedef struct {
     const char *qs, *qz;        /* scale / zero point of tile (0, 0) of the group */
     rd_int i0, j0;
     rd_int panels;              /* > 0: prepacked B (rd_prepack), p its group */
+    rd_int qtile;               /* prepacked quantized B: scale tiles along k */
+    int qzp;                    /* ... with zero points */
 } rd_block_t;
 
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
@@ -297,6 +299,50 @@ rd_scale_room(const rd_block_t *x, int which, rd_int pc)
     const rd_int tp = which ? x->q->tr : x->q->tc;
     const rd_int pos = (which ? x->i0 : x->j0) + pc;
     return tp - pos % tp;
+}
+
+/* The prepacked layout of one group's weights (rd_prepack): KC blocks of
+ * `panels` micro-panels NR wide, each followed, for quantized weights
+ * (qtile > 0), by its trailer (rd_kernel.h). */
+typedef struct {
+    rd_int KC, NR, panels, k_unit;
+    size_t b_size;
+    rd_int qtile;
+    int qzp;
+} rd_playout_t;
+
+/* The trailer of the block at pc, kc deep: the block's runs within the
+ * scale tiles along k. */
+static rd_qtrailer_t
+rd_ptrailer(const rd_playout_t *L, rd_int pc, rd_int kc)
+{
+    const rd_int first = L->qtile - pc % L->qtile;
+    rd_qtrailer_t h = {(int)(first < kc ? first : kc), (int)(L->qtile < kc ? L->qtile : kc), L->qzp, 0};
+    return h;
+}
+
+/* Bytes of one micro-panel of the block at pc, kc deep (values, trailer). */
+static size_t
+rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
+{
+    size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
+    if (L->qtile > 0) {
+        const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
+        bytes += RD_QRUN(rd_qruns(h.first, h.tile, kc), L->NR, L->qzp);
+    }
+    return bytes;
+}
+
+/* Where the block at pc of a group's layout starts, in bytes: the blocks
+ * before it are KC deep.  The one rule by which rd_prepack writes the
+ * blocks and rd_gemm_block finds them. */
+static size_t
+rd_pblock_offset(const rd_playout_t *L, rd_int pc)
+{
+    size_t off = 0;
+    for (rd_int p = 0; p < pc; p += L->KC)
+        off += (size_t)L->panels * rd_ppanel_bytes(L, p, pc - p < L->KC ? pc - p : L->KC);
+    return off;
 }
 
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
@@ -343,14 +389,17 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             int mode = accumulate || pc > 0 ? RD_ADD
                        : stream && kc == K ? RD_STREAM : RD_STORE;
             /* B's panel is packed as its transpose: nc rows of depth kc;
-             * prepacked weights (float types, no scales) are read where they
-             * lie: the KC block at pc (every earlier block is KC deep), its
-             * panel of column j0 + jc */
+             * prepacked weights are read where they lie: the KC block at pc
+             * (rd_pblock_offset), its panel of column j0 + jc, micro-panels
+             * bstep bytes apart (values, and the trailer of quantized ones) */
             const char *bpanel = bpack;
-            if (b->panels > 0)
-                bpanel = (const char *)b->p
-                         + ((size_t)b->panels * (size_t)NR * (size_t)pc
-                            + (size_t)((b->j0 + jc) / NR) * (size_t)NR * (size_t)kp) * cl->b_size;
+            size_t bstep = 0;
+            if (b->panels > 0) {
+                const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp};
+                bstep = rd_ppanel_bytes(&L, pc, kc);
+                bpanel = (const char *)b->p + rd_pblock_offset(&L, pc)
+                         + (size_t)((b->j0 + jc) / NR) * bstep;
+            }
             else
                 rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
             for (rd_int ic = 0; ic < M; ic += MC) {
@@ -358,7 +407,8 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
+                    const char *bp = b->panels > 0 ? bpanel + (size_t)(jr / NR) * bstep
+                                                   : bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
                     char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
                     for (rd_int ir = 0; ir < mc; ir += MR) {
                         int mr = (int)(mc - ir < MR ? mc - ir : MR);
@@ -377,9 +427,10 @@ static rd_block_t
 rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_int j0)
 {
     if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
-        return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels};
+        return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels,
+                            x->qtile, x->qzp};
     rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
-                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0};
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0};
     if (x->q.s != NULL) {
         const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
         b.q = &x->q;
@@ -529,42 +580,95 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
 
 /* ------------------------------------------------------------- prepacking */
 
-size_t
-rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n)
+/* The layout rd_prepack gives weights [., k, n] for `plan`. */
+static rd_playout_t
+rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
-    if (rd_packer(plan->ct, dtype, 1) == NULL || k < 0 || n < 0)
+    const rd_int NR = plan->k.nr;
+    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp};
+    return L;
+}
+
+/* Whether compute type ct lays out quantized weights (with trailers). */
+static int
+rd_quantized_panels(rd_ctype_t ct)
+{
+    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W;
+}
+
+size_t
+rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n, rd_int qtile, int qzp)
+{
+    if (rd_packer(plan->ct, dtype, 1) == NULL || k < 0 || n < 0
+        || (rd_quantized_panels(plan->ct) ? qtile < 1 : qtile != 0))
         return 0;
-    const rd_int KC = plan->k.kc, NR = plan->k.nr;
-    const rd_int panels = (n + NR - 1) / NR;
-    rd_int depth = 0;   /* the packed depth: each KC block rounded up to k_unit */
-    for (rd_int pc = 0; pc < k; pc += KC)
-        depth += rd_round_up(k - pc < KC ? k - pc : KC, ct->k_unit);
-    return (size_t)panels * (size_t)NR * (size_t)depth * ct->b_size;
+    const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
+    return rd_pblock_offset(&L, k);
+}
+
+/* The trailer of one micro-panel of group g's block at pc (kc deep), whose
+ * columns start at column j0 of n: the header, then per run the scales
+ * (and zero points) of the columns, 0 past n.  q: the weights' scales, of
+ * tiles (tg, tr, tc) with element strides (gs, rs, cs). */
+static void
+rd_put_trailer(const rd_playout_t *L, const rd_scales_t *q, rd_int g, rd_int pc, rd_int kc,
+               rd_int j0, rd_int n, char *dst)
+{
+    const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
+    memcpy(dst, &h, sizeof h);
+    const float *s = (const float *)q->s, *z = (const float *)q->z;
+    const rd_int runs = rd_qruns(h.first, h.tile, kc);
+    for (rd_int r = 0; r < runs; r++) {
+        /* the tile along k of the run's first step */
+        const rd_int t = (pc + (r == 0 ? 0 : h.first + (r - 1) * h.tile)) / L->qtile;
+        float *sr = (float *)(void *)(dst + RD_QRUN(r, L->NR, L->qzp));
+        float *zr = sr + L->NR;
+        for (rd_int j = 0; j < L->NR; j++) {
+            const rd_int col = j0 + j;
+            const rd_int at = g / q->tg * q->gs + t * q->rs + col / q->tc * q->cs;
+            sr[j] = col < n ? s[at] : 0.0f;
+            if (L->qzp)
+                zr[j] = col < n ? z[at] : 0.0f;
+        }
+    }
 }
 
 int
 rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst)
 {
-    const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     rd_pack_t pack = rd_packer(plan->ct, rhs->dtype, 1);
-    if (pack == NULL || rhs->q.s != NULL)
+    const int quantized = rd_quantized_panels(plan->ct);
+    if (pack == NULL || (rhs->q.s != NULL) != quantized)
         return -2;
-    const size_t per_group = rd_prepack_bytes(plan, rhs->dtype, k, n);
+    const rd_int qtile = quantized ? rhs->q.tr : 0;
+    const int qzp = quantized && rhs->q.z != NULL;
+    const size_t per_group = rd_prepack_bytes(plan, rhs->dtype, k, n, qtile, qzp);
+    const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
     const size_t src = rd_dtype_size[rhs->dtype];
-    const rd_int KC = plan->k.kc, NR = plan->k.nr;
-    const rd_int panels = (n + NR - 1) / NR;
+    const rd_int KC = L.KC, NR = L.NR;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads) if (plan->nthreads > 1 && ng > 1)
 #endif
     for (rd_int g = 0; g < ng; g++) {
         char *out = (char *)dst + (size_t)g * per_group;
         for (rd_int pc = 0; pc < k; pc += KC) {
-            rd_int kc = k - pc < KC ? k - pc : KC;
-            /* B's block as its transpose: n rows of depth kc, into panels */
-            pack(n, kc, rd_at(rhs->p, src, g * rhs->gs + pc * rhs->rs, 1, 0, rhs->cs),
-                 rhs->cs, rhs->rs, (int)NR, out);
-            out += (size_t)panels * (size_t)NR * (size_t)rd_round_up(kc, ct->k_unit) * ct->b_size;
+            const rd_int kc = k - pc < KC ? k - pc : KC;
+            const char *blk = (const char *)rd_at(rhs->p, src, g * rhs->gs + pc * rhs->rs, 1, 0, rhs->cs);
+            if (!quantized) {
+                /* B's block as its transpose: n rows of depth kc, into panels */
+                pack(n, kc, blk, rhs->cs, rhs->rs, (int)NR, out);
+                out += (size_t)L.panels * rd_ppanel_bytes(&L, pc, kc);
+                continue;
+            }
+            /* panel by panel: its values, then its trailer */
+            const size_t step = rd_ppanel_bytes(&L, pc, kc);
+            for (rd_int j0 = 0; j0 < n; j0 += NR) {
+                pack(n - j0 < NR ? n - j0 : NR, kc, blk + j0 * rhs->cs * (rd_int)src, rhs->cs, rhs->rs,
+                     (int)NR, out);
+                rd_put_trailer(&L, &rhs->q, g, pc, kc, j0, n, out + (size_t)NR * (size_t)kc);
+                out += step;
+            }
         }
     }
     return 0;

@@ -127,6 +127,17 @@ rd_f8e4m3_to_float(uint8_t b)
 #define RD_FN(x) rd_pack_b_bi_##x
 #include "rd_pack_impl.h"
 
+/* One-byte quantized values kept as they are stored (int8, or float8_e4m3fn
+ * codes), for the panels of prepacked quantized weights (RD_CT_F32_I8W,
+ * RD_CT_F32_F8W) that the micro-kernels widen and dequantize; rd_prepack
+ * writes the scales after each panel */
+#define RD_SRC uint8_t
+#define RD_DST uint8_t
+#define RD_CVT(v) (v)
+#define RD_SAME 1
+#define RD_FN(x) rd_pack_c_c_##x
+#include "rd_pack_impl.h"
+
 /* Quantized values: int8 (int4 values too, held in int8) and float8_e4m3fn,
  * read with the scales of their tiles (rd_pack_qimpl.h) */
 #define RD_SRC int8_t
@@ -229,6 +240,18 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F16] = {rd_pack_h_s_pack, rd_pack_h_h_pack},
         [RD_BF16] = {rd_pack_b_s_pack, NULL},
     },
+    [RD_CT_F32_I8W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, NULL},
+        [RD_BF16] = {rd_pack_b_s_pack, NULL},
+        [RD_I8] = {NULL, rd_pack_c_c_pack},
+    },
+    [RD_CT_F32_F8W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, NULL},
+        [RD_BF16] = {rd_pack_b_s_pack, NULL},
+        [RD_F8E4M3] = {NULL, rd_pack_c_c_pack},
+    },
 };
 
 rd_pack_t
@@ -242,6 +265,8 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
         [RD_CT_F32] = {rd_pack_h_s_f16c_pack, rd_pack_h_s_f16c_pack},
         [RD_CT_F32_BF16W] = {rd_pack_h_s_f16c_pack, NULL},
         [RD_CT_F32_F16W] = {rd_pack_h_s_f16c_pack, NULL},
+        [RD_CT_F32_I8W] = {rd_pack_h_s_f16c_pack, NULL},
+        [RD_CT_F32_F8W] = {rd_pack_h_s_f16c_pack, NULL},
     };
     if (src == RD_F16 && f16c[ct][which] != NULL) {
         __builtin_cpu_init();

@@ -8,6 +8,8 @@
  *   rd_sgemm_avx2_{bf16w,f16w}_6x16: float32 with 16-bit B panels (F16C too)
  *   rd_i8gemm_avx2_6x16: int16 k-pairs into int32 (vpmaddwd + vpaddd), the
  *       sums scaled into float32 once per block (RD_CT_I8I32)
+ *   rd_sgemm_avx2_{i8w,f8w}_6x16: float32 with one-byte B panels of
+ *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *
  * Per step p of the contraction: two loads of the B row, six broadcasts of
  * the A column, twelve independent FMAs (two FMA pipes x four cycles of
@@ -119,6 +121,91 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
 RD_AVX2_SGEMM(rd_sgemm_avx2_6x16, float, S_LOAD_F32)
 RD_AVX2_SGEMM(rd_sgemm_avx2_bf16w_6x16, uint16_t, S_LOAD_BF16)
 RD_AVX2_SGEMM(rd_sgemm_avx2_f16w_6x16, uint16_t, S_LOAD_F16)
+
+/* -------------------------------------------- float32 on quantized panels
+ *
+ * One-byte B rows (16 bytes a step) widened exactly: int8 sign-extended
+ * (vpmovsxbd) and converted (vcvtdq2ps); float8_e4m3fn codes zero-extended
+ * to 16 bits, their sign, exponent and mantissa moved into binary16's
+ * places, converted with vcvtph2ps and scaled by 2^8 (exact).  Then
+ * (w - z) * s with the run's scales and zero points (rd_kernel.h), and the
+ * FMAs of the float32 kernel. */
+#define Q_WIDEN_I8(b, b0, b1)                                               \
+    const __m128i bq = _mm_loadu_si128((const __m128i *)(const void *)(b)); \
+    __m256 b0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bq));               \
+    __m256 b1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bq, 8)));
+#define Q_WIDEN_F8(b, b0, b1)                                               \
+    const __m256i bh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b))); \
+    const __m256i bits = _mm256_or_si256(                                   \
+        _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi16(0x80)), 8),  \
+        _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi16(0x7f)), 7)); \
+    __m256 b0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(bits)), _mm256_set1_ps(256.0f)); \
+    __m256 b1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1)), _mm256_set1_ps(256.0f));
+#define Q_LOAD_I8(b, b0, b1)                                                \
+    Q_WIDEN_I8(b, w0, w1)                                                   \
+    const __m256 b0 = _mm256_mul_ps(_mm256_sub_ps(w0, z0), s0);             \
+    const __m256 b1 = _mm256_mul_ps(_mm256_sub_ps(w1, z1), s1);
+#define Q_LOAD_F8(b, b0, b1)                                                \
+    Q_WIDEN_F8(b, w0, w1)                                                   \
+    const __m256 b0 = _mm256_mul_ps(_mm256_sub_ps(w0, z0), s0);             \
+    const __m256 b1 = _mm256_mul_ps(_mm256_sub_ps(w1, z1), s1);
+
+#define RD_AVX2_QGEMM(NAME, LOAD_B)                                         \
+RD_AVX2 static void                                                         \
+NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
+     rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)                \
+{                                                                           \
+    const float *a = (const float *)a_;                                     \
+    const uint8_t *b = (const uint8_t *)b_;                                 \
+    float *c = (float *)c_;                                                 \
+    const char *tr = (const char *)b_ + 16 * kc;                            \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, tr, sizeof h);                                               \
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();            \
+    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();            \
+    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();            \
+    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();            \
+    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();            \
+    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();            \
+    rd_int p = 0, len = h.first;                                            \
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
+        const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 16, h.zp)); \
+        const __m256 s0 = _mm256_loadu_ps(sv), s1 = _mm256_loadu_ps(sv + 8); \
+        __m256 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();          \
+        if (h.zp) {                                                         \
+            z0 = _mm256_loadu_ps(sv + 16);                                  \
+            z1 = _mm256_loadu_ps(sv + 24);                                  \
+        }                                                                   \
+        const rd_int end = kc - p < len ? kc : p + len;                     \
+        for (; p < end; p++) {                                              \
+            S_STEP(0, LOAD_B);                                              \
+            a += 6;                                                         \
+            b += 16;                                                        \
+        }                                                                   \
+    }                                                                       \
+    if (m == 6 && n == 16 && cs_c == 1) {                                   \
+        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float))) \
+            accumulate = RD_STORE;                                          \
+        s_store_row(c + 0 * rs_c, c00, c01, accumulate);                    \
+        s_store_row(c + 1 * rs_c, c10, c11, accumulate);                    \
+        s_store_row(c + 2 * rs_c, c20, c21, accumulate);                    \
+        s_store_row(c + 3 * rs_c, c30, c31, accumulate);                    \
+        s_store_row(c + 4 * rs_c, c40, c41, accumulate);                    \
+        s_store_row(c + 5 * rs_c, c50, c51, accumulate);                    \
+        return;                                                             \
+    }                                                                       \
+    float buf[6 * 16] __attribute__((aligned(32)));                         \
+    _mm256_store_ps(buf + 0, c00);  _mm256_store_ps(buf + 8, c01);          \
+    _mm256_store_ps(buf + 16, c10); _mm256_store_ps(buf + 24, c11);         \
+    _mm256_store_ps(buf + 32, c20); _mm256_store_ps(buf + 40, c21);         \
+    _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);         \
+    _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);         \
+    _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);         \
+    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);              \
+}
+
+RD_AVX2_QGEMM(rd_sgemm_avx2_i8w_6x16, Q_LOAD_I8)
+RD_AVX2_QGEMM(rd_sgemm_avx2_f8w_6x16, Q_LOAD_F8)
 
 /* ---------------------------------------------------------------- float64 */
 
@@ -278,6 +365,8 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F32_BF16W] = {rd_sgemm_avx2_bf16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_avx2_f16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_I8I32] = {rd_i8gemm_avx2_6x16, 6, 16, 144, 512, 4080},
+        [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
     },
 };
 

@@ -6,6 +6,8 @@
  *   rd_sgemm_avx512_{bf16w,f16w}_12x32: float32 with 16-bit B panels
  *   rd_i8gemm_avx512_12x32: int16 k-pairs into int32 (AVX-512BW vpmaddwd +
  *       vpaddd), scaled into float32 once per block (RD_CT_I8I32)
+ *   rd_sgemm_avx512_{i8w,f8w}_12x32: float32 with one-byte B panels of
+ *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *
  * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
@@ -173,6 +175,108 @@ RD_KERNEL(rd_sgemm_avx512_f16w_12x32, sh_rows4, sh_rows8, sh_rows12)
 #undef STREAM
 #undef STORE_EDGE
 
+/* -------------------------------------------- float32 on quantized panels
+ *
+ * One-byte B rows (32 bytes a step) widened exactly, as the AVX2 kernels
+ * do: int8 by vpmovsxbd + vcvtdq2ps, float8_e4m3fn codes moved into
+ * binary16's places (AVX-512BW word shifts), vcvtph2ps and a scaling by
+ * 2^8.  Then (w - z) * s with the scales and zero points of the run the
+ * step is in (rd_kernel.h), and the FMAs of the float32 kernel. */
+#define RD_AVX512Q __attribute__((target("avx512f,avx512bw")))
+#define RD_QBODY(NAME, R, ROWS)                                             \
+RD_AVX512Q static void                                                      \
+NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
+     rd_int cs_c, int m, int n, int accumulate)                             \
+{                                                                           \
+    const char *tr = (const char *)b + 32 * kc;                             \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, tr, sizeof h);                                               \
+    ROWS(RD_DECL)                                                           \
+    const int stream = accumulate == RD_STREAM && m == (R) && n == 32       \
+                       && cs_c == 1                                         \
+                       && rd_stream_aligned(c, rs_c * (rd_int)sizeof(float)); \
+    if (cs_c == 1 && !stream)                                               \
+        for (int i = 0; i < m; i++) {                                       \
+            _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);        \
+            _mm_prefetch((const char *)(c + i * rs_c + 31), _MM_HINT_T0);   \
+        }                                                                   \
+    rd_int p = 0, len = h.first;                                            \
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
+        const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 32, h.zp)); \
+        const V s0 = _mm512_loadu_ps(sv), s1 = _mm512_loadu_ps(sv + 16);    \
+        V z0 = ZERO(), z1 = ZERO();                                         \
+        if (h.zp) {                                                         \
+            z0 = _mm512_loadu_ps(sv + 32);                                  \
+            z1 = _mm512_loadu_ps(sv + 48);                                  \
+        }                                                                   \
+        const rd_int end = kc - p < len ? kc : p + len;                     \
+        for (; p < end; p++) {                                              \
+            WIDEN(b, w0, w1)                                                \
+            const V b0 = _mm512_mul_ps(_mm512_sub_ps(w0, z0), s0);          \
+            const V b1 = _mm512_mul_ps(_mm512_sub_ps(w1, z1), s1);          \
+            V av;                                                           \
+            ROWS(RD_STEP)                                                   \
+            a += 12;                                                        \
+            b += 32;                                                        \
+        }                                                                   \
+    }                                                                       \
+    if (m == (R) && n == 32 && cs_c == 1) {                                 \
+        if (stream) {                                                       \
+            ROWS(RD_STREAM_PUT)                                             \
+        } else {                                                            \
+            ROWS(RD_PUT)                                                    \
+        }                                                                   \
+        return;                                                             \
+    }                                                                       \
+    float buf[(R) * 32] __attribute__((aligned(64)));                       \
+    ROWS(RD_SPILL)                                                          \
+    STORE_EDGE(buf, 32, c, rs_c, cs_c, m, n, accumulate);                   \
+}
+
+#define T float
+#define TB uint8_t
+#define V __m512
+#define W 16
+#define ZERO _mm512_setzero_ps
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define STORE_A _mm512_store_ps
+#define STORE_ROW s_store_row
+#define STREAM _mm512_stream_ps
+#define STORE_EDGE rd_s_store_edge
+#define WIDEN(b, w0, w1)                                                    \
+    const __m256i bq = _mm256_loadu_si256((const __m256i *)(const void *)(b)); \
+    const V w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bq))); \
+    const V w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bq, 1)));
+RD_QBODY(si8_rows4, 4, ROWS4)
+RD_QBODY(si8_rows8, 8, ROWS8)
+RD_QBODY(si8_rows12, 12, ROWS12)
+RD_KERNEL(rd_sgemm_avx512_i8w_12x32, si8_rows4, si8_rows8, si8_rows12)
+#undef WIDEN
+#define WIDEN(b, w0, w1)                                                    \
+    const __m512i bh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(b))); \
+    const __m512i bits = _mm512_or_si512(                                   \
+        _mm512_slli_epi16(_mm512_and_si512(bh, _mm512_set1_epi16(0x80)), 8), \
+        _mm512_slli_epi16(_mm512_and_si512(bh, _mm512_set1_epi16(0x7f)), 7)); \
+    const V w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), _mm512_set1_ps(256.0f)); \
+    const V w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), _mm512_set1_ps(256.0f));
+RD_QBODY(sf8_rows4, 4, ROWS4)
+RD_QBODY(sf8_rows8, 8, ROWS8)
+RD_QBODY(sf8_rows12, 12, ROWS12)
+RD_KERNEL(rd_sgemm_avx512_f8w_12x32, sf8_rows4, sf8_rows8, sf8_rows12)
+#undef WIDEN
+#undef T
+#undef TB
+#undef V
+#undef W
+#undef ZERO
+#undef SET1
+#undef FMA
+#undef STORE_A
+#undef STORE_ROW
+#undef STREAM
+#undef STORE_EDGE
+
 /* ---------------------------------------------------------------- float64 */
 
 RD_AVX512 static inline void
@@ -312,6 +416,8 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_F32_BF16W] = {rd_sgemm_avx512_bf16w_12x32, 12, 32, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_avx512_f16w_12x32, 12, 32, 144, 256, 4080},
         [RD_CT_I8I32] = {rd_i8gemm_avx512_12x32, 12, 32, 144, 512, 4080},
+        [RD_CT_F32_I8W] = {rd_sgemm_avx512_i8w_12x32, 12, 32, 144, 256, 4080},
+        [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 256, 4080},
     },
 };
 

@@ -11,6 +11,10 @@
  *       each B value widened exactly to float32 before its products
  *   rd_i8gemm_ref_6x16:  int16 k-pairs of int8 values (RD_CT_I8I32), exact
  *       int32 sums, scaled into float32 once per block
+ *   rd_sgemm_ref_i8w_6x16, rd_sgemm_ref_f8w_6x16: float32 A, one-byte B
+ *       panels of prepacked quantized weights with their scales
+ *       (RD_CT_F32_I8W, RD_CT_F32_F8W), each B value widened and
+ *       dequantized to float32 before its products
  */
 #include "rd_kernel.h"
 #include "rd_half.h"
@@ -64,6 +68,60 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
 RD_REF_UKR_W(rd_sgemm_ref_bf16w_6x16, 6, 16, rd_bf16_to_float, RD_HALVES_16)
 RD_REF_UKR_W(rd_sgemm_ref_f16w_6x16, 6, 16, rd_f16_to_float, RD_IN_ORDER)
 
+/* One-byte B widened exactly: an int8 value, or a float8_e4m3fn code (not
+ * NaN) placed in a binary16's bits (sign; exponent and mantissa shifted
+ * into the top of binary16's, whose bias is 8 more) and scaled by 2^8. */
+static inline float
+rd_widen_i8(uint8_t b)
+{
+    return (float)(int8_t)b;
+}
+
+static inline float
+rd_widen_f8(uint8_t b)
+{
+    const uint16_t h = (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+    return rd_f16_to_float(h) * 256.0f;
+}
+
+/* The quantized-panel contract (rd_kernel.h, RD_CT_F32_I8W / F8W): per run
+ * of the block, B's row p is (widen(b) - z) * s column by column, then the
+ * float32 products and sums of rd_sgemm_ref_6x16. */
+#define RD_REF_UKR_Q(NAME, MR, NR, WIDEN)                                    \
+static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
+                 rd_int rs_c, rd_int cs_c, int m, int n, int mode)          \
+{                                                                           \
+    const float *a = (const float *)a_;                                     \
+    const uint8_t *b = (const uint8_t *)b_;                                 \
+    const char *tr = (const char *)b_ + (rd_int)(NR) * kc;                  \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, tr, sizeof h);                                               \
+    float acc[MR][NR], row[NR];                                             \
+    for (int i = 0; i < MR; i++)                                            \
+        for (int j = 0; j < NR; j++)                                        \
+            acc[i][j] = 0;                                                  \
+    rd_int p = 0, len = h.first;                                            \
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
+        const float *s = (const float *)(const void *)(tr + RD_QRUN(r, NR, h.zp)); \
+        float z[NR];                                                        \
+        for (int j = 0; j < NR; j++)                                        \
+            z[j] = h.zp ? s[NR + j] : 0.0f;                                 \
+        const rd_int end = kc - p < len ? kc : p + len;                     \
+        for (; p < end; p++) {                                              \
+            const float *ap = a + p * MR;                                   \
+            for (int j = 0; j < NR; j++)                                    \
+                row[j] = (WIDEN(b[p * NR + j]) - z[j]) * s[j];              \
+            for (int i = 0; i < MR; i++)                                    \
+                for (int j = 0; j < NR; j++)                                \
+                    acc[i][j] += ap[i] * row[j];                            \
+        }                                                                   \
+    }                                                                       \
+    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);    \
+}
+
+RD_REF_UKR_Q(rd_sgemm_ref_i8w_6x16, 6, 16, rd_widen_i8)
+RD_REF_UKR_Q(rd_sgemm_ref_f8w_6x16, 6, 16, rd_widen_f8)
+
 /* The integer contract (rd_kernel.h, RD_CT_I8I32): pairs of int16
  * products summed in int32 (as vpmaddwd does), the sum converted to float32
  * once and multiplied by sa[i] * sb[j]. */
@@ -110,5 +168,7 @@ const rd_family_t rd_family_ref = {
         [RD_CT_F32_BF16W] = {rd_sgemm_ref_bf16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F16W] = {rd_sgemm_ref_f16w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_I8I32] = {rd_i8gemm_ref_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_I8W] = {rd_sgemm_ref_i8w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_F8W] = {rd_sgemm_ref_f8w_6x16, 6, 16, 144, 256, 4080},
     },
 };

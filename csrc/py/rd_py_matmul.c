@@ -183,7 +183,7 @@ rd_gemm_call(PyObject *args, int contract)
     if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &lq, &rhs, &rq, &out, &obounds,
                       &accumulate, &plan) != 0)
         return NULL;
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -193,7 +193,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2]};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -202,7 +202,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1]};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
@@ -289,29 +289,33 @@ rd_dtype_named(const char *name)
 }
 
 PyDoc_STRVAR(prepack_layout_doc,
-"prepack_layout(ctype, dtype, k, n) -> (bytes_per_group, nr, kc, kernel)\n\n"
+"prepack_layout(ctype, dtype, k, n, qtile=0, qzp=False) -> (bytes_per_group, nr, kc, kernel)\n\n"
 "The layout rd_prepack gives weights [g, k, n] of storage `dtype` for a\n"
-"product of compute type `ctype` with the kernel selected now.");
+"product of compute type `ctype` with the kernel selected now; quantized\n"
+"weights (ctype float32-int8w / float32-float8w) with scale tiles `qtile`\n"
+"deep along k, and zero points when `qzp`.");
 
 static PyObject *
 rd_py_prepack_layout(PyObject *self, PyObject *args)
 {
     const char *ctname, *dtname;
-    Py_ssize_t k, n;
+    Py_ssize_t k, n, qtile = 0;
+    int qzp = 0;
     rd_plan_t plan;
     (void)self;
-    if (!PyArg_ParseTuple(args, "ssnn", &ctname, &dtname, &k, &n))
+    if (!PyArg_ParseTuple(args, "ssnn|np", &ctname, &dtname, &k, &n, &qtile, &qzp))
         return NULL;
     int dt = rd_dtype_named(dtname);
     if (dt < 0 || rd_prepack_plan(ctname, 0, 0, &plan) != 0)
         return NULL;
-    if (k < 0 || n < 0) {
-        PyErr_SetString(PyExc_ValueError, "prepack_layout needs k >= 0 and n >= 0");
+    if (k < 0 || n < 0 || qtile < 0) {
+        PyErr_SetString(PyExc_ValueError, "prepack_layout needs k >= 0, n >= 0 and qtile >= 0");
         return NULL;
     }
-    size_t bytes = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n);
+    size_t bytes = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n, qtile, qzp);
     if (bytes == 0 && k > 0 && n > 0) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack %s weights", ctname, dtname);
+        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack %s weights%s", ctname, dtname,
+                     qtile > 0 ? " with scales" : "");
         return NULL;
     }
     return Py_BuildValue("(nins)", (Py_ssize_t)bytes, plan.k.nr, (Py_ssize_t)plan.k.kc,
@@ -322,7 +326,10 @@ PyDoc_STRVAR(prepack_doc,
 "prepack(rhs, dst, ctype, kc, nr)\n\n"
 "Lay rhs [g, k, n] out in dst (uint8, C-contiguous, g x bytes_per_group of\n"
 "prepack_layout) in the panel order of the `ctype` kernel: per group, KC\n"
-"blocks of the contraction, each the NR-wide panels that packing B makes.");
+"blocks of the contraction, each the NR-wide panels that packing B makes.\n"
+"Quantized weights (ctype float32-int8w / float32-float8w) are the tuple\n"
+"(qvalue, scale, zero_point) of ragged_rows, float32 scales: each panel\n"
+"keeps one byte a value and is followed by its columns' scales.");
 
 static PyObject *
 rd_py_prepack(PyObject *self, PyObject *args)
@@ -331,41 +338,53 @@ rd_py_prepack(PyObject *self, PyObject *args)
     const char *ctname;
     Py_ssize_t kc, nr;
     rd_arg_t rhs, dst;
+    rd_scales_t q;
     rd_plan_t plan;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOsnn", &orhs, &odst, &ctname, &kc, &nr))
         return NULL;
-    if (rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
-        rd_arg_array(orhs, "rhs", 3, RD_ANY_STORAGE, 0, &rhs) != 0 ||
-        rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
+    if (rd_prepack_plan(ctname, kc, nr, &plan) != 0)
+        return NULL;
+    memset(&q, 0, sizeof q);
+    if (PyTuple_Check(orhs)) {
+        /* the scales as a float32 product reads them (shapes, tiles) */
+        if (rd_arg_operand(orhs, "rhs", 3, RD_CT_F32, 1, &rhs, &q) != 0)
+            return NULL;
+    }
+    else if (rd_arg_array(orhs, "rhs", 3, RD_ANY_STORAGE, 0, &rhs) != 0)
+        return NULL;
+    if (rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
         return NULL;
     if (((uintptr_t)dst.data & 63) != 0) {
         PyErr_SetString(PyExc_ValueError, "'dst' must start on a 64-byte boundary");
         return NULL;
     }
-    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)rhs.dtype, rhs.dim[1], rhs.dim[2]);
+    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)rhs.dtype, rhs.dim[1], rhs.dim[2],
+                                  q.s != NULL ? q.tr : 0, q.z != NULL);
     if ((per == 0 && rhs.dim[1] > 0 && rhs.dim[2] > 0) || (size_t)dst.dim[0] != per * (size_t)rhs.dim[0]) {
         PyErr_Format(PyExc_ValueError, "'dst' must hold %zd bytes for these weights, got %zd",
                      (Py_ssize_t)(per * (size_t)rhs.dim[0]), (Py_ssize_t)dst.dim[0]);
         return NULL;
     }
     rd_in_t b = {.p = rhs.data, .dtype = (rd_dtype_t)rhs.dtype, .gs = rhs.stride[0], .rs = rhs.stride[1],
-                 .cs = rhs.stride[2]};
+                 .cs = rhs.stride[2], .q = q};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = rd_prepack(&plan, rhs.dim[0], rhs.dim[1], rhs.dim[2], &b, dst.data);
     Py_END_ALLOW_THREADS
     if (rc != 0) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack these weights", ctname);
+        PyErr_Format(PyExc_TypeError, "a %s product cannot prepack these weights%s", ctname,
+                     q.s != NULL ? " (quantized)" : "");
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(ragged_rows_packed_doc,
-"ragged_rows_packed(lhs, packed, dtype, ctype, g, k, n, kc, nr, bounds, out, accumulate)\n\n"
+"ragged_rows_packed(lhs, packed, dtype, ctype, g, k, n, kc, nr, bounds, out, accumulate, qtile=0, qzp=False)\n\n"
 "ragged_rows with rhs [g, k, n] of storage `dtype` prepacked (prepack) for\n"
-"the `ctype` kernel with blocking kc and panel width nr; out float32 or\n"
+"the `ctype` kernel with blocking kc and panel width nr (quantized weights:\n"
+"scale tiles qtile deep along k, zero points when qzp); out float32 or\n"
 "float64 as ctype computes.");
 
 static PyObject *
@@ -373,14 +392,14 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
 {
     PyObject *olhs, *opacked, *obounds, *oout;
     const char *dtname, *ctname;
-    Py_ssize_t ng, k, n, kc, nr;
-    int accumulate;
+    Py_ssize_t ng, k, n, kc, nr, qtile = 0;
+    int accumulate, qzp = 0;
     rd_arg_t lhs, packed, out;
     rd_plan_t plan;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOssnnnnnOOp", &olhs, &opacked, &dtname, &ctname, &ng, &k, &n, &kc, &nr,
-                          &obounds, &oout, &accumulate))
+    if (!PyArg_ParseTuple(args, "OOssnnnnnOOp|np", &olhs, &opacked, &dtname, &ctname, &ng, &k, &n, &kc, &nr,
+                          &obounds, &oout, &accumulate, &qtile, &qzp))
         return NULL;
     int dt = rd_dtype_named(dtname);
     if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
@@ -394,9 +413,9 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
                      PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(out.arr)->typeobj->tp_name);
         return NULL;
     }
-    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n);
+    size_t per = rd_prepack_bytes(&plan, (rd_dtype_t)dt, k, n, qtile, qzp);
     rd_int m = lhs.dim[0];
-    if (ng < 0 || lhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n
+    if (ng < 0 || qtile < 0 || lhs.dim[1] != k || out.dim[0] != m || out.dim[1] != n
         || (per == 0 && k > 0 && n > 0) || (size_t)packed.dim[0] != per * (size_t)ng) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], packed [g * bytes_per_group], out [m, n] disagree");
         return NULL;
@@ -409,7 +428,8 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
         return NULL;
     const rd_int panels = (n + plan.k.nr - 1) / plan.k.nr;
     rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
-    rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels};
+    rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels,
+                 .qtile = qtile, .qzp = qzp};
     rd_out_t c = {out.data, 0, out.stride[0], out.stride[1]};
     int rc;
     Py_BEGIN_ALLOW_THREADS

@@ -94,10 +94,16 @@ typedef struct {
     int qzp;                /* prepacked quantized B: with zero points */
 } rd_in_t;
 
-/* An output of the plan's compute type. */
+/* An output: elements of the plan's compute type, or (dtype RD_BF16 or
+ * RD_F16, for a float32 compute type) 16-bit ones.  A 16-bit output is
+ * computed tile by tile into float32 and rounded once, to nearest even, when
+ * its tile is complete (an accumulating call widens the tile's old values
+ * first): the values are those of a float32 output narrowed afterwards,
+ * without the float32 array. */
 typedef struct {
     void *p;
     rd_int gs, rs, cs;
+    rd_dtype_t dtype;       /* RD_F32 / RD_F64: the compute type's own */
 } rd_out_t;
 
 extern const size_t rd_dtype_size[RD_DTYPE_COUNT];

@@ -143,8 +143,11 @@ def empty(shape, dtype):
 def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
     """The array a kernel writes a result of ``shape`` into.
 
-    The caller's ``out`` (checked: ``_validate.out_buffer``) when it has the
-    compute dtype ``ct``, else a fresh :func:`empty` array of ``ct``. When
+    The caller's ``out`` (checked: ``_validate.out_buffer``) when the
+    kernels write it directly (its dtype is the compute dtype ``ct``, or
+    float16 / bfloat16 for a float32 product: :func:`kernel_dtype`), else a
+    fresh array: of ``out_dtype`` when they write that directly, of ``ct``
+    otherwise (:func:`empty`; :func:`deliver` converts it). When
     ``existing`` is given the buffer starts with its values (a copy, unless
     ``out`` is ``existing`` itself: inputs are never written otherwise).
     ``inputs`` maps names to the arrays ``out`` must not overlap."""
@@ -152,14 +155,24 @@ def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
         out = v.out_buffer(out, shape, out_dtype, fn, inputs)
         if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
             raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
-    if out is not None and out_dtype == ct:
+    direct = out_dtype == ct or (ct == _FLOAT32 and out_dtype.itemsize == 2)   # see kernel_dtype
+    if out is not None and direct:
         if existing is not None and not v.same_buffer(out, existing):
             np.copyto(out, existing)
         return out
-    res = empty(shape, ct)
+    res = empty(shape, ct) if out_dtype == ct or not direct else np.empty(shape, dtype=out_dtype)
     if existing is not None:
         np.copyto(res, existing)
     return res
+
+
+def kernel_dtype(out):
+    """The compute dtype of a grouped matmul writing into ``out``: its own
+    dtype, or float32 for a float16 / bfloat16 ``out``, which the kernels
+    fill tile by tile, each tile computed in float32 and rounded once (to
+    nearest even) when complete: the values of a float32 result narrowed
+    afterwards, without the float32 array."""
+    return _FLOAT32 if out.dtype.itemsize == 2 else out.dtype
 
 
 def narrow(res, dtype):
@@ -207,7 +220,7 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     they are; with ``k = 0`` the group rows become 0 (or stay, when
     accumulating). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
-        ct = out.dtype
+        ct = kernel_dtype(out)
         _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate))
     return out
 
@@ -261,7 +274,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False):
     otherwise). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         g, k, n = packed.shape
-        _core.ragged_rows_packed(operand(lhs, out.dtype, PACKED), packed._buf, packed._storage.name,
+        _core.ragged_rows_packed(operand(lhs, kernel_dtype(out), PACKED), packed._buf, packed._storage.name,
                                  packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate),
                                  packed._qtile, packed._zero_point is not None)
     return out
@@ -277,7 +290,7 @@ def contract(lhs, rhs, bounds, out, accumulate=False):
     as it is when accumulating). Each output tile is owned by one thread: no
     reduction across threads. Returns ``out``."""
     if out.size:
-        ct = out.dtype
+        ct = kernel_dtype(out)
         _core.ragged_contract(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out,
                               bool(accumulate))
     return out

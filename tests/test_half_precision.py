@@ -30,8 +30,8 @@ def test_no_float32_copy_of_the_operands(rng, dtype):
     lhs = rng.standard_normal((m, k)).astype(dtype)
     rhs = rng.standard_normal((g, k, n)).astype(dtype)
     gs = np.full(g, m // g)
-    calls = {   # name: (call, bytes of its results: float32 accumulator + final dtype)
-        "ragged_dot": (lambda: raggeddot.ragged_dot(lhs, rhs, gs), (4 + dtype.itemsize) * m * n),
+    calls = {   # name: (call, bytes of its result)
+        "ragged_dot": (lambda: raggeddot.ragged_dot(lhs, rhs, gs), dtype.itemsize * m * n),
         "tgmm": (lambda: raggeddot.tgmm(lhs.T, lhs[:, :n], gs), 4 * g * k * n),  # megablox: float32 out
     }
     for name, (call, result) in calls.items():
@@ -206,3 +206,37 @@ def test_gathers_read_half_rows_in_place(rng, dtype):
     raggeddot.ragged_gather_reduce(y, slots, w)
     peak = _traced_peak(lambda: raggeddot.ragged_gather_reduce(y, slots, w))
     assert peak < 4 * y.size // 2, peak      # a float32 copy of y alone would take 4 * y.size
+
+
+@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
+def test_kernels_round_16bit_outputs_once(rng, dtype, kernel):
+    """A float16 / bfloat16 output is written by the kernels tile by tile,
+    each tile rounded once from float32: bit for bit the float32 result
+    narrowed afterwards, in both driver modes, accumulating, into strided
+    outputs and from prepacked weights (wide outputs span several tiles)."""
+    from raggeddot import _core
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint16)   # noqa: E731
+    with runtime.configured(kernel=kernel):
+        m, k, n, g = 150, 300, 1100, 3
+        lhs = rng.standard_normal((m, k)).astype(dtype)
+        rhs = rng.standard_normal((g, k, n)).astype(dtype)
+        bounds = np.array([0, 60, 60, 140], dtype=np.int64)
+        old = rng.standard_normal((n, m)).astype(dtype).T          # a transposed view
+        for accumulate in (False, True):
+            want = old.astype(np.float32)
+            _core.ragged_rows(lhs, rhs, bounds, want, accumulate)
+            got = old.copy()
+            _core.ragged_rows(lhs, rhs, bounds, got, accumulate)
+            assert (bits(got) == bits(want.astype(dtype))).all()
+            t_old = rng.standard_normal((g, k, 40)).astype(dtype)
+            want = t_old.astype(np.float32)
+            _core.ragged_contract(lhs.T, lhs[:, :40], bounds, want, accumulate)
+            got = t_old.copy()
+            _core.ragged_contract(lhs.T, lhs[:, :40], bounds, got, accumulate)
+            assert (bits(got) == bits(want.astype(dtype))).all()
+        packed = raggeddot.prepack(rhs)
+        gs = np.diff(bounds)
+        want = raggeddot.ragged_dot(lhs, rhs, gs, preferred_element_type=np.float32)
+        assert (bits(raggeddot.ragged_dot(lhs, packed, gs)) == bits(want.astype(dtype))).all()
+        assert (bits(raggeddot.ragged_dot(lhs, rhs, gs)) == bits(want.astype(dtype))).all()

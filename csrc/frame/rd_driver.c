@@ -11,7 +11,9 @@
  * arithmetic from the micro-kernel.
  */
 #include "rd_frame.h"
+#include "rd_half.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,13 +39,14 @@ rd_round_up(rd_int x, rd_int unit)
 }
 
 /*
- * Packing buffers, one pair per thread, kept from call to call: allocating
+ * Packing buffers, one pair per thread (and the float32 tile of a 16-bit
+ * output), kept from call to call: allocating
  * megabytes afresh on every call costs page faults (the kernel zeroing new
  * pages) comparable to the packing itself.  They grow to the largest size
  * asked for and stay: O(threads x cache blocks) of memory.
  */
-static __thread void *rd_scratch_buf[2] = {NULL, NULL};
-static __thread size_t rd_scratch_cap[2] = {0, 0};
+static __thread void *rd_scratch_buf[3] = {NULL, NULL, NULL};
+static __thread size_t rd_scratch_cap[3] = {0, 0, 0};
 
 static void *
 rd_scratch(int which, size_t bytes)
@@ -137,9 +140,13 @@ rd_cmp_rank(const void *pa, const void *pb)
  * large one both keep all threads busy.  Problems too small to pay for a
  * thread team run on one.
  */
+/* The widest tile of a 16-bit output: its float32 tile (tm x this) stays
+ * within a thread's scratch of about a megabyte. */
+#define RD_NARROW_TN ((rd_int)512)
+
 static int
 rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
-               rd_int ng, rd_int n)
+               rd_int ng, rd_int n, int narrow)
 {
     const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = plan->k.nr;
     double work = 0.0;
@@ -154,6 +161,8 @@ rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
 
     rd_int tm = rd_round_up(plan->tm > 0 ? plan->tm : 4 * mc, mr);
     rd_int tn = rd_round_up(plan->tn > 0 ? plan->tn : nc, nr);
+    if (narrow && tn > RD_NARROW_TN)
+        tn = rd_round_up(RD_NARROW_TN, nr);
     const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(128, nr);
     const rd_int want = 4 * (rd_int)nthreads;
     rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
@@ -440,6 +449,47 @@ rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_in
     return b;
 }
 
+/* The rows x cols block of a 16-bit output at o (strides rs, cs) widened
+ * into the float32 tile t (rows ld apart), exactly. */
+static void
+rd_widen_tile(const void *o, rd_int rs, rd_int cs, rd_dtype_t dtype, rd_int rows, rd_int cols,
+              float *t, rd_int ld)
+{
+    for (rd_int i = 0; i < rows; i++) {
+        const uint16_t *src = (const uint16_t *)o + i * rs;
+        float *dst = t + i * ld;
+        if (dtype == RD_BF16)
+            for (rd_int j = 0; j < cols; j++)
+                dst[j] = rd_bf16_to_float(src[j * cs]);
+        else
+            for (rd_int j = 0; j < cols; j++)
+                dst[j] = rd_f16_to_float(src[j * cs]);
+    }
+}
+
+/* The float32 tile t (rows ld apart) rounded into the rows x cols block of
+ * a 16-bit output at o (strides rs, cs): rd_narrow row by row, through a
+ * row of 16-bit values when the output's rows are strided. */
+static void
+rd_narrow_tile(const float *t, rd_int ld, rd_int rows, rd_int cols, void *o, rd_int rs,
+               rd_int cs, rd_dtype_t dtype)
+{
+    uint16_t row[256];
+    for (rd_int i = 0; i < rows; i++) {
+        uint16_t *dst = (uint16_t *)o + i * rs;
+        if (cs == 1) {
+            rd_narrow(t + i * ld, dst, dtype, (size_t)cols, 0);
+            continue;
+        }
+        for (rd_int j0 = 0; j0 < cols; j0 += 256) {
+            const rd_int w = cols - j0 < 256 ? cols - j0 : 256;
+            rd_narrow(t + i * ld + j0, row, dtype, (size_t)w, 0);
+            for (rd_int j = 0; j < w; j++)
+                dst[(j0 + j) * cs] = row[j];
+        }
+    }
+}
+
 /* Run every tile of the list, each owned by one thread.  The geometry of a
  * tile is resolved by `mode`: RD_MODE_ROWS (ragged rows of lhs) or
  * RD_MODE_CONTRACT (ragged contraction).  `stream`: see rd_gemm_block. */
@@ -453,7 +503,11 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
     const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
     const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, rd_round_up(kd->mc, kd->mr), kp_max);
     const size_t b_bytes = rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
-    const size_t cz = cl->c_size;
+    const int narrow = out->dtype == RD_BF16 || out->dtype == RD_F16;
+    const size_t cz = narrow ? 2 : cl->c_size;   /* bytes of an output element */
+    /* a 16-bit output's tile is computed in float32 here, tm x tn_max */
+    const rd_int tn_max = rd_round_up(tl->tn, kd->nr);
+    const size_t t_bytes = narrow ? (size_t)tl->tm * (size_t)tn_max * sizeof(float) : 0;
     int failed = 0;
 
 #ifdef _OPENMP
@@ -462,7 +516,8 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
     {
         char *apack = (char *)rd_scratch(0, a_bytes);
         char *bpack = (char *)rd_scratch(1, b_bytes);
-        int ok = apack != NULL && bpack != NULL;
+        float *tile32 = narrow ? (float *)rd_scratch(2, t_bytes) : NULL;
+        int ok = apack != NULL && bpack != NULL && (!narrow || tile32 != NULL);
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -479,12 +534,22 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
             const rd_int g = tile->g;
             const rd_int rows = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
             char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
+            /* where the tile is computed: the output, or a 16-bit output's
+             * float32 tile (rows tn_max apart), holding its old values when
+             * accumulating */
+            void *c = o;
+            rd_int c_rs = out->rs, c_cs = out->cs;
+            if (narrow) {
+                c = tile32, c_rs = tn_max, c_cs = 1;
+                if (accumulate)
+                    rd_widen_tile(o, out->rs, out->cs, out->dtype, rows, cols, tile32, tn_max);
+            }
             if (mode == RD_MODE_ROWS) {
                 /* rows are absolute rows of lhs/out; rhs[g] is k x n */
                 rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, 0);
                 rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, g, 0, tile->c0);
                 rd_gemm_block(cl, rows, cols, k, &a, &b,
-                              o, out->rs, out->cs, accumulate, stream, apack, bpack);
+                              c, c_rs, c_cs, accumulate, stream, apack, bpack);
             }
             else {
                 /* rows index lhs's first axis; the contraction runs over the
@@ -493,8 +558,10 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
                 rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, s);
                 rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, 0, s, tile->c0);
                 rd_gemm_block(cl, rows, cols, kg, &a, &b,
-                              o, out->rs, out->cs, accumulate, stream, apack, bpack);
+                              c, c_rs, c_cs, accumulate, stream, apack, bpack);
             }
+            if (narrow)
+                rd_narrow_tile(tile32, tn_max, rows, cols, o, out->rs, out->cs, out->dtype);
         }
         if (stream)
             rd_store_fence();  /* before the barrier that ends the region */
@@ -555,11 +622,14 @@ rd_run(const rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_
         return rc;
     rd_shape_t sh = {mode, bounds, mode == RD_MODE_CONTRACT ? k : 0, mode == RD_MODE_ROWS ? k : 0};
     rd_tiling_t tl;
-    if (rd_make_tiling(&tl, plan, &sh, ng, n) != 0)
+    const int narrow = out->dtype == RD_BF16 || out->dtype == RD_F16;
+    if (narrow && cl.c_size != sizeof(float))
+        return -2;
+    if (rd_make_tiling(&tl, plan, &sh, ng, n, narrow) != 0)
         return -1;
     rd_int elems = mode == RD_MODE_ROWS ? (bounds[ng] - bounds[0]) * n : ng * k * n;
     rc = rd_run_tiles(&cl, &tl, mode, bounds, lhs, rhs, out, mode == RD_MODE_ROWS ? k : 0,
-                      accumulate, rd_want_stream(&cl, elems, out->cs, accumulate));
+                      accumulate, !narrow && rd_want_stream(&cl, elems, out->cs, accumulate));
     rd_free_tiling(&tl);
     return rc;
 }

@@ -134,8 +134,23 @@ rd_int8_exact(PyObject *obj, const rd_arg_t *x)
     return ok;
 }
 
-/* The operands of one grouped GEMM call: out (float32 or float64) picks the
- * compute type; lhs and rhs as rd_arg_operand reads them.  A float32
+/* The output of a grouped GEMM: float32 or float64 (the compute type), or
+ * float16 / bfloat16 (a float32 product rounded once into it). */
+static int
+rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out)
+{
+    if (rd_arg_array(oout, "out", ndim, RD_ANY_STORAGE, RD_AS_OUTPUT, out) != 0)
+        return -1;
+    if (out->dtype != RD_F32 && out->dtype != RD_F64 && out->dtype != RD_F16 && out->dtype != RD_BF16) {
+        PyErr_Format(PyExc_TypeError, "'out' has dtype %s, expected float32, float64, float16 or bfloat16",
+                     PyArray_DESCR(out->arr)->typeobj->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* The operands of one grouped GEMM call: out (float32 or float64; float32
+ * for a 16-bit out) picks the compute type; lhs and rhs as rd_arg_operand reads them.  A float32
  * product of two int8 quantized operands (integral zero points) runs on
  * the exact integer compute type RD_CT_I8I32. */
 static int
@@ -146,7 +161,7 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
     PyObject *olhs, *orhs, *oout;
     if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, bounds, &oout, accumulate))
         return -1;
-    if (rd_arg_array(oout, "out", out_ndim, RD_ANY_FLOAT, RD_AS_OUTPUT, out) != 0)
+    if (rd_arg_out(oout, out_ndim, out) != 0)
         return -1;
     rd_plan_init(plan, rd_arg_ctype(out));
     if (rd_arg_operand(olhs, "lhs", 2, plan->ct, 0, lhs, lq) != 0 ||
@@ -194,7 +209,7 @@ rd_gemm_call(PyObject *args, int contract)
             return NULL;
         }
         b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0};
-        c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2]};
+        c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
         m = lhs.dim[0], k = lhs.dim[1], ng = rhs.dim[0], n = rhs.dim[2];
@@ -203,7 +218,7 @@ rd_gemm_call(PyObject *args, int contract)
             return NULL;
         }
         b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0};
-        c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1]};
+        c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
         return NULL;
@@ -219,7 +234,8 @@ PyDoc_STRVAR(ragged_rows_doc,
 "ragged_rows(lhs, rhs, bounds, out, accumulate)\n\n"
 "For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
-"(float32 or float64) is the compute type; lhs and rhs may be float16,\n"
+"(float32 or float64) is the compute type (a float16 or bfloat16 out: float32,\n"
+"each tile rounded once into out when complete); lhs and rhs may be float16,\n"
 "bfloat16, float32 or (for a float64 out) float64, widened while packing.\n"
 "A quantized operand is the tuple (qvalue, scale, zero_point): int8 or\n"
 "float8_e4m3fn values, scales of out's dtype and of qvalue's rank (tile =\n"
@@ -405,7 +421,7 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
         rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||
-        rd_arg_array(oout, "out", 2, RD_ANY_FLOAT, RD_AS_OUTPUT, &out) != 0)
+        rd_arg_out(oout, 2, &out) != 0)
         return NULL;
     if (rd_ctypes[plan.ct].c_size != rd_ctypes[rd_arg_ctype(&out)].c_size ||
         rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
@@ -430,7 +446,7 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
     rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels,
                  .qtile = qtile, .qzp = qzp};
-    rd_out_t c = {out.data, 0, out.stride[0], out.stride[1]};
+    rd_out_t c = {out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);

@@ -381,18 +381,8 @@ def gather_reduce(y, indices, weights=None):
     if weights is not None:
         weights = operand(np.asarray(weights), ct, CONTIGUOUS)
     idx = _indices(indices)
-    if y.dtype.itemsize == 2:
-        # 16-bit rows: one slot per token at a time, widened row by row, the
-        # products and sums in float32 in the kernel's order (j ascending)
-        out = np.zeros((idx.shape[0], y.shape[1]), dtype=ct)
-        for j in range(idx.shape[1]):
-            slot = idx[:, j]
-            term = np.take(y, np.maximum(slot, 0), axis=0).astype(ct)
-            if weights is not None:
-                term *= weights[:, j, None]
-            term[slot < 0] = 0
-            out += term
-        return out
+    if y.dtype.itemsize == 2:   # 16-bit rows: widened row by row in the kernel, summed in float32
+        return _core.gather_reduce(operand(y, y.dtype, ROWS), idx, weights)
     return _core.gather_reduce(operand(y, ct, ROWS), idx, weights)
 
 

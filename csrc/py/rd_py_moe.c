@@ -6,6 +6,7 @@
  */
 #include "py/rd_py.h"
 #include "moe/rd_moe.h"
+#include "rd_half.h"
 
 /* An optional float argument (None: absent) of the given type and shape. */
 static int
@@ -151,6 +152,35 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
     return (PyObject *)out;
 }
 
+/* gather_reduce of 16-bit rows y into float32: out[t] = sum_j w[t, j] *
+ * widen(y[slots[t, j]]), j in order, as the float32 kernel sums. */
+static void
+rd_gather_reduce_half(rd_int T, rd_int k, rd_int d, const uint16_t *y, rd_int y_rs, rd_dtype_t dt,
+                      const long long *slots, const float *w, float *out)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
+#endif
+    for (rd_int t = 0; t < T; t++) {
+        float *o = out + t * d;
+        for (rd_int c = 0; c < d; c++)
+            o[c] = 0;
+        for (rd_int j = 0; j < k; j++) {
+            long long s = slots[t * k + j];
+            if (s < 0)
+                continue;
+            const uint16_t *row = y + (rd_int)s * y_rs;
+            const float wt = w ? w[t * k + j] : 1.0f;
+            if (dt == RD_BF16)
+                for (rd_int c = 0; c < d; c++)
+                    o[c] += wt * rd_bf16_to_float(row[c]);
+            else
+                for (rd_int c = 0; c < d; c++)
+                    o[c] += wt * rd_f16_to_float(row[c]);
+        }
+    }
+}
+
 static PyObject *
 rd_py_gather_reduce(PyObject *self, PyObject *args)
 {
@@ -160,32 +190,52 @@ rd_py_gather_reduce(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OOO", &oy, &oslots, &ow))
         return NULL;
-    if (rd_arg_array(oy, "y", 2, RD_ANY_FLOAT, RD_ROWS, &y) != 0 ||
-        rd_arg_array(oslots, "indices", 2, NPY_INT64, RD_CONTIG, &slots) != 0 ||
+    if (rd_arg_array(oy, "y", 2, RD_ANY_STORAGE, RD_ROWS, &y) != 0)
+        return NULL;
+    const int half = y.dtype == RD_F16 || y.dtype == RD_BF16;
+    if (!half && y.dtype != RD_F32 && y.dtype != RD_F64) {
+        PyErr_Format(PyExc_TypeError, "'y' has dtype %s, expected float32, float64, float16 or bfloat16",
+                     PyArray_DESCR(y.arr)->typeobj->tp_name);
+        return NULL;
+    }
+    /* 16-bit rows are summed into float32 (weights float32 too) */
+    const int ct_num = half ? NPY_FLOAT32 : y.type_num;
+    if (rd_arg_array(oslots, "indices", 2, NPY_INT64, RD_CONTIG, &slots) != 0 ||
         rd_arg_indices(&slots, "indices", -1, y.dim[0]) != 0 ||
-        rd_arg_optional(ow, "weights", 2, y.type_num, slots.dim, &w, &w_data) != 0)
+        rd_arg_optional(ow, "weights", 2, ct_num, slots.dim, &w, &w_data) != 0)
         return NULL;
     npy_intp T = slots.dim[0], k = slots.dim[1], d = y.dim[1];
     npy_intp dims[2] = {T, d};
-    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, y.type_num, 0);
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, ct_num, 0);
     if (out == NULL)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&y)];
     rd_int rs = d > 0 ? y.stride[0] : 0;
     Py_BEGIN_ALLOW_THREADS
-    ops->gather_reduce(T, k, d, y.data, rs, (const long long *)slots.data, w_data,
-                       PyArray_DATA(out));
+    if (half)
+        rd_gather_reduce_half(T, k, d, (const uint16_t *)y.data, rs, (rd_dtype_t)y.dtype,
+                              (const long long *)slots.data, (const float *)w_data, PyArray_DATA(out));
+    else
+        ops->gather_reduce(T, k, d, y.data, rs, (const long long *)slots.data, w_data,
+                           PyArray_DATA(out));
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
 
-/* gate and up (and d_out): C-contiguous, one float dtype, one shape;
- * kind a known activation. */
+/* gate and up (and d_out): C-contiguous, one float dtype (float32,
+ * float64, float16 or bfloat16), one shape; kind a known activation. */
 static int
 rd_arg_gated(PyObject *og, PyObject *ou, PyObject *odo, int kind, rd_arg_t *g, rd_arg_t *u,
              rd_arg_t *dout)
 {
-    if (rd_arg_array(og, "gate", -1, RD_ANY_FLOAT, RD_CONTIG, g) != 0 ||
+    if (rd_arg_array(og, "gate", -1, RD_ANY_STORAGE, RD_CONTIG, g) != 0)
+        return -1;
+    if (g->dtype != RD_F32 && g->dtype != RD_F64 && g->dtype != RD_F16 && g->dtype != RD_BF16) {
+        PyErr_Format(PyExc_TypeError, "'gate' has dtype %s, expected float32, float64, float16 or bfloat16",
+                     PyArray_DESCR(g->arr)->typeobj->tp_name);
+        return -1;
+    }
+    if (
         rd_arg_array(ou, "up", g->ndim, g->type_num, RD_CONTIG, u) != 0 ||
         (odo != NULL && rd_arg_array(odo, "d_out", g->ndim, g->type_num, RD_CONTIG, dout) != 0))
         return -1;
@@ -198,6 +248,48 @@ rd_arg_gated(PyObject *og, PyObject *ou, PyObject *odo, int kind, rd_arg_t *g, r
         return -1;
     }
     return 0;
+}
+
+/* The element-wise kernels on 16-bit arrays: chunks widened to float32 on
+ * the stack, computed by the float32 kernel and rounded once into the
+ * 16-bit results (the float32 arithmetic on the same values, then one
+ * rounding to nearest even).  in[0..nin) are read, out[0..nout) written. */
+#define RD_HALF_CHUNK 1024
+
+static void
+rd_widen_run(const void *src, rd_dtype_t dt, float *dst, npy_intp n)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    if (dt == RD_BF16)
+        for (npy_intp i = 0; i < n; i++)
+            dst[i] = rd_bf16_to_float(h[i]);
+    else
+        for (npy_intp i = 0; i < n; i++)
+            dst[i] = rd_f16_to_float(h[i]);
+}
+
+static void
+rd_half_elementwise(npy_intp n, rd_dtype_t dt, int kind, double limit, double alpha,
+                    const void *const *in, int nin, void *const *out, int nout)
+{
+    const rd_moe_ops_t *ops = &rd_moe_ops[RD_CT_F32];
+    const npy_intp chunks = (n + RD_HALF_CHUNK - 1) / RD_HALF_CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
+#endif
+    for (npy_intp c = 0; c < chunks; c++) {
+        float w[5][RD_HALF_CHUNK];
+        const npy_intp i0 = c * RD_HALF_CHUNK;
+        const npy_intp len = n - i0 < RD_HALF_CHUNK ? n - i0 : RD_HALF_CHUNK;
+        for (int j = 0; j < nin; j++)
+            rd_widen_run((const uint16_t *)in[j] + i0, dt, w[j], len);
+        if (nout == 1)
+            ops->gated_act(len, kind, limit, alpha, w[0], w[1], w[3]);
+        else
+            ops->gated_act_grad(len, kind, limit, alpha, w[0], w[1], w[2], w[3], w[4]);
+        for (int j = 0; j < nout; j++)
+            rd_narrow(w[3 + j], (uint16_t *)out[j] + i0, dt, (size_t)len, 0);
+    }
 }
 
 static PyObject *
@@ -216,8 +308,13 @@ rd_py_gated_act(PyObject *self, PyObject *args)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
     npy_intp n = PyArray_SIZE(g.arr);
+    const void *in[2] = {g.data, u.data};
+    void *res[1] = {PyArray_DATA(out)};
     Py_BEGIN_ALLOW_THREADS
-    ops->gated_act(n, kind, limit, alpha, g.data, u.data, PyArray_DATA(out));
+    if (g.dtype == RD_F16 || g.dtype == RD_BF16)
+        rd_half_elementwise(n, (rd_dtype_t)g.dtype, kind, limit, alpha, in, 2, res, 1);
+    else
+        ops->gated_act(n, kind, limit, alpha, g.data, u.data, PyArray_DATA(out));
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
@@ -242,9 +339,14 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
     }
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
     npy_intp n = PyArray_SIZE(g.arr);
+    const void *in[3] = {g.data, u.data, dout.data};
+    void *res[2] = {PyArray_DATA(dg), PyArray_DATA(du)};
     Py_BEGIN_ALLOW_THREADS
-    ops->gated_act_grad(n, kind, limit, alpha, g.data, u.data, dout.data, PyArray_DATA(dg),
-                        PyArray_DATA(du));
+    if (g.dtype == RD_F16 || g.dtype == RD_BF16)
+        rd_half_elementwise(n, (rd_dtype_t)g.dtype, kind, limit, alpha, in, 3, res, 2);
+    else
+        ops->gated_act_grad(n, kind, limit, alpha, g.data, u.data, dout.data, PyArray_DATA(dg),
+                            PyArray_DATA(du));
     Py_END_ALLOW_THREADS
     return Py_BuildValue("NN", (PyObject *)dg, (PyObject *)du);
 }
@@ -260,7 +362,8 @@ PyMethodDef rd_moe_methods[] = {
      "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]]"},
     {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
      "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
-     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped)"},
+     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped); float16 / bfloat16 y:"
+     " widened, summed with float32 weights into a float32 out"},
     {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit, alpha=1.702) -> out"},
     {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
      "gated_act_grad(gate, up, d_out, kind, limit, alpha=1.702) -> (d_gate, d_up)"},

@@ -43,13 +43,17 @@ class Residuals(NamedTuple):
 
 def forward(layer):
     """``(out [T, d], residuals)`` of a checked :class:`~.config.Layer`, in the
-    compute dtype. The router weights scale the experts' outputs in the
+    compute dtype (the experts' rows and hidden activations in the 16-bit
+    dtype of ``layer.x_hidden`` when it is given). The router weights scale the experts' outputs in the
     combine, or (``layer.weights_on == "input"``) their inputs in the
     dispatch, the combine then summing unweighted."""
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
     on_input = layer.weights_on == "input"
-    xs, plan = dispatch.forward(layer.x, topk_idx, layer.num_experts, layer.capacity,
+    rows = layer.x if layer.x_hidden is None else layer.x_hidden   # the experts' dtype
+    xs, plan = dispatch.forward(rows, topk_idx, layer.num_experts, layer.capacity,
                                 weights=topk_weights if on_input else None)
+    if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
+        xs = gw.narrow(xs, rows.dtype)
     # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
     y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes)
     # (... and y comes back here, in the plan's slot order)
@@ -322,9 +326,22 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     load_e)``, DeepSeek's aux-loss-free update direction), dropped (count).
     Empty x gives losses 0.
 
+    Precision: arithmetic in float32 (float64 when any input is float64).
+    When x and every weight share one 16-bit dtype (bfloat16 or float16),
+    the hidden activations are kept in it, as MaxText and SGLang keep them:
+    the dispatched rows, ``h0``, ``h1``, ``a`` and the experts' outputs are
+    16-bit, each product accumulated in float32 and rounded once (to
+    nearest even), the activation computed in float32 and rounded once;
+    routing, the combine (a float32 sum of the 16-bit expert outputs) and
+    the shared experts stay float32, and the output is rounded once. Their
+    memory is then half the float32 layer's. The backward keeps its hidden
+    cotangents (``d_a``, ``d_h0``, ``d_h1``) 16-bit the same way and returns
+    16-bit gradients, each accumulated in float32. Give float32 x to keep
+    float32 hidden activations with 16-bit weights.
+
     Returns:
       ``out [..., d]`` (and ``aux`` when return_aux), in the promoted dtype of
-      the inputs; arithmetic in float32 (float64 when any input is float64).
+      the inputs.
     """
     layer = prepare(x, router_weights, w0, w1, wo, top_k=top_k, score_func=score_func,
                     router_bias=router_bias, selection_bias=selection_bias, n_groups=n_groups,

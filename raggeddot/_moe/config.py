@@ -36,6 +36,11 @@ class Layer:
       load_balance: the load-balancing loss convention ("switch", "hf",
         "maxtext").
       gate_shape: the shape shared_expert_gate was given in, or None.
+      x_hidden: ``x [T, d]`` as given, float16 or bfloat16, when the layer
+        keeps its hidden activations in that dtype (x, and every weight,
+        of one 16-bit dtype: the dispatched rows, ``h0``, ``h1``, ``a`` and
+        the experts' outputs are then 16-bit, each rounded once from its
+        float32 accumulation), else None (they are in the compute dtype).
     """
     x: np.ndarray
     x_shape: tuple
@@ -49,6 +54,7 @@ class Layer:
     weights_on: str = "output"
     load_balance: str = "switch"
     gate_shape: Optional[tuple] = None
+    x_hidden: Optional[np.ndarray] = None
 
 
 def capacity_of(num_tokens, top_k, num_experts, capacity_factor):
@@ -279,5 +285,8 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
                       alpha=alpha, gate_up=gate_up if fused else None)
     capacity = capacity_of(T, top_k, E, capacity_factor)
+    x_hidden = None
+    if ct == np.float32 and out_dtype.itemsize == 2 and x.dtype == out_dtype:
+        x_hidden = gw.operand(x.reshape(T, d), out_dtype, gw.ROWS)
     return Layer(xf, x.shape, out_dtype, ct, router, experts, shared, E, capacity, weights_on,
-                 load_balance, gate_shape)
+                 load_balance, gate_shape, x_hidden)

@@ -47,12 +47,14 @@ def slot_weights(plan, weights, num_slots):
 def slot_dots(a, rows, slot_of):
     """``[T, k]``: ``<a[t], rows[slot_of[t, j]]>`` (0 for a dropped slot),
     for ``a [T, d]`` and ``rows [N, d]``."""
-    out = np.zeros(slot_of.shape, dtype=rows.dtype)
+    ct = gw.compute_dtype(a.dtype, rows.dtype)   # 16-bit rows: widened, summed in float32
+    out = np.zeros(slot_of.shape, dtype=ct)
     kept = slot_of >= 0
     for j in range(slot_of.shape[1]):
         kj = kept[:, j]
         if kj.any():
-            out[kj, j] = np.einsum("td,td->t", a[kj], rows[slot_of[kj, j]])
+            out[kj, j] = np.einsum("td,td->t", a[kj].astype(ct, copy=False),
+                                   rows[slot_of[kj, j]].astype(ct, copy=False))
     return out
 
 

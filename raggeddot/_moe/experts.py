@@ -126,22 +126,31 @@ def _add_group_bias(h, bias, bounds):
 
 
 def _segment_sum(rows, bounds, num_groups):
-    """[num_groups, d]: the sum of each group's rows (0 for an empty group)."""
-    out = np.zeros((num_groups, rows.shape[1]), dtype=rows.dtype)
+    """[num_groups, d]: the sum of each group's rows (0 for an empty group),
+    in the compute dtype (16-bit rows are summed in float32)."""
+    ct = gw.compute_dtype(rows.dtype)
+    out = np.zeros((num_groups, rows.shape[1]), dtype=ct)
     for e in range(num_groups):
         if bounds[e + 1] > bounds[e]:
-            rows[bounds[e]:bounds[e + 1]].sum(axis=0, out=out[e])
+            rows[bounds[e]:bounds[e + 1]].sum(axis=0, dtype=ct, out=out[e])
     return out
 
 
-def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, out=None):
-    """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]); `transposed` gives
-    [n, b, a] by contracting the other way round (for the "efd" layout).
-    Written into ``out`` (any strides) when given."""
+def _buffer(shape, dtype):
+    """An uninitialised array the kernels write: a cached result buffer for
+    float32 / float64, a plain one for the 16-bit dtypes (which they round
+    into tile by tile)."""
+    return gw.empty(shape, dtype) if dtype.itemsize >= 4 else np.empty(shape, dtype=dtype)
+
+
+def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
+    """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]) of ``dtype``;
+    `transposed` gives [n, b, a] by contracting the other way round (for the
+    "efd" layout). Written into ``out`` (any strides) when given."""
     if transposed:
         lhs_t, rhs = rhs.T, lhs_t.T
     if out is None:
-        out = gw.empty((num_groups, lhs_t.shape[0], rhs.shape[1]), rhs.dtype)
+        out = _buffer((num_groups, lhs_t.shape[0], rhs.shape[1]), dtype)
     return gw.contract(lhs_t, rhs, bounds, out)
 
 
@@ -179,20 +188,26 @@ def forward(experts, xs, group_sizes, group_offset=0):
     first, last = int(bounds[0]), int(bounds[-1])
     if first:
         bounds = bounds - first
-    ct = xs.dtype
+    hd = xs.dtype                     # of the hidden activations
+    ct = gw.compute_dtype(hd)         # of the accumulations
+
+    def product(lhs, w, bias, out_rows, fill_zero=False):
+        """lhs @ w[l] (+ bias[l]) over the groups, of ``hd``: with a bias,
+        computed in ct, the bias added, then rounded once."""
+        dt = ct if bias is not None else hd
+        full = np.zeros if fill_zero else _buffer
+        out = full((out_rows, w.shape[2]), dtype=dt)
+        part = out[first:last] if fill_zero else out
+        if last > first and f:
+            _rows(lhs, w, bounds, part)
+        _add_group_bias(part, bias, bounds)
+        return out if out.dtype == hd else gw.narrow(out, hd)
+
     rows = xs[first:last]
-    h0 = gw.empty((last - first, f), ct)
-    h1 = gw.empty((last - first, f), ct)
-    if last > first and f:
-        _rows(rows, experts.w0, bounds, h0)
-        _rows(rows, experts.w1, bounds, h1)
-    _add_group_bias(h0, experts.b0, bounds)
-    _add_group_bias(h1, experts.b1, bounds)
+    h0 = product(rows, experts.w0, experts.b0, last - first)
+    h1 = product(rows, experts.w1, experts.b1, last - first)
     a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
-    y = np.zeros((xs.shape[0], d), dtype=ct)
-    if last > first and f:
-        _rows(a, experts.wo, bounds, y[first:last])
-    _add_group_bias(y[first:last], experts.bo, bounds)
+    y = product(a, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
     return y, ExpertsResiduals(xs, h0, h1, a, bounds, first)
 
 
@@ -207,13 +222,14 @@ def backward(experts, res, d_y):
     bounds, first = res.bounds, res.first
     count = res.h0.shape[0]
     last = first + count
-    ct = res.h0.dtype
+    hd = res.h0.dtype                 # of the hidden activations and weight gradients
+    ct = gw.compute_dtype(hd)         # of d_xs and the accumulations
     dy = d_y[first:last]
     # down projection
-    da = gw.empty((count, f), ct)
+    da = _buffer((count, f), hd)
     if count and f:
         gw.rows(dy, _transposed(experts.wo), bounds, da)
-    dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed)
+    dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     # gate and up projections
@@ -225,14 +241,14 @@ def backward(experts, res, d_y):
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
     if experts.gate_up is None:
-        dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed)
-        dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed)
+        dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed, hd)
+        dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed, hd)
         return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)
     # fused: both gradients written through the views the forward read
     shape = (n, 2 * f, d) if experts.transposed else (n, d, 2 * f)
-    dw = gw.empty(shape, ct)
+    dw = _buffer(shape, hd)
     for dh, view in zip((dh0, dh1), split_gate_up(dw, 1 if experts.transposed else 2, experts.gate_up)):
-        _weight_grad(xs.T, dh, bounds, n, experts.transposed, out=view)
+        _weight_grad(xs.T, dh, bounds, n, experts.transposed, hd, out=view)
     db = None
     if db0 is not None:
         db = np.empty((n, 2 * f), dtype=ct)

@@ -366,9 +366,8 @@ def gather_rows(x, indices, scale=None):
     ct = compute_dtype(x.dtype)
     if scale is not None:
         scale = operand(np.asarray(scale), ct, CONTIGUOUS)
-    if x.dtype.itemsize == 2:   # 16-bit rows: gathered as they are, never widened whole
-        rows = np.take(x, _indices(indices), axis=0)
-        return rows if scale is None else rows.astype(ct) * scale[:, None]
+    if x.dtype.itemsize == 2:   # 16-bit rows: copied as they are (float32 when scaled)
+        return _core.gather_rows(operand(x, x.dtype, ROWS), _indices(indices), scale)
     return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale)
 
 

@@ -133,3 +133,69 @@ def test_forward_and_gradients_close_to_float64(rng, dtype, variant):
         for gi, wi in zip(g if isinstance(g, tuple) else (g,), gw if isinstance(gw, tuple) else (gw,)):
             assert gi.dtype == dtype, (name, gi.dtype)
             assert rel(gi, wi) < tol, (name, rel(gi, wi))
+
+
+# ------------------------------------------------ dynamic activation quantization
+
+def _float_layer(rng, T=64, d=48, f=96, E=8):
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    rw = (rng.standard_normal((d, E)) / math.sqrt(d)).astype(np.float32)
+    w0, w1 = ((rng.standard_normal((E, d, f)) / math.sqrt(d)).astype(np.float32) for _ in range(2))
+    wo = (rng.standard_normal((E, f, d)) / math.sqrt(f)).astype(np.float32)
+    return x, rw, w0, w1, wo
+
+
+@pytest.mark.parametrize("qtype", ["int8", "float8_e4m3fn"])
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_activation_quantization_is_the_quantized_composition(rng, qtype, weights):
+    """activation_qtype quantizes the dispatched rows and the gated
+    activations per token before their products: the layer equals that
+    composition of public ops bit for bit (one expert a token, weight 1);
+    with int8 weights and int8 rows the products are the exact int8 ones."""
+    x, rw, w0, w1, wo = _float_layer(rng)
+    if weights == "int8":
+        w0, w1, wo = (raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
+    out, aux = raggeddot.moe_block(x, rw, w0, w1, wo, top_k=1, norm_topk_prob=True, return_aux=True,
+                                   activation_qtype=qtype)
+    order = np.argsort(aux["topk_indices"].ravel(), kind="stable")
+    gs = aux["group_sizes"]
+    per_token = dict(channelwise_axes=(0,))
+    xq = raggeddot.quantize(x[order], qtype, **per_token)
+    h0, h1 = raggeddot.ragged_dot(xq, w0, gs), raggeddot.ragged_dot(xq, w1, gs)
+    a = _core.gated_act(h0, h1, _core.ACTIVATIONS["silu"], 7.0)
+    y = raggeddot.ragged_dot(raggeddot.quantize(a, qtype, **per_token), wo, gs)
+    want = np.empty_like(y)
+    want[order] = y
+    np.testing.assert_array_equal(out, want)
+    plain = raggeddot.moe_block(x, rw, w0, w1, wo, top_k=1, norm_topk_prob=True)
+    assert not np.array_equal(out, plain)      # the quantization took place
+
+
+@pytest.mark.parametrize("weights", ["float", "int8", "prepacked"])
+def test_activation_quantization_gradients_are_straight_through(rng, weights):
+    """Gradients of the int8-activation layer: of every input's dtype and
+    shape, and within int8 per-token error of the float layer's."""
+    x, rw, w0, w1, wo = _float_layer(rng)
+    if weights == "int8":
+        w0, w1, wo = (raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
+    elif weights == "prepacked":
+        w0, w1, wo = (raggeddot.prepack(w) for w in (w0, w1, wo))
+    out, vjp_fn = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, top_k=2, activation_qtype="int8")
+    base, vjp_base = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, top_k=2)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    grads, want = vjp_fn(d_out), vjp_base(d_out)
+
+    def rel(a, b):
+        return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+
+    assert 1e-4 < rel(out, base) < 3e-2
+    assert set(grads) == set(want)
+    for name in ("x", "router_weights", "w0", "w1", "wo"):
+        assert grads[name].shape == want[name].shape and grads[name].dtype == want[name].dtype
+        assert rel(grads[name], want[name]) < 3e-2, name
+
+
+def test_activation_qtype_refused(rng):
+    x, rw, w0, w1, wo = _float_layer(rng)
+    with pytest.raises(ValueError, match="activation_qtype.*int3"):
+        raggeddot.moe_block(x, rw, w0, w1, wo, top_k=2, activation_qtype="int3")

@@ -125,6 +125,32 @@ error:
     return NULL;
 }
 
+/* gather_rows of 16-bit rows: copied as they are, or (with scales)
+ * widened and scaled into float32. */
+static void
+rd_gather_rows_half(rd_int n, rd_int d, const uint16_t *x, rd_int x_rs, rd_dtype_t dt,
+                    const long long *src, const float *scale, void *out_)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n * d > 65536)
+#endif
+    for (rd_int i = 0; i < n; i++) {
+        const uint16_t *row = x + (rd_int)src[i] * x_rs;
+        if (scale == NULL) {
+            memcpy((uint16_t *)out_ + i * d, row, sizeof(uint16_t) * (size_t)d);
+            continue;
+        }
+        float *o = (float *)out_ + i * d;
+        const float s = scale[i];
+        if (dt == RD_BF16)
+            for (rd_int c = 0; c < d; c++)
+                o[c] = s * rd_bf16_to_float(row[c]);
+        else
+            for (rd_int c = 0; c < d; c++)
+                o[c] = s * rd_f16_to_float(row[c]);
+    }
+}
+
 static PyObject *
 rd_py_gather_rows(PyObject *self, PyObject *args)
 {
@@ -134,20 +160,42 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OOO", &ox, &osrc, &oscale))
         return NULL;
-    if (rd_arg_array(ox, "x", 2, RD_ANY_FLOAT, RD_ROWS, &x) != 0 ||
-        rd_arg_array(osrc, "indices", 1, NPY_INT64, RD_CONTIG, &src) != 0 ||
+    if (rd_arg_array(ox, "x", 2, RD_ANY_STORAGE, RD_ROWS, &x) != 0)
+        return NULL;
+    const int half = x.dtype == RD_F16 || x.dtype == RD_BF16;
+    if (!half && x.dtype != RD_F32 && x.dtype != RD_F64) {
+        PyErr_Format(PyExc_TypeError, "'x' has dtype %s, expected float32, float64, float16 or bfloat16",
+                     PyArray_DESCR(x.arr)->typeobj->tp_name);
+        return NULL;
+    }
+    /* 16-bit rows: scales float32, scaled rows float32 */
+    const int ct_num = half ? NPY_FLOAT32 : x.type_num;
+    if (rd_arg_array(osrc, "indices", 1, NPY_INT64, RD_CONTIG, &src) != 0 ||
         rd_arg_indices(&src, "indices", 0, x.dim[0]) != 0 ||
-        rd_arg_optional(oscale, "scale", 1, x.type_num, src.dim, &scale, &scale_data) != 0)
+        rd_arg_optional(oscale, "scale", 1, ct_num, src.dim, &scale, &scale_data) != 0)
         return NULL;
     npy_intp dims[2] = {src.dim[0], x.dim[1]};
-    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, x.type_num, 0);
+    /* out: x's dtype (a 16-bit one is NumPy's ml_dtypes descriptor), or
+     * float32 for scaled 16-bit rows; PyArray_Empty takes a reference */
+    PyArray_Descr *descr;
+    if (half && scale_data != NULL)
+        descr = PyArray_DescrFromType(NPY_FLOAT32);
+    else {
+        descr = PyArray_DESCR(x.arr);
+        Py_INCREF(descr);
+    }
+    PyArrayObject *out = (PyArrayObject *)PyArray_Empty(2, dims, descr, 0);
     if (out == NULL)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&x)];
     rd_int rs = dims[1] > 0 ? x.stride[0] : 0;
     Py_BEGIN_ALLOW_THREADS
-    ops->gather_rows(dims[0], dims[1], x.data, rs, (const long long *)src.data, scale_data,
-                     PyArray_DATA(out));
+    if (half)
+        rd_gather_rows_half(dims[0], dims[1], (const uint16_t *)x.data, rs, (rd_dtype_t)x.dtype,
+                            (const long long *)src.data, (const float *)scale_data, PyArray_DATA(out));
+    else
+        ops->gather_rows(dims[0], dims[1], x.data, rs, (const long long *)src.data, scale_data,
+                         PyArray_DATA(out));
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
@@ -359,7 +407,8 @@ PyMethodDef rd_moe_methods[] = {
      "moe_sort(topk_idx [T, k] int64, E, capacity) -> (slot_of [T, k], token_of_slot [kept], group_sizes [E]);"
      " capacity < 0 keeps every assignment, dropped ones get slot -1"},
     {"gather_rows", rd_py_gather_rows, METH_VARARGS,
-     "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]]"},
+     "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]];"
+     " float16 / bfloat16 x: rows copied as they are, or with a float32 scale widened into a float32 out"},
     {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
      "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
      " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped); float16 / bfloat16 y:"

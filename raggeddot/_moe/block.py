@@ -241,7 +241,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
               routed_scaling_factor=1.0, activation="silu", w0_bias=None, w1_bias=None, wo_bias=None,
               shared_experts=None, capacity_factor=None, weights_layout="edf", return_aux=False,
               swiglu_limit=7.0, swiglu_alpha=1.702, shared_expert_gate=None, router_weights_on="output",
-              gate_up="concat", load_balance="switch"):
+              gate_up="concat", load_balance="switch", activation_qtype=None):
     """A Mixture-of-Experts layer (route, dispatch, gated expert FFNs, combine) in C.
 
     With T tokens, E experts, ``e(t, j)`` the j-th expert chosen for token t
@@ -326,6 +326,19 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     load_e)``, DeepSeek's aux-loss-free update direction), dropped (count).
     Empty x gives losses 0.
 
+    Dynamic activation quantization: ``activation_qtype`` ("int8", "int4"
+    or "float8_e4m3fn"; None: off) quantizes the experts' inputs (the
+    dispatched rows) and the gated activations ``a`` per row (one absmax
+    scale per token, :func:`~raggeddot.quantize` with
+    ``channelwise_axes=(0,)``) inside the call, before their products with
+    the expert weights: with int8 QArray weights w0, w1, wo the three
+    products then run on the exact int8 x int8 kernels (w8a8); with float
+    weights the quantized rows are dequantized while packed. Gradients are
+    straight through (qwix's): d(rows) and d(a) are those of the float
+    layer, the weight gradients use the quantized rows. With prepacked
+    weights the quantized rows are dequantized first (the prepacked
+    kernels take float rows).
+
     Precision: arithmetic in float32 (float64 when any input is float64).
     When x and every weight share one 16-bit dtype (bfloat16 or float16),
     the hidden activations are kept in it, as MaxText and SGLang keep them:
@@ -351,7 +364,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     capacity_factor=capacity_factor, weights_layout=weights_layout,
                     swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
                     shared_expert_gate=shared_expert_gate, router_weights_on=router_weights_on,
-                    gate_up=gate_up, load_balance=load_balance)
+                    gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
     out, res = forward(layer)
     out = deliver_out(layer, out)
     if return_aux:

@@ -16,7 +16,10 @@ from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
 from .shared import SharedExperts
 
-__all__ = ["Layer", "prepare", "capacity_of"]
+__all__ = ["Layer", "prepare", "capacity_of", "ACTIVATION_QTYPES"]
+
+#: The qtypes moe_block's dynamic activation quantization takes.
+ACTIVATION_QTYPES = ("int8", "int4", "float8_e4m3fn")
 
 
 @dataclasses.dataclass
@@ -135,7 +138,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
             n_groups, topk_groups, norm_topk_prob, routed_scaling_factor, activation, w0_bias,
             w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit,
             swiglu_alpha=1.702, shared_expert_gate=None, router_weights_on="output", gate_up="concat",
-            load_balance="switch", held_experts=None, fn="moe_block"):
+            load_balance="switch", activation_qtype=None, held_experts=None, fn="moe_block"):
     """The :class:`Layer` of moe_block's arguments (see moe_block for their
     meaning); ValueError or TypeError naming the argument (and ``fn``) when
     one is bad. ``held_experts``: how many experts the expert weights and
@@ -282,8 +285,11 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         w1 = weight(w1)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
+    if activation_qtype is not None and activation_qtype not in ACTIVATION_QTYPES:
+        raise ValueError(f"{fn}: 'activation_qtype' must be None or one of {ACTIVATION_QTYPES}, "
+                         f"got {activation_qtype!r}")
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
-                      alpha=alpha, gate_up=gate_up if fused else None)
+                      alpha=alpha, gate_up=gate_up if fused else None, act_qtype=activation_qtype)
     capacity = capacity_of(T, top_k, E, capacity_factor)
     x_hidden = None
     if ct == np.float32 and out_dtype.itemsize == 2 and x.dtype == out_dtype:

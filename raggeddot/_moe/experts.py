@@ -37,6 +37,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _validate as v
 from .._prepack import PackedRhs
+from ..quant import QArray, dequantize, quantize
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward", "backward"]
 
@@ -70,6 +71,9 @@ class Experts:
       transposed: the weights are stored "efd" (``[n, f, d]`` gate and up,
         ``[n, d, f]`` down): their gradients are returned in that layout.
       alpha: the sigmoid's slope of "swiglu_oai".
+      act_qtype: None, or the qtype the rows and the gated activations are
+        quantized to per row (one scale a token) before each product
+        (dynamic activation quantization; straight-through gradients).
       gate_up: None when w0 and w1 are stored apart; "concat" or
         "interleaved" when they are views of one fused array (``[n, d,
         2f]``, or ``[n, 2f, d]`` with ``transposed``), whose gradient is then
@@ -87,6 +91,7 @@ class Experts:
     transposed: bool = False
     alpha: float = 1.702
     gate_up: Optional[str] = None
+    act_qtype: Optional[str] = None
 
     @property
     def num_experts(self):
@@ -96,13 +101,17 @@ class Experts:
 class ExpertsResiduals(NamedTuple):
     """What the experts backward reads. h0, h1 and a hold only the rows of
     the held experts, ``[first, first + len(h0))`` of xs; ``bounds [n + 1]``
-    are their group bounds counted from ``first``."""
+    are their group bounds counted from ``first``. With activation
+    quantization, xs_q and a_q are the quantized rows the products read
+    (QArrays of the held rows), for the weight gradients; else None."""
     xs: np.ndarray      # [N, d]
     h0: np.ndarray      # [rows, f]
     h1: np.ndarray      # [rows, f]
     a: np.ndarray       # [rows, f]
     bounds: np.ndarray  # [n + 1] int64
     first: int
+    xs_q: Optional[QArray] = None
+    a_q: Optional[QArray] = None
 
 
 class ExpertGrads(NamedTuple):
@@ -155,10 +164,21 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
 
 
 def _rows(x, w, bounds, out, accumulate=False):
-    """gw.rows, or gw.rows_packed for prepacked weights."""
+    """gw.rows, or gw.rows_packed for prepacked weights (which take float
+    rows: quantized ones are dequantized for them)."""
     if isinstance(w, PackedRhs):
+        if isinstance(x, QArray):
+            x = dequantize(x)
         return gw.rows_packed(x, w, bounds, out, accumulate)
     return gw.rows(x, w, bounds, out, accumulate)
+
+
+def _quantized_rows(rows, qtype):
+    """``rows [r, d]`` quantized per row (one absmax scale a row), or None
+    without activation quantization."""
+    if qtype is None:
+        return None
+    return quantize(rows, qtype, channelwise_axes=(0,))
 
 
 def _transposed(w):
@@ -204,11 +224,14 @@ def forward(experts, xs, group_sizes, group_offset=0):
         return out if out.dtype == hd else gw.narrow(out, hd)
 
     rows = xs[first:last]
-    h0 = product(rows, experts.w0, experts.b0, last - first)
-    h1 = product(rows, experts.w1, experts.b1, last - first)
+    rows_q = _quantized_rows(rows, experts.act_qtype)
+    lhs = rows if rows_q is None else rows_q
+    h0 = product(lhs, experts.w0, experts.b0, last - first)
+    h1 = product(lhs, experts.w1, experts.b1, last - first)
     a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
-    y = product(a, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
-    return y, ExpertsResiduals(xs, h0, h1, a, bounds, first)
+    a_q = _quantized_rows(a, experts.act_qtype)
+    y = product(a if a_q is None else a_q, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
+    return y, ExpertsResiduals(xs, h0, h1, a, bounds, first, rows_q, a_q)
 
 
 def backward(experts, res, d_y):
@@ -229,7 +252,8 @@ def backward(experts, res, d_y):
     da = _buffer((count, f), hd)
     if count and f:
         gw.rows(dy, _transposed(experts.wo), bounds, da)
-    dwo = _weight_grad(res.a.T, dy, bounds, n, experts.transposed, hd)
+    a_read = res.a if res.a_q is None else res.a_q     # what the forward multiplied
+    dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     # gate and up projections
@@ -237,7 +261,7 @@ def backward(experts, res, d_y):
     if count and f:
         gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
         gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)
-    xs = res.xs[first:last]
+    xs = res.xs[first:last] if res.xs_q is None else res.xs_q
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
     if experts.gate_up is None:

@@ -539,8 +539,17 @@ def _hf_grads(block, family: str, x_grad) -> dict:
 
 
 def float64_routing(torch):
-    """A torch function mode in which a float64 tensor asked to become float32 stays float64
-    (transformers computes the routing in float32 even in a float64 model)."""
+    """A torch function mode (a context manager) in which transformers' float32 routing runs
+    in float64; the one copy, used by this benchmark and by tests/test_hf_conformance.py.
+
+    transformers casts the router's logits or scores to float32 (``.float()``,
+    ``softmax(..., dtype=torch.float)``, ``.type(torch.float32)``, ``.to(torch.float32)``)
+    even in a float64 model. While the mode is active, ``Tensor.float()`` of a float64 tensor
+    returns it unchanged, and ``torch.float32`` given to any torch function (positionally or
+    as ``dtype=``) means ``torch.float64``. Nothing else changes, and in a float64 block
+    nothing but the routing asks for float32, so the block computes in float64 throughout.
+
+    ``torch`` is passed in so that importing this module does not import torch."""
     from torch.overrides import TorchFunctionMode
 
     class Float64Routing(TorchFunctionMode):

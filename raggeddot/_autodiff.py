@@ -56,6 +56,8 @@ __all__ = ["vjp", "jvp", "grad", "defvjp", "defjvp"]
 # op -> (rule, argnames)
 _VJP_RULES = {}
 _JVP_RULES = {}
+# op -> the parameters of its jvp that take a PackedRhs
+_PACKED_ARGS = {}
 # op -> (keyword-only differentiable names, the op's own vjp function's name)
 _KEYWORD_GRADS = {}
 
@@ -84,8 +86,12 @@ def defvjp(op, vjp_rule, argnames, keyword_argnames=(), full_vjp=None):
         _KEYWORD_GRADS[op] = (tuple(keyword_argnames), full_vjp)
 
 
-def defjvp(op, jvp_rule, argnames):
+def defjvp(op, jvp_rule, argnames, packed_argnames=()):
     """Register the forward-mode rule of ``op``.
+
+    ``packed_argnames``: the parameters that take a
+    :class:`~raggeddot.PackedRhs` (a PackedRhs given for any other one is
+    refused with a TypeError before its tangent is read).
 
     ``jvp_rule(args, tangents) -> (out, tangent_out)``: ``args`` as for
     :func:`defvjp`; ``tangents`` maps each name in ``argnames`` whose value is
@@ -94,6 +100,7 @@ def defjvp(op, jvp_rule, argnames):
     caller casts it to ``out``'s dtype.
     """
     _JVP_RULES[op] = (jvp_rule, tuple(argnames))
+    _PACKED_ARGS[op] = tuple(packed_argnames)
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +277,12 @@ def jvp(fun, primals, tangents):
             f"jvp: got {len(primals)} primals but {len(tangents)} tangents; give one tangent per primal")
     args, names = _bind(op, pargs, pkwargs, primals, "jvp")
     tdict = {}
+    what = f"jvp of {_op_name(op)}"
     for name, p, t in zip(names, primals, tangents):
+        if isinstance(p, PackedRhs) and name not in _PACKED_ARGS.get(op, ()):
+            raise v.packed_refused(p, f"'{name}'", what)
+        if isinstance(t, PackedRhs):
+            raise v.packed_refused(t, f"the tangent of '{name}'", what)
         if name not in argnames or p is None:
             continue
         if t is None:

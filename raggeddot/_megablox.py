@@ -365,6 +365,6 @@ def _tgmm_jvp(a, t):
 
 
 _autodiff.defvjp(gmm, _gmm_vjp, ("lhs", "rhs", "existing_out"))
-_autodiff.defjvp(gmm, _gmm_jvp, ("lhs", "rhs", "existing_out"))
+_autodiff.defjvp(gmm, _gmm_jvp, ("lhs", "rhs", "existing_out"), packed_argnames=("rhs",))
 _autodiff.defvjp(tgmm, _tgmm_vjp, ("lhs", "rhs", "existing_out"))
 _autodiff.defjvp(tgmm, _tgmm_jvp, ("lhs", "rhs", "existing_out"))

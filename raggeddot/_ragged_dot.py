@@ -132,4 +132,4 @@ def _ragged_dot_jvp(a, t):
 
 
 _autodiff.defvjp(ragged_dot, _ragged_dot_vjp, ("lhs", "rhs"))
-_autodiff.defjvp(ragged_dot, _ragged_dot_jvp, ("lhs", "rhs"))
+_autodiff.defjvp(ragged_dot, _ragged_dot_jvp, ("lhs", "rhs"), packed_argnames=("rhs",))

@@ -211,9 +211,11 @@ def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_
     if dn.dot_dimension_numbers != (((1,), (1,)), ((), ())) or tuple(dn.lhs_ragged_dimensions) != (0,) \
             or tuple(dn.rhs_group_dimensions) != (0,):
         raise ValueError(
-            f"{_FN}: a prepacked 'rhs' is [g, k, n] for ragged_dot's dimension numbers "
-            "(dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0], "
-            f"rhs_group_dimensions=[0]); got {dn}: pass the weights as an array")
+            f"{_FN}: a prepacked 'rhs' (PackedRhs, shape {rhs.shape}) is [g, k, n] for ragged_dot's "
+            "dimension numbers only (dot_dimension_numbers=(([1], [1]), ([], [])), "
+            f"lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]); got {dn}. {v.PACKED_TAKEN[0].upper()}"
+            f"{v.PACKED_TAKEN[1:]}: for other dimension numbers pass the plain weights, "
+            "'rhs'.unpack()")
     return ragged_dot(lhs, rhs, group_sizes, precision=precision,
                       preferred_element_type=preferred_element_type, group_offset=group_offset)
 
@@ -502,4 +504,4 @@ def _rdg_jvp(a, t):
 
 
 _autodiff.defvjp(ragged_dot_general, _rdg_vjp, ("lhs", "rhs"))
-_autodiff.defjvp(ragged_dot_general, _rdg_jvp, ("lhs", "rhs"))
+_autodiff.defjvp(ragged_dot_general, _rdg_jvp, ("lhs", "rhs"), packed_argnames=("rhs",))

@@ -95,13 +95,41 @@ def output_dtype(preferred_element_type, promoted, fn):
     )
 
 
+# Where raggeddot.prepack's PackedRhs is taken: everywhere else it is refused
+# by :func:`packed_refused`, and the message says so.
+PACKED_TAKEN = ("a PackedRhs is accepted only as the weights (rhs [g, k, n]) of ragged_dot, gmm, "
+                "ragged_dot_general with ragged_dot's dimension numbers, and as the expert weights "
+                "w0, w1, wo of moe_block")
+
+
+def is_packed(x):
+    """Whether ``x`` is a :class:`~raggeddot.PackedRhs` (imported here only
+    when asked: the module that defines it imports this one)."""
+    from ._prepack import PackedRhs
+    return isinstance(x, PackedRhs)
+
+
+def packed_refused(x, what, fn):
+    """The TypeError for a PackedRhs ``x`` passed as ``what`` (e.g. "'lhs'"),
+    where prepacked weights are not taken: what was received, where a
+    PackedRhs is accepted, and how to get the plain weights back."""
+    kind = "QArray" if getattr(x, "qtype", None) is not None else "array"
+    return TypeError(
+        f"{fn}: {what} is a PackedRhs (weights laid out by raggeddot.prepack, shape {tuple(x.shape)}, "
+        f"dtype {_dtype_name(x.dtype)}), which is not accepted here; {PACKED_TAKEN}. Pass the plain "
+        f"weights instead: PackedRhs.unpack() returns them as a new {kind}")
+
+
 def as_array(x, name, fn, ndim=None, shape_doc=""):
-    """np.asarray(x) with a readable error; object arrays are refused."""
+    """np.asarray(x) with a readable error; object arrays are refused (and a
+    PackedRhs, with :func:`packed_refused`'s message)."""
     try:
         arr = np.asarray(x)
     except Exception as e:  # ragged nested lists and similar
         raise TypeError(f"{fn}: '{name}' could not be converted to an array: {e}") from None
     if arr.dtype == object:
+        if is_packed(x):
+            raise packed_refused(x, f"'{name}'", fn)
         raise TypeError(f"{fn}: '{name}' has dtype object; expected a numeric array")
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(
@@ -360,6 +388,8 @@ def out_buffer(out, shape, dtype, fn, inputs):
     the result's `dtype`, writeable, aligned, native, with no repeated
     elements and sharing no memory with any of `inputs` (name -> array)."""
     if not isinstance(out, np.ndarray):
+        if is_packed(out):
+            raise packed_refused(out, "'out'", fn)
         raise TypeError(f"{fn}: 'out' must be a numpy.ndarray, got {type(out).__name__}")
     shape = tuple(shape)
     if out.shape != shape:

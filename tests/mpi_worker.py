@@ -9,6 +9,9 @@ communication.
 
 Modes:
   suite          every case below; each rank prints "rank r: passed N cases".
+  options        every option of moe_block, QArray and prepacked expert
+                 weights, return_aux in moe_block_vjp (run on 2 ranks);
+                 each rank prints "rank r: passed N option cases".
   bad-sizes      rank 1 passes a negative send size to ragged_all_to_all and
                  does not catch the error: every rank must end with it.
   bad-moe        rank 0 passes x with the wrong width to moe_block, uncaught.
@@ -179,6 +182,8 @@ def moe_case(seed, dtype, E, T_per_rank, d=8, f=6, layout="edf", dead_experts=()
         kw["shared_experts"] = ((rng.standard_normal((d, 5)) / math.sqrt(d)).astype(dt),
                                 (rng.standard_normal((d, 5)) / math.sqrt(d)).astype(dt),
                                 (rng.standard_normal((5, d)) / math.sqrt(5)).astype(dt))
+    if kw.pop("shared_gate", False):
+        kw["shared_expert_gate"] = (rng.standard_normal((d, 1)) / math.sqrt(d)).astype(dt)
     return x, rw, w0, w1, wo, kw
 
 
@@ -300,6 +305,156 @@ def check_moe_errors():
     return 8
 
 
+# ------------------------------------------- every option of moe_block (2 ranks)
+
+def _local_weights(w, held, kind):
+    """This rank's share of the global expert weights ``w`` (an array or a
+    QArray of all experts): sliced, and prepacked for ``kind="packed"``."""
+    share = w[held]
+    return raggeddot.prepack(share) if kind == "packed" else share
+
+
+def check_option(seed, dtype, E, T_per_rank, S=None, weights="array", fused=None, d_aux=None, **options):
+    """Distributed moe_block (with aux) and moe_block_vjp (with aux and
+    their cotangents ``d_aux``) against single-process moe_block on the
+    concatenated tokens. ``S``: x is ``[B, S, d]`` (whole sequences on
+    each rank); ``weights``: "array", "int8" (QArrays quantized per channel
+    over all experts, each rank taking its slice) or "packed" (each rank's
+    slice prepacked); ``fused``: a gate_up mode, w0 and w1 then fused."""
+    case = moe_case(seed, dtype, E, T_per_rank, **options)
+    x, rw, w0, w1, wo, kw = case
+    (lx, _, _, _, _, lkw), tokens, held = local_share(case, T_per_rank)
+    if weights == "int8":
+        w0, w1, wo = (raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
+    if fused:                       # [E, d, 2f] (biases [E, 2f]) as gate_up says
+        def fuse(a, b):
+            if fused == "concat":
+                return np.concatenate([a, b], axis=-1)
+            return np.stack([a, b], axis=-1).reshape(a.shape[:-1] + (-1,))
+        w0, w1 = fuse(w0, w1), None
+        for k in (kw, lkw):
+            k["gate_up"] = fused
+            if "w0_bias" in k:
+                k["w0_bias"] = fuse(k["w0_bias"], k.pop("w1_bias"))
+    lw = [None if w is None else _local_weights(w, held, weights) for w in (w0, w1, wo)]
+    if S is not None:               # [B, S, d]: each rank's tokens are whole sequences
+        x, lx = x.reshape(-1, S, x.shape[1]), lx.reshape(-1, S, lx.shape[1])
+    rows = slice(tokens.start // (S or 1), tokens.stop // (S or 1))
+    tol = TOL[np.dtype(dtype)]
+    # forward with aux
+    want, want_aux = raggeddot.moe_block(x, rw, w0, w1, wo, return_aux=True, **kw)
+    got, aux = dist.moe_block(lx, rw, *lw, comm=COMM, return_aux=True, **lkw)
+    assert got.dtype == want.dtype and got.shape == lx.shape
+    np.testing.assert_array_equal(got, want[rows])                     # bitwise
+    for name in ("topk_indices", "topk_weights", "router_logits"):
+        np.testing.assert_array_equal(aux[name], want_aux[name][rows], err_msg=name)
+    for name in ("group_sizes", "bias_updates", "dropped"):
+        np.testing.assert_array_equal(aux[name], want_aux[name], err_msg=name)
+    for name in ("load_balance_loss", "router_z_loss"):
+        assert want_aux[name] > 0 or not len(x), name
+        assert scaled_err(aux[name], want_aux[name]) <= tol, (name, aux[name], want_aux[name])
+        same_on_every_rank(np.float64(aux[name]))
+    # backward with the aux outputs' cotangents
+    rng = np.random.default_rng(seed + 1)
+    ct = rng.standard_normal(want.shape).astype(dtype)
+    d_aux_ref = None
+    if d_aux:
+        d_aux_ref = dict(d_aux)
+        if d_aux_ref.pop("router_logits", False):
+            d_aux_ref["router_logits"] = rng.standard_normal(want_aux["router_logits"].shape)
+    (out_ref, _), vjp_ref = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, return_aux=True, **kw)
+    (out, aux2), vjp = dist.moe_block_vjp(lx, rw, *lw, comm=COMM, return_aux=True, **lkw)
+    np.testing.assert_array_equal(out, out_ref[rows])
+    assert aux2["load_balance_loss"] == aux["load_balance_loss"]
+    d_aux_mine = None if d_aux_ref is None else {
+        k: (a[rows] if k == "router_logits" else a) for k, a in d_aux_ref.items()}
+    g_ref, g = vjp_ref(ct, d_aux_ref), vjp(ct[rows], d_aux_mine)
+    assert set(g) == set(g_ref), (set(g), set(g_ref))
+    for name in ("w0", "w1", "wo"):                                   # bitwise, the held experts
+        if name in g:
+            assert g[name].dtype == g_ref[name].dtype and g[name].shape == g_ref[name][held].shape
+            np.testing.assert_array_equal(g[name], g_ref[name][held], err_msg=name)
+    err = scaled_err(g["x"], g_ref["x"][rows])
+    assert err <= tol, f"x: scaled error {err:.3g} > {tol}"
+    if not d_aux:
+        np.testing.assert_array_equal(g["x"], g_ref["x"][rows])        # bitwise
+    replicated = [("router_weights", g["router_weights"], g_ref["router_weights"])]
+    for name in ("router_bias", "shared_expert_gate"):
+        if name in g:
+            replicated.append((name, g[name], g_ref[name]))
+    for i, (a, b) in enumerate(zip(g.get("shared_experts", ()), g_ref.get("shared_experts", ()))):
+        replicated.append((f"shared_experts[{i}]", a, b))
+    for name, a, b in replicated:                                     # sums over tokens: tolerance
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        err = scaled_err(a, b)
+        assert err <= tol, f"{name}: scaled error {err:.3g} > {tol}"
+        same_on_every_rank(a)
+    return 1
+
+
+def option_cases():
+    """One case per option the expert-parallel layer took on besides the
+    rest (2 ranks), then their errors."""
+    E = 2 * P
+    lb_z = {"load_balance_loss": 0.7, "router_z_loss": 0.3}
+    all_aux = dict(lb_z, router_logits=True)
+    cases = [
+        dict(seed=21, dtype=np.float64, E=E, T_per_rank=[5, 7], router_weights_on="input", capacity_factor=0.8,
+             d_aux=all_aux),
+        dict(seed=22, dtype=np.float32, E=E, T_per_rank=[6, 3], router_weights_on="input", norm_topk_prob=True,
+             layout="efd"),
+        dict(seed=23, dtype=np.float64, E=E, T_per_rank=[8, 12], S=4, load_balance="maxtext", d_aux=lb_z),
+        dict(seed=24, dtype=np.float64, E=E, T_per_rank=[0, 9], load_balance="maxtext", d_aux=all_aux),
+        dict(seed=25, dtype=np.float64, E=2 * E, T_per_rank=[7, 4], load_balance="hf", score_func="sigmoid",
+             shared=True, shared_gate=True, d_aux=all_aux),
+        dict(seed=26, dtype=np.float32, E=E, T_per_rank=[6, 5], weights="int8", d_aux=lb_z),
+        dict(seed=27, dtype=np.float32, E=E, T_per_rank=[4, 6], weights="int8", router_weights_on="input",
+             capacity_factor=1.0),
+        dict(seed=28, dtype=np.float32, E=E, T_per_rank=[5, 5], weights="packed", biases=True, d_aux=lb_z),
+        dict(seed=29, dtype=np.float64, E=E, T_per_rank=[6, 2], fused="interleaved", activation="swiglu_oai",
+             swiglu_alpha=1.5, biases=True),
+        dict(seed=30, dtype=np.float64, E=E, T_per_rank=[3, 6], fused="concat", d_aux={"router_z_loss": 1.0}),
+    ]
+    n = 0
+    for c in cases:
+        n += check_option(**c)
+    return n + check_option_errors()
+
+
+def check_option_errors():
+    case = moe_case(31, np.float64, 2 * P, [4] * P)
+    (x, rw, w0, w1, wo, kw), _, _ = local_share(case, [4] * P)
+    fn, fn_vjp = dist.moe_block, dist.moe_block_vjp
+    expect_error(lambda: fn(x, rw, w0, w1, wo, comm=COMM, router_weights_on="inputs", **kw),
+                 "'router_weights_on' must be one of 'output', 'input', got 'inputs'")
+    # the sequence length of "maxtext" differs between ranks
+    x3 = x.reshape((2, 2, -1) if RANK == 0 else (1, 4, -1))
+    expect_error(lambda: fn(x3, rw, w0, w1, wo, comm=COMM, return_aux=True, load_balance="maxtext", **kw),
+                 "load_balance='maxtext' over sequences of S=2", "S=4")
+    # return_aux on some ranks only
+    expect_error(lambda: fn(x, rw, w0, w1, wo, comm=COMM, return_aux=RANK == 0, **kw), "return_aux=True",
+                 "return_aux=False")
+    # a gate without shared experts
+    expect_error(lambda: fn(x, rw, w0, w1, wo, comm=COMM, shared_expert_gate=np.ones(x.shape[1]), **kw),
+                 "'shared_expert_gate'", "'shared_experts' is None")
+    # the losses' cotangents differ between ranks
+    (_, _), vjp = fn_vjp(x, rw, w0, w1, wo, comm=COMM, return_aux=True, **kw)
+    expect_error(lambda: vjp(None, {"router_z_loss": 1.0 + RANK}), "d_aux['router_z_loss']=1.0",
+                 "d_aux['router_z_loss']=2.0")
+    expect_error(lambda: vjp(None, {"bogus": 1.0} if RANK == 1 else None), "'d_aux' has keys ['bogus']",
+                 "rank 1")
+    # a PackedRhs where it is not taken
+    expect_error(lambda: fn(raggeddot.prepack(x[None]), rw, w0, w1, wo, comm=COMM, **kw),
+                 "'x' is a PackedRhs", "unpack()", exc=TypeError)
+    return 7
+
+
+def options():
+    n = option_cases()
+    COMM.Barrier()
+    print(f"rank {RANK}: passed {n} option cases", flush=True)
+
+
 # -------------------------------------------------------------------- modes
 
 def suite():
@@ -352,4 +507,5 @@ def main(mode):
 
 
 if __name__ == "__main__":
-    main({"suite": suite, "bad-sizes": bad_sizes, "bad-moe": bad_moe, "step-error": step_error}[sys.argv[1]])
+    main({"suite": suite, "options": options, "bad-sizes": bad_sizes, "bad-moe": bad_moe,
+          "step-error": step_error}[sys.argv[1]])

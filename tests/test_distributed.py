@@ -19,6 +19,19 @@ on every rank, against single-process oracles:
   and float64, sigmoid group-limited routing; errors: a bad argument on
   one rank, E not a multiple of P, settings differing between ranks, a
   bad cotangent on one rank.
+- every option of moe_block on 2 ranks, against the single-process layer on
+  the concatenated tokens, forward (with aux) and moe_block_vjp with
+  return_aux and the aux losses' cotangents: router_weights_on="input",
+  load_balance="maxtext" (x [B, S, d] with whole sequences per rank, and a
+  2-D x, one sequence over every rank), "hf", shared_expert_gate, QArray
+  int8 expert weights (each rank's slice of the per-channel quantized
+  experts), prepacked expert weights, fused gate/up weights ("concat",
+  "interleaved") with swiglu_alpha; out, the aux outputs of the rank's
+  tokens and the held experts' gradients bit for bit, the losses, d_x and
+  the replicated gradients within the tolerance above. Errors: a bad
+  option, maxtext's sequence length or return_aux differing between ranks,
+  a gate without shared experts, loss cotangents that differ between ranks,
+  a bad d_aux on one rank, a PackedRhs as x.
 - Failures end every rank within the timeout: an uncaught bad argument
   (every rank prints the error), an exception inside a step after the
   exchange began (comm.Abort ends the job).
@@ -91,6 +104,13 @@ def test_suite_against_single_process(mpiexec, ranks):
     assert res.returncode == 0, res.stdout
     for r in range(ranks):
         assert f"rank {r}: passed" in res.stdout, res.stdout
+
+
+def test_every_option_against_single_process(mpiexec):
+    res = run_worker(mpiexec, 2, "options")
+    assert res.returncode == 0, res.stdout
+    for r in range(2):
+        assert f"rank {r}: passed 17 option cases" in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("mode, message", [

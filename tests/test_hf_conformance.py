@@ -14,8 +14,9 @@ autograd of ``sum(out * ct)``) are compared with ``raggeddot.moe_block_vjp``:
 
 Float64 routing: transformers casts the router's logits or scores to float32
 (``.float()``, ``softmax(..., dtype=torch.float)``, ``.type(torch.float32)``)
-even in a float64 model. :class:`Float64Routing` is a torch function mode that,
-while the block runs, turns each such cast of a float64 tensor (and each
+even in a float64 model. ``float64_routing`` (benchmarks/moe_baselines.py, which
+the transformers baseline of the moe benchmark shares) is a torch function mode
+that, while the block runs, turns each such cast of a float64 tensor (and each
 ``dtype=torch.float32`` argument) into float64; nothing else changes, and in a
 float64 block nothing but the routing asks for float32.
 
@@ -33,7 +34,9 @@ Llama4 is checked through its routed path composed from ragged_gather,
 ragged_dot and ragged_gather_reduce under raggeddot.vjp.
 """
 import contextlib
+import importlib.util
 import inspect
+import pathlib
 
 import numpy as np
 import pytest
@@ -42,7 +45,6 @@ import raggeddot
 from helpers import import_hf
 
 torch, transformers = import_hf()
-from torch.overrides import TorchFunctionMode  # noqa: E402
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE  # noqa: E402
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP  # noqa: E402
 from transformers.models.llama4.modeling_llama4 import Llama4TextMoe  # noqa: E402
@@ -71,20 +73,17 @@ def _needs(*options):
                              reason=f"moe_block has no {', '.join(missing)} yet")
 
 
-class Float64Routing(TorchFunctionMode):
-    """While active, a float64 tensor asked to become float32 stays float64
-    (``.float()``, ``.to(torch.float32)``, ``.type(torch.float32)``) and a
-    ``dtype=torch.float32`` argument means float64: transformers' float32
-    routing then runs in float64."""
+def _load_baselines():
+    """benchmarks/moe_baselines.py, loaded from its path (the benchmarks are
+    scripts, not a package; importing it imports only numpy)."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "moe_baselines.py"
+    spec = importlib.util.spec_from_file_location("_hf_conformance_moe_baselines", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.float and args[0].dtype == torch.float64:
-            return args[0]
-        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-        if kwargs.get("dtype") is torch.float32:
-            kwargs["dtype"] = torch.float64
-        return func(*args, **kwargs)
+
+float64_routing = _load_baselines().float64_routing
 
 
 def _np(t):
@@ -96,7 +95,7 @@ def _dtype(mode):
 
 
 def _routing(mode):
-    return Float64Routing() if mode == "float64" else contextlib.nullcontext()
+    return float64_routing(torch) if mode == "float64" else contextlib.nullcontext()
 
 
 def _init(block, rng, dtype, scales):
@@ -554,3 +553,18 @@ def test_load_balance_hf_matches_transformers(rng, mode):
     grads = vjp_fn(np.zeros_like(out), d_aux={"load_balance_loss": c_lb, "router_z_loss": c_z})
     _close(grads["router_weights"].T, _np(w.grad), tol, "gradient of gate.weight")
     _close(grads["x"], _np(xt.grad), tol, "gradient of x")
+
+
+def test_float64_routing_keeps_float64_casts():
+    """The mode the float64 cases run under (one copy, shared with the moe
+    benchmark): each way transformers asks a float64 tensor for float32
+    gives float64, and a float32 tensor is left alone."""
+    z = torch.tensor([0.1, 2.0, -1.0], dtype=torch.float64)
+    with float64_routing(torch):
+        casts = [z.float(), z.to(torch.float32), z.type(torch.float32),
+                 torch.softmax(z, dim=0, dtype=torch.float32), torch.zeros(2, dtype=torch.float32)]
+        single = z.to(torch.float16).float()
+    assert [c.dtype for c in casts] == [torch.float64] * len(casts)
+    assert torch.equal(casts[0], z) and torch.equal(casts[1], z)
+    assert single.dtype == torch.float32
+    assert z.float().dtype == torch.float32          # outside the mode: as torch does

@@ -13,6 +13,7 @@ does).
 """
 import numpy as np
 
+from .. import _validate as v
 from ._mpi import abort_on_error, agree, check_comm, mpi
 
 __all__ = ["ragged_all_to_all", "move_rows"]
@@ -92,6 +93,9 @@ def _first_bad(mask):
 def _check_local(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, P):
     """This rank's arguments checked on their own: ``(operand, output,
     index arrays)`` as arrays, or ValueError naming the argument."""
+    for a, name in ((operand, "operand"), (output, "output")):
+        if v.is_packed(a):
+            raise v.packed_refused(a, f"'{name}'", FN)
     operand, output = np.asarray(operand), np.asarray(output)
     for a, name in ((operand, "operand"), (output, "output")):
         if a.ndim < 1:

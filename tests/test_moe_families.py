@@ -497,19 +497,3 @@ def test_bad_aux_cotangents(rng):
     _, plain = raggeddot.moe_block_vjp(*args, top_k=2, **kw)
     with pytest.raises(TypeError):
         plain(np.ones_like(out), {"router_z_loss": 1.0})
-
-
-@pytest.mark.parametrize("option", [dict(shared_expert_gate=np.zeros(5), shared=2),
-                                    dict(router_weights_on="input"), dict(load_balance="maxtext")],
-                         ids=["shared_expert_gate", "router_weights_on", "load_balance"])
-def test_expert_parallel_layer_refuses_unsupported_options(rng, option):
-    option = dict(option)
-    args, kw = problem(rng, shared=option.pop("shared", 0))
-    kw.update(option)
-    full = dict(top_k=2, score_func="softmax", router_bias=None, selection_bias=None, n_groups=None,
-                topk_groups=None, norm_topk_prob=False, routed_scaling_factor=1.0, activation="silu",
-                w0_bias=None, w1_bias=None, wo_bias=None, shared_experts=None, capacity_factor=None,
-                swiglu_limit=7.0)
-    full.update(kw)
-    with pytest.raises(ValueError, match=f"{next(iter(option))}.*expert-parallel"):
-        prepare(*args, held_experts=8, fn="raggeddot.distributed.moe_block", **full)

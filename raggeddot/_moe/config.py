@@ -142,9 +142,9 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     """The :class:`Layer` of moe_block's arguments (see moe_block for their
     meaning); ValueError or TypeError naming the argument (and ``fn``) when
     one is bad. ``held_experts``: how many experts the expert weights and
-    biases hold (the router always scores all E); None for all E. Given
-    (the expert-parallel layer), shared_expert_gate, router_weights_on="input"
-    and load_balance="maxtext" are refused."""
+    biases hold (the router always scores all E); None for all E (the
+    expert-parallel layer gives it, and applies router_weights_on,
+    load_balance and shared_expert_gate itself)."""
     x = v.as_array(x, "x", fn)
     if x.ndim < 1:
         raise ValueError(f"{fn}: 'x' must have at least one dimension [..., d], got a scalar")
@@ -257,13 +257,6 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     if shared_experts is not None:
         shared = SharedExperts(*_shared(shared_experts, d, ct, fn), activation, limit, alpha,
                                shared_expert_gate)
-    if held_experts is not None:
-        for name, given in (("shared_expert_gate", shared_expert_gate is not None),
-                            ("router_weights_on='input'", weights_on == "input"),
-                            ("load_balance='maxtext'", load_balance == "maxtext")):
-            if given:
-                raise ValueError(f"{fn}: {name} is not supported by the expert-parallel layer; "
-                                 "use raggeddot.moe_block on one process")
 
     T = int(np.prod(x.shape[:-1], dtype=np.int64))
     xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)

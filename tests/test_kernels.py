@@ -122,10 +122,14 @@ def test_binding_refuses_read_only_out_and_bad_bounds(rng):
             _core.ragged_rows(lhs, rhs, bounds, out, False)
 
 
-def test_moe_pieces_take_float32_and_float64_only(rng):
-    x = rng.standard_normal((4, 3)).astype(np.float16)
-    with pytest.raises(TypeError, match="'x' has dtype .* expected float32 or float64"):
+def test_moe_pieces_take_float_arrays_only(rng):
+    x = rng.standard_normal((4, 3)).astype(np.int8)
+    with pytest.raises(TypeError, match="'x' has dtype .* expected float32, float64, float16 or bfloat16"):
         _core.gather_rows(x, np.array([0, 1]), None)
+    with pytest.raises(TypeError, match="'y' has dtype .* expected float32, float64, float16 or bfloat16"):
+        _core.gather_reduce(x, np.array([[0, 1]]), None)
+    with pytest.raises(TypeError, match="'gate' has dtype .* expected float32, float64, float16 or bfloat16"):
+        _core.gated_act(x, x, 0, 7.0)
 
 
 def test_enums_are_exported():

@@ -76,27 +76,18 @@ s_store_row(float *c, __m256 lo, __m256 hi, int accumulate)
     _mm256_storeu_ps(c + 8, hi);
 }
 
-#define RD_AVX2_SGEMM(NAME, TB, LOAD_B)                                     \
-RD_AVX2 static void                                                         \
-NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
-     rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)                \
-{                                                                           \
-    const float *a = (const float *)a_;                                     \
-    const TB *b = (const TB *)b_;                                           \
-    float *c = (float *)c_;                                                 \
+/* The twelve accumulators of a 6x16 float32 tile, and their store: whole
+ * rows (streamed where asked and aligned), or the valid corner through a
+ * spill.  Shared by every float32-output body below. */
+#define S_ACC_ZERO                                                          \
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();            \
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();            \
     __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();            \
     __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();            \
     __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();            \
-    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();            \
-    /* One step per iteration: unrolling by hand makes gcc interleave the  \
-     * steps and spill accumulators; this form keeps all twelve in registers. */ \
-    for (rd_int p = 0; p < kc; p++) {                                       \
-        S_STEP(0, LOAD_B);                                                  \
-        a += 6;                                                             \
-        b += 16;                                                            \
-    }                                                                       \
+    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+
+#define S_ACC_STORE                                                         \
     if (m == 6 && n == 16 && cs_c == 1) {                                   \
         if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float))) \
             accumulate = RD_STORE;                                          \
@@ -115,7 +106,25 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
     _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);         \
     _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);         \
     _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);         \
-    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);              \
+    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);
+
+#define RD_AVX2_SGEMM(NAME, TB, LOAD_B)                                     \
+RD_AVX2 static void                                                         \
+NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
+     rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)                \
+{                                                                           \
+    const float *a = (const float *)a_;                                     \
+    const TB *b = (const TB *)b_;                                           \
+    float *c = (float *)c_;                                                 \
+    S_ACC_ZERO                                                              \
+    /* One step per iteration: unrolling by hand makes gcc interleave the  \
+     * steps and spill accumulators; this form keeps all twelve in registers. */ \
+    for (rd_int p = 0; p < kc; p++) {                                       \
+        S_STEP(0, LOAD_B);                                                  \
+        a += 6;                                                             \
+        b += 16;                                                            \
+    }                                                                       \
+    S_ACC_STORE                                                             \
 }
 
 RD_AVX2_SGEMM(rd_sgemm_avx2_6x16, float, S_LOAD_F32)
@@ -161,12 +170,7 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
     const char *tr = (const char *)b_ + 16 * kc;                            \
     rd_qtrailer_t h;                                                        \
     memcpy(&h, tr, sizeof h);                                               \
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();            \
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();            \
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();            \
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();            \
-    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();            \
-    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();            \
+    S_ACC_ZERO                                                              \
     rd_int p = 0, len = h.first;                                            \
     for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
         const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 16, h.zp)); \
@@ -183,25 +187,7 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
             b += 16;                                                        \
         }                                                                   \
     }                                                                       \
-    if (m == 6 && n == 16 && cs_c == 1) {                                   \
-        if (accumulate == RD_STREAM && !rd_stream_aligned(c, rs_c * (rd_int)sizeof(float))) \
-            accumulate = RD_STORE;                                          \
-        s_store_row(c + 0 * rs_c, c00, c01, accumulate);                    \
-        s_store_row(c + 1 * rs_c, c10, c11, accumulate);                    \
-        s_store_row(c + 2 * rs_c, c20, c21, accumulate);                    \
-        s_store_row(c + 3 * rs_c, c30, c31, accumulate);                    \
-        s_store_row(c + 4 * rs_c, c40, c41, accumulate);                    \
-        s_store_row(c + 5 * rs_c, c50, c51, accumulate);                    \
-        return;                                                             \
-    }                                                                       \
-    float buf[6 * 16] __attribute__((aligned(32)));                         \
-    _mm256_store_ps(buf + 0, c00);  _mm256_store_ps(buf + 8, c01);          \
-    _mm256_store_ps(buf + 16, c10); _mm256_store_ps(buf + 24, c11);         \
-    _mm256_store_ps(buf + 32, c20); _mm256_store_ps(buf + 40, c21);         \
-    _mm256_store_ps(buf + 48, c30); _mm256_store_ps(buf + 56, c31);         \
-    _mm256_store_ps(buf + 64, c40); _mm256_store_ps(buf + 72, c41);         \
-    _mm256_store_ps(buf + 80, c50); _mm256_store_ps(buf + 88, c51);         \
-    rd_s_store_edge(buf, 16, c, rs_c, cs_c, m, n, accumulate);              \
+    S_ACC_STORE                                                             \
 }
 
 RD_AVX2_QGEMM(rd_sgemm_avx2_i8w_6x16, Q_LOAD_I8)

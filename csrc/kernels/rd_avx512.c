@@ -51,11 +51,10 @@
     STORE_A(buf + (i) * 2 * W, c##i##0);                                    \
     STORE_A(buf + (i) * 2 * W + W, c##i##1);
 
-#define RD_BODY(NAME, R, ROWS)                                              \
-RD_AVX512 static void                                                       \
-NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
-     int m, int n, int accumulate)                                          \
-{                                                                           \
+/* The parts of a body around its contraction loop: the accumulators and
+ * the C tile's prefetch (or the decision to stream it), then the store of
+ * the tile (whole rows, streamed rows, or the valid corner of a spill). */
+#define RD_BODY_ENTER(R, ROWS)                                              \
     ROWS(RD_DECL)                                                           \
     const int stream = accumulate == RD_STREAM && m == (R) && n == 2 * W    \
                        && cs_c == 1                                         \
@@ -66,14 +65,8 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
         for (int i = 0; i < m; i++) {                                       \
             _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);        \
             _mm_prefetch((const char *)(c + i * rs_c + 2 * W - 1), _MM_HINT_T0); \
-        }                                                                   \
-    for (rd_int p = 0; p < kc; p++) {                                       \
-        LOAD_B(b, b0, b1)                                                   \
-        V av;                                                               \
-        ROWS(RD_STEP)                                                       \
-        a += 12;                                                            \
-        b += 2 * W;                                                         \
-    }                                                                       \
+        }
+#define RD_BODY_LEAVE(R, ROWS)                                              \
     if (m == (R) && n == 2 * W && cs_c == 1) {                              \
         if (stream) {                                                       \
             ROWS(RD_STREAM_PUT)                                             \
@@ -84,7 +77,22 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
     }                                                                       \
     T buf[(R) * 2 * W] __attribute__((aligned(64)));                        \
     ROWS(RD_SPILL)                                                          \
-    STORE_EDGE(buf, 2 * W, c, rs_c, cs_c, m, n, accumulate);                \
+    STORE_EDGE(buf, 2 * W, c, rs_c, cs_c, m, n, accumulate);
+
+#define RD_BODY(NAME, R, ROWS)                                              \
+RD_AVX512 static void                                                       \
+NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
+     int m, int n, int accumulate)                                          \
+{                                                                           \
+    RD_BODY_ENTER(R, ROWS)                                                  \
+    for (rd_int p = 0; p < kc; p++) {                                       \
+        LOAD_B(b, b0, b1)                                                   \
+        V av;                                                               \
+        ROWS(RD_STEP)                                                       \
+        a += 12;                                                            \
+        b += 2 * W;                                                         \
+    }                                                                       \
+    RD_BODY_LEAVE(R, ROWS)                                                  \
 }
 
 /* Dispatch on the number of valid rows. */
@@ -161,53 +169,31 @@ RD_BODY(sh_rows4, 4, ROWS4)
 RD_BODY(sh_rows8, 8, ROWS8)
 RD_BODY(sh_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_f16w_12x32, sh_rows4, sh_rows8, sh_rows12)
-#undef TB
-#undef LOAD_B
-#undef T
-#undef V
-#undef W
-#undef ZERO
-#undef SET1
-#undef FMA
-#undef LOAD_A
-#undef STORE_A
-#undef STORE_ROW
-#undef STREAM
-#undef STORE_EDGE
 
-/* -------------------------------------------- float32 on quantized panels
- *
- * One-byte B rows (32 bytes a step) widened exactly, as the AVX2 kernels
- * do: int8 by vpmovsxbd + vcvtdq2ps, float8_e4m3fn codes moved into
- * binary16's places (AVX-512BW word shifts), vcvtph2ps and a scaling by
- * 2^8.  Then (w - z) * s with the scales and zero points of the run the
- * step is in (rd_kernel.h), and the FMAs of the float32 kernel. */
+/* float32 on quantized panels.  One-byte B rows (32 bytes a step)
+ * widened exactly, as the AVX2 kernels do: int8 by vpmovsxbd + vcvtdq2ps,
+ * float8_e4m3fn codes moved into binary16's places (AVX-512BW word
+ * shifts), vcvtph2ps and a scaling by 2^8.  Then (w - z) * s with the
+ * scales and zero points of the run the step is in (rd_kernel.h), and the
+ * FMAs of the float32 kernel. */
 #define RD_AVX512Q __attribute__((target("avx512f,avx512bw")))
 #define RD_QBODY(NAME, R, ROWS)                                             \
 RD_AVX512Q static void                                                      \
-NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
-     rd_int cs_c, int m, int n, int accumulate)                             \
+NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
+     int m, int n, int accumulate)                                          \
 {                                                                           \
-    const char *tr = (const char *)b + 32 * kc;                             \
+    const char *tr = (const char *)b + 2 * W * kc;                          \
     rd_qtrailer_t h;                                                        \
     memcpy(&h, tr, sizeof h);                                               \
-    ROWS(RD_DECL)                                                           \
-    const int stream = accumulate == RD_STREAM && m == (R) && n == 32       \
-                       && cs_c == 1                                         \
-                       && rd_stream_aligned(c, rs_c * (rd_int)sizeof(float)); \
-    if (cs_c == 1 && !stream)                                               \
-        for (int i = 0; i < m; i++) {                                       \
-            _mm_prefetch((const char *)(c + i * rs_c), _MM_HINT_T0);        \
-            _mm_prefetch((const char *)(c + i * rs_c + 31), _MM_HINT_T0);   \
-        }                                                                   \
+    RD_BODY_ENTER(R, ROWS)                                                  \
     rd_int p = 0, len = h.first;                                            \
     for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
-        const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 32, h.zp)); \
-        const V s0 = _mm512_loadu_ps(sv), s1 = _mm512_loadu_ps(sv + 16);    \
+        const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 2 * W, h.zp)); \
+        const V s0 = _mm512_loadu_ps(sv), s1 = _mm512_loadu_ps(sv + W);     \
         V z0 = ZERO(), z1 = ZERO();                                         \
         if (h.zp) {                                                         \
-            z0 = _mm512_loadu_ps(sv + 32);                                  \
-            z1 = _mm512_loadu_ps(sv + 48);                                  \
+            z0 = _mm512_loadu_ps(sv + 2 * W);                               \
+            z1 = _mm512_loadu_ps(sv + 3 * W);                               \
         }                                                                   \
         const rd_int end = kc - p < len ? kc : p + len;                     \
         for (; p < end; p++) {                                              \
@@ -217,33 +203,14 @@ NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
             V av;                                                           \
             ROWS(RD_STEP)                                                   \
             a += 12;                                                        \
-            b += 32;                                                        \
+            b += 2 * W;                                                     \
         }                                                                   \
     }                                                                       \
-    if (m == (R) && n == 32 && cs_c == 1) {                                 \
-        if (stream) {                                                       \
-            ROWS(RD_STREAM_PUT)                                             \
-        } else {                                                            \
-            ROWS(RD_PUT)                                                    \
-        }                                                                   \
-        return;                                                             \
-    }                                                                       \
-    float buf[(R) * 32] __attribute__((aligned(64)));                       \
-    ROWS(RD_SPILL)                                                          \
-    STORE_EDGE(buf, 32, c, rs_c, cs_c, m, n, accumulate);                   \
+    RD_BODY_LEAVE(R, ROWS)                                                  \
 }
 
-#define T float
+#undef TB
 #define TB uint8_t
-#define V __m512
-#define W 16
-#define ZERO _mm512_setzero_ps
-#define SET1 _mm512_set1_ps
-#define FMA _mm512_fmadd_ps
-#define STORE_A _mm512_store_ps
-#define STORE_ROW s_store_row
-#define STREAM _mm512_stream_ps
-#define STORE_EDGE rd_s_store_edge
 #define WIDEN(b, w0, w1)                                                    \
     const __m256i bq = _mm256_loadu_si256((const __m256i *)(const void *)(b)); \
     const V w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bq))); \
@@ -265,13 +232,15 @@ RD_QBODY(sf8_rows8, 8, ROWS8)
 RD_QBODY(sf8_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_f8w_12x32, sf8_rows4, sf8_rows8, sf8_rows12)
 #undef WIDEN
-#undef T
 #undef TB
+#undef LOAD_B
+#undef T
 #undef V
 #undef W
 #undef ZERO
 #undef SET1
 #undef FMA
+#undef LOAD_A
 #undef STORE_A
 #undef STORE_ROW
 #undef STREAM

@@ -187,14 +187,13 @@ def _aux(layer, res):
 AUX_DIFFERENTIABLE = ("load_balance_loss", "router_z_loss", "router_logits")
 
 
-def aux_logits_cotangent(layer, res, d_aux, fn):
-    """``d_logits [T, E]`` (compute dtype) of the differentiable aux
-    outputs for their cotangents ``d_aux`` (a dict with any of
-    :data:`AUX_DIFFERENTIABLE`), or None when there is none. The expert
-    choice is held fixed: the load-balancing loss is differentiated
-    through the mean probabilities only."""
+def aux_cotangents(layer, d_aux, fn):
+    """``(scalars, d_logits)`` of the aux cotangents ``d_aux`` (None, or a
+    dict with any of :data:`AUX_DIFFERENTIABLE`), checked: the nonzero
+    cotangents of load_balance_loss and router_z_loss (a dict of floats),
+    and that of router_logits as ``[T, E]`` (or None)."""
     if d_aux is None:
-        return None
+        return {}, None
     if not isinstance(d_aux, dict):
         raise TypeError(f"{fn}: 'd_aux' must be a dict with keys among {AUX_DIFFERENTIABLE}, "
                         f"got {type(d_aux).__name__}")
@@ -202,9 +201,6 @@ def aux_logits_cotangent(layer, res, d_aux, fn):
     if unknown:
         raise ValueError(f"{fn}: 'd_aux' has keys {unknown} that are not differentiable aux outputs; "
                          f"the differentiable ones are {AUX_DIFFERENTIABLE}")
-    ct, logits = layer.compute_dtype, res.route.logits
-    T, E = logits.shape
-    d_logits = np.zeros((T, E), dtype=ct)
     scalars = {}
     for name in ("load_balance_loss", "router_z_loss"):
         c = d_aux.get(name)
@@ -213,13 +209,33 @@ def aux_logits_cotangent(layer, res, d_aux, fn):
             if c.size != 1 or (c.dtype.kind not in "fiu" and not v.is_bfloat16(c.dtype)):
                 raise ValueError(f"{fn}: d_aux[{name!r}] must be a real scalar, got shape {c.shape} "
                                  f"dtype {c.dtype}")
-            scalars[name] = float(c.astype(np.float64).reshape(()))
+            value = float(c.astype(np.float64).reshape(()))
+            if value:
+                scalars[name] = value
+    g = None
     if d_aux.get("router_logits") is not None:
         g = v.as_array(d_aux["router_logits"], "d_aux['router_logits']", fn)
-        want = layer.x_shape[:-1] + (E,)
+        want = layer.x_shape[:-1] + (layer.num_experts,)
         if g.shape != want:
             raise ValueError(f"{fn}: d_aux['router_logits'] must have shape {want}, got {g.shape}")
-        d_logits += g.reshape(T, E)
+        g = g.reshape(layer.x.shape[0], layer.num_experts)
+    return scalars, g
+
+
+def aux_logits_cotangent(layer, res, d_aux, fn):
+    """``d_logits [T, E]`` (compute dtype) of the differentiable aux
+    outputs for their cotangents ``d_aux`` (a dict with any of
+    :data:`AUX_DIFFERENTIABLE`), or None when there is none. The expert
+    choice is held fixed: the load-balancing loss is differentiated
+    through the mean probabilities only."""
+    if d_aux is None:
+        return None
+    scalars, g = aux_cotangents(layer, d_aux, fn)
+    ct, logits = layer.compute_dtype, res.route.logits
+    T, E = logits.shape
+    d_logits = np.zeros((T, E), dtype=ct)
+    if g is not None:
+        d_logits += g
     if T and scalars:
         probs = _probs(layer, res)
         d_probs = np.zeros((T, E), dtype=ct)

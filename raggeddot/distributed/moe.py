@@ -256,41 +256,6 @@ def _aux(layer, res, stats):
     return aux
 
 
-def _aux_cotangents(layer, d_aux, fn):
-    """``(scalars, d_logits)``: the nonzero cotangents of load_balance_loss
-    and router_z_loss (a dict of floats) and that of router_logits as
-    ``[T_r, E]`` (or None), checked as single-process moe_block_vjp checks
-    them."""
-    if d_aux is None:
-        return {}, None
-    allowed = block.AUX_DIFFERENTIABLE
-    if not isinstance(d_aux, dict):
-        raise TypeError(f"{fn}: 'd_aux' must be a dict with keys among {allowed}, got {type(d_aux).__name__}")
-    unknown = sorted(set(d_aux) - set(allowed))
-    if unknown:
-        raise ValueError(f"{fn}: 'd_aux' has keys {unknown} that are not differentiable aux outputs; "
-                         f"the differentiable ones are {allowed}")
-    scalars = {}
-    for name in ("load_balance_loss", "router_z_loss"):
-        c = d_aux.get(name)
-        if c is not None:
-            c = v.as_array(c, f"d_aux[{name!r}]", fn)
-            if c.size != 1 or (c.dtype.kind not in "fiu" and not v.is_bfloat16(c.dtype)):
-                raise ValueError(f"{fn}: d_aux[{name!r}] must be a real scalar, got shape {c.shape} "
-                                 f"dtype {c.dtype}")
-            value = float(c.astype(np.float64).reshape(()))
-            if value:
-                scalars[name] = value
-    g = None
-    if d_aux.get("router_logits") is not None:
-        g = v.as_array(d_aux["router_logits"], "d_aux['router_logits']", fn)
-        want = layer.x_shape[:-1] + (layer.num_experts,)
-        if g.shape != want:
-            raise ValueError(f"{fn}: d_aux['router_logits'] must have shape {want}, got {g.shape}")
-        g = g.reshape(layer.x.shape[0], layer.num_experts)
-    return scalars, g
-
-
 def _aux_logits_cotangent(layer, res, stats, scalars, g):
     """``d_logits [T_r, E]`` of the aux outputs for this rank's tokens, or
     None: the single-process rule (the expert choice and the counts held
@@ -465,7 +430,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, *, comm, **kwargs):
     def gradients(d_out, d_aux):
         error, g, scalars, g_logits = None, None, {}, None
         try:
-            scalars, g_logits = _aux_cotangents(layer, d_aux, FN_VJP)
+            scalars, g_logits = block.aux_cotangents(layer, d_aux, FN_VJP)
             if d_out is None:
                 g = np.zeros(layer.x.shape, dtype=layer.compute_dtype)
             else:

@@ -238,17 +238,26 @@ def check_moe(seed, dtype, E, T_per_rank, **options):
         if name in g:
             assert g[name].dtype == g_ref[name].dtype
             np.testing.assert_array_equal(g[name], g_ref[name][held], err_msg=name)
+    check_replicated_grads(g, g_ref, tol)
+    return 1
+
+
+def check_replicated_grads(g, g_ref, tol):
+    """The gradients of the parameters every rank holds whole (the router,
+    its bias, the shared experts and their gate): sums over every rank's
+    tokens, so within ``tol`` of the single-process ones, and equal on
+    every rank."""
     replicated = [("router_weights", g["router_weights"], g_ref["router_weights"])]
-    if "router_bias" in g:
-        replicated.append(("router_bias", g["router_bias"], g_ref["router_bias"]))
+    for name in ("router_bias", "shared_expert_gate"):
+        if name in g:
+            replicated.append((name, g[name], g_ref[name]))
     for i, (a, b) in enumerate(zip(g.get("shared_experts", ()), g_ref.get("shared_experts", ()))):
         replicated.append((f"shared_experts[{i}]", a, b))
-    for name, a, b in replicated:                                     # sums over tokens: tolerance
+    for name, a, b in replicated:
         assert a.dtype == b.dtype and a.shape == b.shape, name
         err = scaled_err(a, b)
         assert err <= tol, f"{name}: scaled error {err:.3g} > {tol}"
         same_on_every_rank(a)
-    return 1
 
 
 def moe_cases():
@@ -378,17 +387,7 @@ def check_option(seed, dtype, E, T_per_rank, S=None, weights="array", fused=None
     assert err <= tol, f"x: scaled error {err:.3g} > {tol}"
     if not d_aux:
         np.testing.assert_array_equal(g["x"], g_ref["x"][rows])        # bitwise
-    replicated = [("router_weights", g["router_weights"], g_ref["router_weights"])]
-    for name in ("router_bias", "shared_expert_gate"):
-        if name in g:
-            replicated.append((name, g[name], g_ref[name]))
-    for i, (a, b) in enumerate(zip(g.get("shared_experts", ()), g_ref.get("shared_experts", ()))):
-        replicated.append((f"shared_experts[{i}]", a, b))
-    for name, a, b in replicated:                                     # sums over tokens: tolerance
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        err = scaled_err(a, b)
-        assert err <= tol, f"{name}: scaled error {err:.3g} > {tol}"
-        same_on_every_rank(a)
+    check_replicated_grads(g, g_ref, tol)
     return 1
 
 

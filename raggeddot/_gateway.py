@@ -366,9 +366,8 @@ def gather_rows(x, indices, scale=None):
     ct = compute_dtype(x.dtype)
     if scale is not None:
         scale = operand(np.asarray(scale), ct, CONTIGUOUS)
-    if x.dtype.itemsize == 2:   # 16-bit rows: copied as they are (float32 when scaled)
-        return _core.gather_rows(operand(x, x.dtype, ROWS), _indices(indices), scale)
-    return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale)
+    rows = x.dtype if x.dtype.itemsize == 2 else ct   # 16-bit rows: copied as they are (float32 when scaled)
+    return _core.gather_rows(operand(x, rows, ROWS), _indices(indices), scale)
 
 
 def gather_reduce(y, indices, weights=None):
@@ -380,9 +379,8 @@ def gather_reduce(y, indices, weights=None):
     if weights is not None:
         weights = operand(np.asarray(weights), ct, CONTIGUOUS)
     idx = _indices(indices)
-    if y.dtype.itemsize == 2:   # 16-bit rows: widened row by row in the kernel, summed in float32
-        return _core.gather_reduce(operand(y, y.dtype, ROWS), idx, weights)
-    return _core.gather_reduce(operand(y, ct, ROWS), idx, weights)
+    rows = y.dtype if y.dtype.itemsize == 2 else ct   # 16-bit rows: widened in the kernel, summed in float32
+    return _core.gather_reduce(operand(y, rows, ROWS), idx, weights)
 
 
 def gated_act(gate, up, activation, limit, alpha=1.702):

@@ -39,12 +39,15 @@ int rd_set_kernel(const char *name);
 const char *rd_get_kernel(void);
 /* What was asked for: a family's name, or "auto" (what rd_set_kernel takes back). */
 const char *rd_kernel_selection(void);
-/* The name of the family serving compute type ct now. */
+/* The name of the family serving compute type ct now ("none": a
+ * dot-product type no family here serves). */
 const char *rd_kernel_for(rd_ctype_t ct);
-/* The micro-kernel in force for a compute type (never NULL: "ref" has all). */
+/* The micro-kernel in force for a compute type (never NULL; its ukr is
+ * NULL only for a dot-product type that no family serves now). */
 const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
 /* Cache blocking of the kernel in force for `ct`; MC and NC are rounded up
- * to multiples of MR and NR.  Returns 0, or -1 for a size below 1. */
+ * to multiples of MR and NR.  Returns 0, or -1 for a size below 1 or a
+ * type no kernel serves. */
 int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
 
 /* Outputs of at least this many bytes that a call writes once (no

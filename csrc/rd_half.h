@@ -23,6 +23,20 @@ rd_bf16_to_float(uint16_t h)
     return rd_bits_to_float((uint32_t)h << 16);
 }
 
+/* float32 to bfloat16, rounded to nearest even (NaNs stay NaNs, made
+ * quiet; overflow to infinity): the packing of bfloat16 products that round
+ * float32 operands, and the narrowing of results. */
+static inline uint16_t
+rd_float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (u >> 16) | 0x40u;
+    return (uint16_t)(nan ? quiet : rounded);
+}
+
 /* IEEE binary16 to float32, exact for every value (subnormals, infinities,
  * NaN payloads), without F16C so that every CPU takes the same path.  Only
  * integer operations and selects, so that the packing loops vectorize: the

@@ -38,6 +38,9 @@ typedef ptrdiff_t rd_int;
 typedef enum {
     RD_F32 = 0, RD_F64 = 1, RD_F16 = 2, RD_BF16 = 3,
     RD_I8 = 4, RD_F8E4M3 = 5,
+    /* float32 values read as bfloat16: each rounded to nearest even while
+     * packed (jax's DotAlgorithmPreset.BF16_BF16_F32 on float32 inputs) */
+    RD_F32_AS_BF16 = 6,
     RD_DTYPE_COUNT
 } rd_dtype_t;
 
@@ -77,6 +80,25 @@ typedef enum {
      * weights bit for bit.  A is packed as RD_CT_F32 packs it. */
     RD_CT_F32_I8W = 5,
     RD_CT_F32_F8W = 6,
+    /* Dot-product compute types: an instruction that multiplies pairs or
+     * quads of narrow values and adds them into a float32 / int32 lane.
+     * Only families whose CPU has the instruction (or its exact emulated
+     * twin, when forced) serve them; the portable family does not, and a
+     * product they cannot serve takes the widening types above.
+     *
+     * BF16DP: bfloat16 x bfloat16 with float32 accumulation (vdpbf16ps):
+     * A and B packed as bfloat16 k-pairs, each pair step adding to the
+     * accumulator first the product of the odd (upper) elements, then of
+     * the even ones, each step rounded to nearest even, denormal inputs and
+     * results flushed to zero (the instruction's arithmetic). */
+    RD_CT_BF16DP = 7,
+    /* U8S8: int8 x int8 quantized operands (RD_I8 with scales and integral
+     * zero points on both sides), exact int32 sums of k-quads (vpdpbusd:
+     * unsigned bytes of A times signed bytes of B): A packed as a + 128,
+     * the shift and the zero points taken back from row and column sums
+     * kept after the panels; the same int32 sums, and so the same results
+     * bit for bit, as RD_CT_I8I32 with the same KC. */
+    RD_CT_U8S8 = 8,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -139,6 +161,29 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   For step p of run r:  B[p][j] = (widen(b[p*NR + j]) - z[j]) * s[j]
  *   (z = 0 without zero points), rounded to float32 as written, then the
  *   products and sums of the float32 contract above.  widen is exact.
+ *
+ * RD_CT_BF16DP (k_unit 2): with kp = kc rounded up to even,
+ *   a : bfloat16 A[i][p] = a[(p/2)*2*MR + 2*i + p%2] (uint16 bits),
+ *   b : bfloat16 B[p][j] = b[(p/2)*2*NR + 2*j + p%2], odd kc padded with 0,
+ *   per pair q, in order q = 0, 1, ...:
+ *     acc = fma(A[i][2q+1], B[2q+1][j], acc);  acc = fma(A[i][2q], B[2q][j], acc)
+ *   in float32 with denormal operands and results read and written as 0
+ *   (vdpbf16ps; its twin computes the same with FTZ and DAZ set), then
+ *   C (+)= acc as the float32 contract does.
+ *
+ * RD_CT_U8S8 (k_unit 4, scale_size 12): with kq = kc rounded up to a
+ *   multiple of 4,
+ *   a : uint8 A[i][p] + 128 at a[(p/4)*4*MR + 4*i + p%4] (A int8, padding
+ *       steps any value), then at byte MR*kq the row trailer: int32 ra[MR]
+ *       (sum over the block's kc steps of A[i][p]), float sa[MR], int32
+ *       za[MR] (scale and integral zero point of each row for the block)
+ *   b : int8 B[p][j] at b[(p/4)*4*NR + 4*j + p%4] (padding steps 0), then
+ *       int32 cb[NR] (column sums), float sb[NR], int32 zb[NR]
+ *   S[i][j] = sum_p (A+128)[i][p] B[p][j] (vpdpbusd, modulo 2^32), then
+ *   t = S - (128 + za[i]) cb[j] - (ra[i] - kc za[i]) zb[j]
+ *     = sum_p (A[i][p] - za[i]) (B[p][j] - zb[j])   (mod 2^32: exact when
+ *   that sum fits int32, as it does for kc <= RD_I32_KC_MAX), and
+ *   C[i][j] (+)= (float)t * (sa[i] * sb[j]): RD_CT_I8I32's epilogue.
  */
 typedef struct {
     int first;      /* steps of the first run (1 <= first <= kc) */
@@ -178,7 +223,18 @@ typedef struct {
     const char *name;                  /* "ref", "avx2", "avx512" */
     int (*runnable)(void);             /* whether this CPU has its instructions */
     rd_ukr_desc_t types[RD_CT_COUNT];  /* indexed by rd_ctype_t */
+    int twin;                          /* 1: the exact emulation of another
+                                          family's instruction, runnable more
+                                          widely, never chosen automatically */
 } rd_family_t;
+
+/* Whether compute type ct is a dot-product type (served only by families
+ * with the instruction; the portable family has no kernel for it). */
+static inline int
+rd_ctype_optional(int ct)
+{
+    return ct == RD_CT_BF16DP || ct == RD_CT_U8S8;
+}
 
 /* The families compiled in, most preferred first, NULL-terminated
  * (config/rd_config.c). */

@@ -21,6 +21,11 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
      * trailer's size depends on the block, see rd_prepack) */
     [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1},
     [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1},
+    /* bfloat16 k-pairs (vdpbf16ps) */
+    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2},
+    /* int8 k-quads (vpdpbusd), each micro-panel followed by an int32 sum,
+     * a float scale and an int32 zero point a row */
+    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
@@ -30,6 +35,7 @@ const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
     [RD_BF16] = 2,
     [RD_I8] = 1,
     [RD_F8E4M3] = 1,
+    [RD_F32_AS_BF16] = sizeof(float),
 };
 
 const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
@@ -39,18 +45,31 @@ const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
     [RD_BF16] = "bfloat16",
     [RD_I8] = "int8",
     [RD_F8E4M3] = "float8_e4m3fn",
+    [RD_F32_AS_BF16] = "float32 as bfloat16",
 };
 
 extern const rd_family_t rd_family_ref;
 #ifdef RD_HAVE_X86_KERNELS
 extern const rd_family_t rd_family_avx2;
 extern const rd_family_t rd_family_avx512;
+extern const rd_family_t rd_family_avx512_bf16, rd_family_avx512_bf16_twin;
+extern const rd_family_t rd_family_avx512_vnni, rd_family_avx512_vnni_twin;
+extern const rd_family_t rd_family_avx_vnni, rd_family_avx_vnni_twin;
 #endif
 
+/* The dot-product families come first: each serves only its own compute
+ * type, and the float families serve the rest.  The twins come last but
+ * the portable one; they are chosen only by name. */
 const rd_family_t *const rd_families[] = {
 #ifdef RD_HAVE_X86_KERNELS
+    &rd_family_avx512_bf16,
+    &rd_family_avx512_vnni,
+    &rd_family_avx_vnni,
     &rd_family_avx512,
     &rd_family_avx2,
+    &rd_family_avx512_bf16_twin,
+    &rd_family_avx512_vnni_twin,
+    &rd_family_avx_vnni_twin,
 #endif
     &rd_family_ref,
     NULL,

@@ -594,7 +594,8 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     cl->b_size = ct->b_size;
     cl->c_size = ct->c_size;
     cl->scale_size = ct->scale_size;
-    cl->q_size = ct->scale_size ? ct->scale_size : ct->a_size;   /* float or double */
+    /* the operands' scales are double for a float64 product, float otherwise */
+    cl->q_size = plan->ct == RD_CT_F64 ? sizeof(double) : sizeof(float);
     cl->k_unit = ct->k_unit;
     /* panels that carry scales need them on both sides */
     if (cl->scale_size && (lhs->q.s == NULL || rhs->q.s == NULL))

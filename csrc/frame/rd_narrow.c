@@ -6,6 +6,7 @@
  * target clones: NumPy's own casts convert one value at a time.
  */
 #include "rd_frame.h"
+#include "rd_half.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -16,17 +17,6 @@
 #else
 #define RD_NARROW_CLONES
 #endif
-
-static inline uint16_t
-rd_float_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet = (u >> 16) | 0x40u;
-    return (uint16_t)(nan ? quiet : rounded);
-}
 
 /* IEEE float32 to binary16, round to nearest even, overflow to infinity,
  * subnormals and NaNs (made quiet) kept. */

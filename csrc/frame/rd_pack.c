@@ -217,12 +217,105 @@ rd_pack_i8_i16_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_
     }
 }
 
+/* float32 operands read as bfloat16 (rounded to nearest even), for the
+ * float32 kernels where no bfloat16 dot-product kernel runs: the values a
+ * BF16_BF16_F32 product multiplies, widened back exactly */
+#define RD_SRC float
+#define RD_DST float
+#define RD_CVT(v) rd_bf16_to_float(rd_float_to_bf16(v))
+#define RD_SAME 0
+#define RD_FN(x) rd_pack_r_s_##x
+#include "rd_pack_impl.h"
+
+/* bfloat16 k-pairs (RD_CT_BF16DP): bfloat16 operands as they are, float32
+ * ones rounded to nearest even */
+#define RD_SRC uint16_t
+#define RD_CVT(v) (v)
+#define RD_FN(x) rd_pack_b_p_##x
+#include "rd_pack_pairs.h"
+
+#define RD_SRC float
+#define RD_CVT(v) rd_float_to_bf16(v)
+#define RD_FN(x) rd_pack_r_p_##x
+#include "rd_pack_pairs.h"
+
+/*
+ * int8 values for the int8 dot products (RD_CT_U8S8): k-quads,
+ * X[i][p] at panel[(p/4)*4r + 4i + p%4] as a byte, plus `shift` (128 for
+ * A, whose bytes the instruction reads unsigned; 0 for B), depth padded to
+ * a multiple of 4 (B's padding 0, so that every padding product is 0);
+ * after the r*kq bytes of each panel, r int32 sums of the row's values over
+ * the block, r float scales and r int32 zero points of the row's tile (the
+ * block lies within one tile along the depth: the driver cuts its blocks
+ * there).  Padding rows get 0 values, sums, scales and zero points.
+ */
+RD_PACK_CLONES static void
+rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int cs,
+                 int r, uint8_t *dst, const rd_qblock_t *qb, uint8_t shift)
+{
+    const float *scale = (const float *)qb->s;
+    const float *zero = (const float *)qb->z;
+    const rd_int kq = (depth + 3) / 4 * 4;
+    const rd_int t = qb->p0 / qb->tp;          /* the block's tile along the depth */
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        char *tr = (char *)dst + (rd_int)r * kq;
+        int32_t *sum = (int32_t *)(void *)tr;
+        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
+        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+        for (rd_int i = 0; i < have; i++) {
+            const int8_t *x = src + (i0 + i) * rs;
+            uint8_t *d = dst + 4 * i;
+            int32_t acc = 0;
+            rd_int p = 0;
+            if (cs == 1)
+                for (; p < depth; p++) {
+                    d[p / 4 * 4 * r + p % 4] = (uint8_t)((uint8_t)x[p] + shift);
+                    acc += x[p];
+                }
+            for (; p < depth; p++) {
+                d[p / 4 * 4 * r + p % 4] = (uint8_t)((uint8_t)x[p * cs] + shift);
+                acc += x[p * cs];
+            }
+            for (; p < kq; p++)
+                d[p / 4 * 4 * r + p % 4] = 0;
+            const rd_int at = (qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps;
+            sum[i] = acc;
+            sc[i] = scale[at];
+            zp[i] = zero != NULL ? (int32_t)zero[at] : 0;
+        }
+        for (rd_int i = have; i < r; i++) {
+            for (rd_int p = 0; p < kq; p++)
+                dst[p / 4 * 4 * r + 4 * i + p % 4] = 0;
+            sum[i] = 0;
+            sc[i] = 0.0f;
+            zp[i] = 0;
+        }
+        dst += (rd_int)r * kq + 12 * (rd_int)r;   /* values, then the trailer */
+    }
+}
+
+static void
+rd_pack_i8_u8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs,
+                    int r, void *dst, const rd_qblock_t *qb)
+{
+    rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, r, (uint8_t *)dst, qb, 128);
+}
+
+static void
+rd_pack_i8_s8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs,
+                    int r, void *dst, const rd_qblock_t *qb)
+{
+    rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, r, (uint8_t *)dst, qb, 0);
+}
+
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
         [RD_F32] = {rd_pack_s_s_pack, rd_pack_s_s_pack},
         [RD_F16] = {rd_pack_h_s_pack, rd_pack_h_s_pack},
         [RD_BF16] = {rd_pack_b_s_pack, rd_pack_b_s_pack},
+        [RD_F32_AS_BF16] = {rd_pack_r_s_pack, rd_pack_r_s_pack},
     },
     [RD_CT_F64] = {
         [RD_F32] = {rd_pack_s_d_pack, rd_pack_s_d_pack},
@@ -251,6 +344,10 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F16] = {rd_pack_h_s_pack, NULL},
         [RD_BF16] = {rd_pack_b_s_pack, NULL},
         [RD_F8E4M3] = {NULL, rd_pack_c_c_pack},
+    },
+    [RD_CT_BF16DP] = {
+        [RD_BF16] = {rd_pack_b_p_pack, rd_pack_b_p_pack},
+        [RD_F32_AS_BF16] = {rd_pack_r_p_pack, rd_pack_r_p_pack},
     },
 };
 
@@ -289,6 +386,9 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     },
     [RD_CT_I8I32] = {
         [RD_I8] = {rd_pack_i8_i16_qpack, rd_pack_i8_i16_qpack},
+    },
+    [RD_CT_U8S8] = {
+        [RD_I8] = {rd_pack_i8_u8_qpack, rd_pack_i8_s8_qpack},
     },
 };
 

@@ -23,29 +23,36 @@ static const rd_family_t *rd_serving[RD_CT_COUNT];
 static rd_ukr_desc_t rd_active[RD_CT_COUNT];
 static int rd_ready = 0;
 
-/* The first family of the table this CPU runs that has a kernel for ct
- * (the last row, "ref", has one for every type). */
+/* The first family of the table this CPU runs that has a kernel for ct,
+ * twins aside (the last row, "ref", has one for every type but the
+ * dot-product ones: NULL for those when no family with the instruction
+ * runs here). */
 static const rd_family_t *
 rd_best_for(rd_ctype_t ct)
 {
-    const rd_family_t *last = NULL;
-    for (const rd_family_t *const *f = rd_families; *f != NULL; f++) {
-        last = *f;
-        if ((*f)->types[ct].ukr != NULL && (*f)->runnable())
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++)
+        if (!(*f)->twin && (*f)->types[ct].ukr != NULL && (*f)->runnable())
             return *f;
-    }
-    return last;
+    return NULL;
 }
 
+/* Serve each compute type by `family` where it has a kernel; the types it
+ * lacks go to the best family for them, except the dot-product types when
+ * a family was named: those are then not used (their products take the
+ * widening compute types), so that naming a float family forces the
+ * widening path. */
 static void
 rd_select(const rd_family_t *family)
 {
     for (int ct = 0; ct < RD_CT_COUNT; ct++) {
         const rd_family_t *f = family;
         if (f == NULL || f->types[ct].ukr == NULL)
-            f = rd_best_for((rd_ctype_t)ct);
+            f = family != NULL && rd_ctype_optional(ct) ? NULL : rd_best_for((rd_ctype_t)ct);
         rd_serving[ct] = f;
-        rd_active[ct] = f->types[ct];
+        if (f != NULL)
+            rd_active[ct] = f->types[ct];
+        else
+            memset(&rd_active[ct], 0, sizeof rd_active[ct]);
     }
     rd_selected = family;
     rd_ready = 1;
@@ -94,7 +101,7 @@ const char *
 rd_kernel_for(rd_ctype_t ct)
 {
     rd_ensure();
-    return rd_serving[ct]->name;
+    return rd_serving[ct] != NULL ? rd_serving[ct]->name : "none";
 }
 
 const rd_ukr_desc_t *
@@ -102,7 +109,7 @@ rd_active_kernel(rd_ctype_t ct, const char **family)
 {
     rd_ensure();
     if (family != NULL)
-        *family = rd_serving[ct]->name;
+        *family = rd_kernel_for(ct);
     return &rd_active[ct];
 }
 
@@ -116,7 +123,7 @@ int
 rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc)
 {
     rd_ensure();
-    if (mc < 1 || kc < 1 || nc < 1)
+    if (mc < 1 || kc < 1 || nc < 1 || rd_active[ct].ukr == NULL)
         return -1;
     rd_ukr_desc_t *k = &rd_active[ct];
     k->mc = rd_round_up_to(mc, k->mr);

@@ -354,6 +354,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
     },
+    0,
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -171,4 +171,5 @@ const rd_family_t rd_family_ref = {
         [RD_CT_F32_I8W] = {rd_sgemm_ref_i8w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F8W] = {rd_sgemm_ref_f8w_6x16, 6, 16, 144, 256, 4080},
     },
+    0,
 };

@@ -149,17 +149,30 @@ rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out)
     return 0;
 }
 
+/* Whether a dot-product compute type is served now (by a family with its
+ * instruction, or by the twin a caller forced). */
+static int
+rd_served(rd_ctype_t ct)
+{
+    return rd_active_kernel(ct, NULL)->ukr != NULL;
+}
+
 /* The operands of one grouped GEMM call: out (float32 or float64; float32
- * for a 16-bit out) picks the compute type; lhs and rhs as rd_arg_operand reads them.  A float32
- * product of two int8 quantized operands (integral zero points) runs on
- * the exact integer compute type RD_CT_I8I32. */
+ * for a 16-bit out) picks the compute type; lhs and rhs as rd_arg_operand
+ * reads them.  With `as_bf16` (a float32 product only), float32 operands
+ * are read as bfloat16, each rounded to nearest even while packed.  Then
+ * the dot-product types where they are served: a float32 product of two
+ * bfloat16 operands (or operands read as bfloat16) runs on RD_CT_BF16DP; a
+ * float32 product of two int8 quantized operands (integral zero points) on
+ * the exact integer types, RD_CT_U8S8 where served, else RD_CT_I8I32. */
 static int
 rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scales_t *lq,
               rd_arg_t *rhs, rd_scales_t *rq, rd_arg_t *out, PyObject **bounds, int *accumulate,
               rd_plan_t *plan)
 {
     PyObject *olhs, *orhs, *oout;
-    if (!PyArg_ParseTuple(args, "OOOOp", &olhs, &orhs, bounds, &oout, accumulate))
+    int as_bf16 = 0;
+    if (!PyArg_ParseTuple(args, "OOOOp|p", &olhs, &orhs, bounds, &oout, accumulate, &as_bf16))
         return -1;
     if (rd_arg_out(oout, out_ndim, out) != 0)
         return -1;
@@ -167,8 +180,27 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
     if (rd_arg_operand(olhs, "lhs", 2, plan->ct, 0, lhs, lq) != 0 ||
         rd_arg_operand(orhs, "rhs", rhs_ndim, plan->ct, 1, rhs, rq) != 0)
         return -1;
-    if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
-        rd_plan_init(plan, RD_CT_I8I32);
+    if (as_bf16) {
+        rd_arg_t *xs[2] = {lhs, rhs};
+        const rd_scales_t *qs[2] = {lq, rq};
+        for (int i = 0; i < 2; i++) {
+            if (plan->ct != RD_CT_F32 || qs[i]->s != NULL ||
+                (xs[i]->dtype != RD_F32 && xs[i]->dtype != RD_BF16)) {
+                PyErr_Format(PyExc_TypeError, "a product of bfloat16-rounded operands takes float32 or "
+                             "bfloat16 '%s' and a float32 result", i ? "rhs" : "lhs");
+                return -1;
+            }
+            if (xs[i]->dtype == RD_F32)
+                xs[i]->dtype = RD_F32_AS_BF16;
+        }
+    }
+    const int bf16_l = lhs->dtype == RD_BF16 || lhs->dtype == RD_F32_AS_BF16;
+    const int bf16_r = rhs->dtype == RD_BF16 || rhs->dtype == RD_F32_AS_BF16;
+    if (plan->ct == RD_CT_F32 && lq->s == NULL && rq->s == NULL && bf16_l && bf16_r
+        && rd_served(RD_CT_BF16DP))
+        rd_plan_init(plan, RD_CT_BF16DP);
+    else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
+        rd_plan_init(plan, rd_served(RD_CT_U8S8) ? RD_CT_U8S8 : RD_CT_I8I32);
     return 0;
 }
 
@@ -231,7 +263,7 @@ rd_gemm_call(PyObject *args, int contract)
 }
 
 PyDoc_STRVAR(ragged_rows_doc,
-"ragged_rows(lhs, rhs, bounds, out, accumulate)\n\n"
+"ragged_rows(lhs, rhs, bounds, out, accumulate, as_bf16=False)\n\n"
 "For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
 "(float32 or float64) is the compute type (a float16 or bfloat16 out: float32,\n"
@@ -242,7 +274,11 @@ PyDoc_STRVAR(ragged_rows_doc,
 "qvalue.shape // scale.shape), zero_point None or like scale; each value\n"
 "is read as (q - zero_point) * scale of its tile while packed; a float32\n"
 "product of two int8 operands (zero points None or integers in [-128, 127])\n"
-"sums the integers exactly in int32 per block and scales each block once.\n"
+"sums the integers exactly in int32 per block and scales each block once\n"
+"(vpdpbusd where the CPU has it).  A float32 product of two bfloat16\n"
+"operands runs on vdpbf16ps where the CPU has it; with as_bf16, float32\n"
+"operands are rounded to bfloat16 (nearest even) while packed, and the\n"
+"product is that of bfloat16 operands.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *
@@ -253,7 +289,7 @@ rd_py_ragged_rows(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(ragged_contract_doc,
-"ragged_contract(lhs, rhs, bounds, out, accumulate)\n\n"
+"ragged_contract(lhs, rhs, bounds, out, accumulate, as_bf16=False)\n\n"
 "For each group g: out[g] (+)= lhs[:, rows] @ rhs[rows, :], rows = [bounds[g], bounds[g+1]).\n"
 "lhs [k, m], rhs [m, n], bounds int64 [ng + 1], out [ng, k, n]; dtypes as ragged_rows.\n"
 "An empty group gives zeros (or leaves out[g] as it is when accumulating).");

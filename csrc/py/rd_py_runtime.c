@@ -305,6 +305,8 @@ rd_py_build_info(PyObject *self, PyObject *unused)
     for (int ct = 0; ct < RD_CT_COUNT; ct++) {
         const char *family;
         const rd_ukr_desc_t *k = rd_active_kernel((rd_ctype_t)ct, &family);
+        if (k->ukr == NULL)   /* a dot-product type no family here serves */
+            continue;
         PyObject *b = Py_BuildValue("{s:s,s:i,s:i,s:n,s:n,s:n}", "kernel", family, "MR", k->mr,
                                     "NR", k->nr, "MC", (Py_ssize_t)k->mc, "KC", (Py_ssize_t)k->kc,
                                     "NC", (Py_ssize_t)k->nc);

@@ -1,0 +1,84 @@
+/*
+ * One packing routine into bfloat16 k-pairs (RD_CT_BF16DP), for one storage
+ * type.  Included by frame/rd_pack.c with these macros defined:
+ *   RD_SRC      storage element type (uint16_t bfloat16 bits, float)
+ *   RD_CVT(v)   the bfloat16 bits of a stored value
+ *   RD_FN(x)    name mangler
+ *
+ * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
+ * X[i][p] = src[i*rs + p*cs] into r-row micro-panels of depth kp = depth
+ * rounded up to even, panel q holding rows q*r .. q*r+r-1 with
+ * X[i][p] at dst[(p/2)*2r + 2i + p%2] (the two elements of a pair side by
+ * side, a 32-bit word a row), padding (odd depth, rows past `rows`) zero.
+ * It serves A (r = MR) and B read as its transpose (r = NR).
+ */
+static inline __attribute__((always_inline)) void
+RD_FN(pairs)(uint16_t *restrict d, const RD_SRC *restrict x0, const RD_SRC *restrict x1, int r)
+{
+    /* one pair step of r rows whose values lie contiguous in x0 (step p)
+     * and x1 (step p + 1, or NULL past the depth) */
+    if (x1 != NULL)
+        for (int i = 0; i < r; i++) {
+            d[2 * i] = RD_CVT(x0[i]);
+            d[2 * i + 1] = RD_CVT(x1[i]);
+        }
+    else
+        for (int i = 0; i < r; i++) {
+            d[2 * i] = RD_CVT(x0[i]);
+            d[2 * i + 1] = 0;
+        }
+}
+
+RD_PACK_CLONES static void
+RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, int r, void *dst_)
+{
+    const RD_SRC *src = (const RD_SRC *)src_;
+    uint16_t *restrict dst = (uint16_t *)dst_;
+    const rd_int kp = (depth + 1) / 2 * 2;
+    const rd_int panel = (rd_int)r * kp;
+    rd_int i0 = 0;
+    if (rs == 1) {
+        /* the values of each step lie contiguous across the rows (a
+         * row-major B, a transposed A): two steps at a time, each line of
+         * the source read once, dealt to the panels */
+        const rd_int full = rows / r;
+        for (rd_int p = 0; p < depth; p += 2) {
+            const RD_SRC *x0 = src + p * cs, *x1 = p + 1 < depth ? x0 + cs : NULL;
+            for (rd_int q = 0; q < full; q++)
+                RD_FN(pairs)(dst + q * panel + p * r, x0 + q * r, x1 != NULL ? x1 + q * r : NULL, r);
+        }
+        i0 = full * r;
+        dst += full * panel;
+    }
+    for (; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        for (rd_int i = 0; i < have; i++) {
+            const RD_SRC *x = src + (i0 + i) * rs;
+            uint16_t *d = dst + 2 * i;
+            rd_int p = 0;
+            if (cs == 1)
+                for (; p + 1 < depth; p += 2) {
+                    d[p * r] = RD_CVT(x[p]);
+                    d[p * r + 1] = RD_CVT(x[p + 1]);
+                }
+            for (; p + 1 < depth; p += 2) {
+                d[p * r] = RD_CVT(x[p * cs]);
+                d[p * r + 1] = RD_CVT(x[(p + 1) * cs]);
+            }
+            if (p < depth) {
+                d[p * r] = RD_CVT(x[p * cs]);
+                d[p * r + 1] = 0;
+            }
+        }
+        for (rd_int i = have; i < r; i++)
+            for (rd_int p = 0; p < kp; p += 2) {
+                dst[p * r + 2 * i] = 0;
+                dst[p * r + 2 * i + 1] = 0;
+            }
+        dst += panel;
+    }
+}
+
+#undef RD_SRC
+#undef RD_CVT
+#undef RD_FN

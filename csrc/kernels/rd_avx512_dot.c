@@ -1,0 +1,311 @@
+/*
+ * AVX-512 dot-product micro-kernels, each written once over its "dot step"
+ * and compiled twice: with the instruction (for CPUs that have it, chosen
+ * at run time) and with an exact emulation of it from AVX-512F/BW (the
+ * twin: runnable on every AVX-512 CPU, chosen only by name), so that the
+ * same packing, edges and epilogues are tested everywhere and the twin is
+ * held to the instruction bit for bit wherever the CPU has it.
+ *
+ *   rd_bf16dot_avx512_12x32 (family "avx512-bf16", twin "avx512-bf16-twin"):
+ *       bfloat16 k-pairs into float32 (vdpbf16ps), RD_CT_BF16DP
+ *   rd_u8s8dot_avx512_12x32 (family "avx512-vnni", twin "avx512-vnni-twin"):
+ *       int8 k-quads into int32 (vpdpbusd), RD_CT_U8S8
+ *
+ * The register block is the float32 kernel's: 12 rows x 32 columns in 24
+ * zmm accumulators.  Per step (a pair or a quad of the contraction): two
+ * loads of B, twelve 32-bit broadcasts of A, 24 dot products, each 2 (bf16)
+ * or 4 (int8) multiply-adds a lane.
+ *
+ * The instructions' arithmetic (SPEC: measured against Zen4 hardware):
+ * vdpbf16ps adds to each float32 lane the product of the odd (upper)
+ * bfloat16 elements of the pair, rounded, then that of the even ones,
+ * rounded, with denormal inputs and results as zero, whatever MXCSR says.
+ * The twin splits each 32-bit lane into its upper half (and 0xFFFF0000) and
+ * its lower half (shift left 16), both exact float32 values, and runs two
+ * FMAs in that order with MXCSR set to FTZ | DAZ (0x9FC0) around the loop
+ * of each call and restored before the tile is stored (MXCSR is per thread,
+ * and each thread sets its own).  gcc moves vector arithmetic across a
+ * plain MXCSR write, so the writes are volatile asm with memory clobbers,
+ * the loop's loads cannot cross them, and the accumulators are pinned
+ * (asm "+v") before the restore.  vpdpbusd adds to each int32 lane, modulo
+ * 2^32, the four products of A's unsigned bytes and B's signed bytes; the
+ * twin widens the even and odd bytes to 16 bits (zero-extended for A,
+ * sign-extended for B), two vpmaddwd (no saturation at these magnitudes)
+ * and two adds.
+ */
+#include "rd_kernel.h"
+
+#ifdef RD_HAVE_X86_KERNELS
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "rd_avx512_body.h"
+
+#define RD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define RD_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define RD_BW_TARGET __attribute__((target("avx512f,avx512bw")))
+
+/* ------------------------------------------------------------ dot steps */
+
+RD_BF16_TARGET static inline __m512
+rd_dpbf16_native(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+RD_BW_TARGET static inline __m512
+rd_dpbf16_twin(__m512 acc, __m512i a, __m512i b)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)),
+                          _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
+}
+
+RD_VNNI_TARGET static inline __m512i
+rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbusd_epi32(acc, a, b);
+}
+
+RD_BW_TARGET static inline __m512i
+rd_dpbusd_twin(__m512i acc, __m512i a, __m512i b)
+{
+    const __m512i low = _mm512_set1_epi16(0x00ff);
+    const __m512i a_even = _mm512_and_si512(a, low), a_odd = _mm512_srli_epi16(a, 8);
+    const __m512i b_even = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 8);
+    const __m512i b_odd = _mm512_srai_epi16(b, 8);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(a_even, b_even));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a_odd, b_odd));
+}
+
+/* MXCSR around the twin's bfloat16 loop (nothing for the instruction). */
+#define RD_FTZ_ENTER                                                        \
+    unsigned rd_csr_saved, rd_csr_ftz = 0x9fc0u;                            \
+    __asm__ volatile("stmxcsr %0" : "=m"(rd_csr_saved) : : "memory");       \
+    __asm__ volatile("ldmxcsr %0" : : "m"(rd_csr_ftz) : "memory");
+#define RD_PIN(i) __asm__ volatile("" : "+v"(c##i##0), "+v"(c##i##1));
+#define RD_FTZ_LEAVE(ROWS)                                                  \
+    ROWS(RD_PIN)                                                            \
+    __asm__ volatile("ldmxcsr %0" : : "m"(rd_csr_saved) : "memory");
+#define RD_NOTHING
+#define RD_NOTHING_ROWS(ROWS)
+
+/* ------------------------------------------------------- bfloat16 pairs */
+
+/* One pair step of row i: A's pair broadcast, against both B vectors. */
+#define BF_STEP(i)                                                          \
+    {                                                                       \
+        const __m512i av = _mm512_set1_epi32(a32[i]);                       \
+        c##i##0 = DOT(c##i##0, av, b0);                                     \
+        c##i##1 = DOT(c##i##1, av, b1);                                     \
+    }
+
+/* The float32 body of rd_avx512_body.h with pair steps: accumulators, C's
+ * prefetch, the loop over kp / 2 pairs between ENTER and LEAVE, the store. */
+#define RD_BF_BODY(NAME, TARGET, R, ROWS, ENTER, LEAVE)                     \
+TARGET static void                                                          \
+NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
+     int m, int n, int accumulate)                                          \
+{                                                                           \
+    const int32_t *a32 = (const int32_t *)(const void *)a;                  \
+    const rd_int pairs = (kc + 1) / 2;                                      \
+    RD_BODY_ENTER(R, ROWS)                                                  \
+    ENTER                                                                   \
+    for (rd_int q = 0; q < pairs; q++) {                                    \
+        const __m512i b0 = _mm512_loadu_si512((const void *)b);             \
+        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 2 * W));   \
+        ROWS(BF_STEP)                                                       \
+        a32 += 12;                                                          \
+        b += 4 * W;                                                         \
+    }                                                                       \
+    LEAVE(ROWS)                                                             \
+    RD_BODY_LEAVE(R, ROWS)                                                  \
+}
+
+#define T float
+#define TB uint16_t
+#define V __m512
+#define W 16
+#define ZERO _mm512_setzero_ps
+#define STORE_A _mm512_store_ps
+#define STORE_ROW s_store_row
+#define STREAM _mm512_stream_ps
+#define STORE_EDGE rd_s_store_edge
+
+#define DOT rd_dpbf16_native
+RD_BF_BODY(bf_rows4, RD_BF16_TARGET, 4, ROWS4, RD_NOTHING, RD_NOTHING_ROWS)
+RD_BF_BODY(bf_rows8, RD_BF16_TARGET, 8, ROWS8, RD_NOTHING, RD_NOTHING_ROWS)
+RD_BF_BODY(bf_rows12, RD_BF16_TARGET, 12, ROWS12, RD_NOTHING, RD_NOTHING_ROWS)
+RD_KERNEL(rd_bf16dot_avx512_12x32, bf_rows4, bf_rows8, bf_rows12)
+#undef DOT
+
+#define DOT rd_dpbf16_twin
+RD_BF_BODY(bft_rows4, RD_BW_TARGET, 4, ROWS4, RD_FTZ_ENTER, RD_FTZ_LEAVE)
+RD_BF_BODY(bft_rows8, RD_BW_TARGET, 8, ROWS8, RD_FTZ_ENTER, RD_FTZ_LEAVE)
+RD_BF_BODY(bft_rows12, RD_BW_TARGET, 12, ROWS12, RD_FTZ_ENTER, RD_FTZ_LEAVE)
+RD_KERNEL(rd_bf16dot_twin_12x32, bft_rows4, bft_rows8, bft_rows12)
+#undef DOT
+
+#undef TB
+#undef V
+#undef ZERO
+
+/* ---------------------------------------------------------- int8 quads */
+
+/* One quad step of row i. */
+#define U_STEP(i)                                                           \
+    {                                                                       \
+        const __m512i av = _mm512_set1_epi32(a32[i]);                       \
+        c##i##0 = DOT(c##i##0, av, b0);                                     \
+        c##i##1 = DOT(c##i##1, av, b1);                                     \
+    }
+/* Row i's int32 sums to float32 (rd_kernel.h, RD_CT_U8S8): the +128 shift
+ * and the zero points taken back, t = S - u cb - v zb with u = 128 + za and
+ * v = ra - kc za (wrapping, as the instruction's sums do), then scaled. */
+#define U_FINISH(i)                                                         \
+    {                                                                       \
+        const __m512i u = _mm512_set1_epi32((int32_t)(128u + (uint32_t)za[i])); \
+        const __m512i v = _mm512_set1_epi32((int32_t)((uint32_t)ra[i] - (uint32_t)kc * (uint32_t)za[i])); \
+        const __m512 s = _mm512_set1_ps(sa[i]);                             \
+        c##i##0 = _mm512_sub_epi32(c##i##0, _mm512_mullo_epi32(u, cb0));   \
+        c##i##1 = _mm512_sub_epi32(c##i##1, _mm512_mullo_epi32(u, cb1));   \
+        if (zero_b) {                                                       \
+            c##i##0 = _mm512_sub_epi32(c##i##0, _mm512_mullo_epi32(v, zb0)); \
+            c##i##1 = _mm512_sub_epi32(c##i##1, _mm512_mullo_epi32(v, zb1)); \
+        }                                                                   \
+        f##i##0 = _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), _mm512_mul_ps(s, sb0)); \
+        f##i##1 = _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), _mm512_mul_ps(s, sb1)); \
+    }
+#define U_FDECL(i) __m512 f##i##0, f##i##1;
+#define U_PUT(i) s_store_row(c + (i) * rs_c, f##i##0, f##i##1, accumulate);
+#define U_SPILL(i)                                                          \
+    _mm512_store_ps(buf + (i) * 32, f##i##0);                               \
+    _mm512_store_ps(buf + (i) * 32 + 16, f##i##1);
+#define U_DECL(i) __m512i c##i##0 = _mm512_setzero_si512(), c##i##1 = _mm512_setzero_si512();
+
+#define RD_U_BODY(NAME, TARGET, R, ROWS)                                    \
+TARGET static void                                                          \
+NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
+     rd_int cs_c, int m, int n, int accumulate)                             \
+{                                                                           \
+    const rd_int kq = (kc + 3) / 4 * 4;                                     \
+    const int32_t *a32 = (const int32_t *)(const void *)a;                  \
+    const char *ta = (const char *)a + 12 * kq, *tb = (const char *)b + 32 * kq; \
+    const int32_t *ra = (const int32_t *)(const void *)ta;                  \
+    const float *sa = (const float *)(const void *)(ta + 48);               \
+    const int32_t *za = (const int32_t *)(const void *)(ta + 96);           \
+    ROWS(U_DECL)                                                            \
+    for (rd_int q = 0; q < kq; q += 4) {                                    \
+        const __m512i b0 = _mm512_loadu_si512((const void *)b);             \
+        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 64));      \
+        ROWS(U_STEP)                                                        \
+        a32 += 12;                                                          \
+        b += 128;                                                           \
+    }                                                                       \
+    const __m512i cb0 = _mm512_loadu_si512((const void *)tb);               \
+    const __m512i cb1 = _mm512_loadu_si512((const void *)(tb + 64));        \
+    const __m512 sb0 = _mm512_loadu_ps(tb + 128), sb1 = _mm512_loadu_ps(tb + 192); \
+    const __m512i zb0 = _mm512_loadu_si512((const void *)(tb + 256));       \
+    const __m512i zb1 = _mm512_loadu_si512((const void *)(tb + 320));       \
+    const int zero_b = _mm512_test_epi32_mask(zb0, zb0) != 0 || _mm512_test_epi32_mask(zb1, zb1) != 0; \
+    ROWS(U_FDECL)                                                           \
+    ROWS(U_FINISH)                                                          \
+    if (m == (R) && n == 32 && cs_c == 1) {                                 \
+        ROWS(U_PUT)                                                         \
+        return;                                                             \
+    }                                                                       \
+    float buf[(R) * 32] __attribute__((aligned(64)));                       \
+    ROWS(U_SPILL)                                                           \
+    rd_s_store_edge(buf, 32, c, rs_c, cs_c, m, n, accumulate);              \
+}
+
+/* Dispatch on the number of valid rows (no streaming stores: RD_STREAM is
+ * taken as RD_STORE, as the other integer kernels do). */
+#define RD_U_KERNEL(NAME, BODY4, BODY8, BODY12)                             \
+static void                                                                 \
+NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
+     rd_int cs_c, int m, int n, int accumulate)                             \
+{                                                                           \
+    const uint8_t *a = (const uint8_t *)a_;                                 \
+    const int8_t *b = (const int8_t *)b_;                                   \
+    float *c = (float *)c_;                                                 \
+    if (accumulate == RD_STREAM)                                            \
+        accumulate = RD_STORE;                                              \
+    if (m > 8)                                                              \
+        BODY12(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                  \
+    else if (m > 4)                                                         \
+        BODY8(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
+    else                                                                    \
+        BODY4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
+}
+
+#define DOT rd_dpbusd_native
+RD_U_BODY(u_rows4, RD_VNNI_TARGET, 4, ROWS4)
+RD_U_BODY(u_rows8, RD_VNNI_TARGET, 8, ROWS8)
+RD_U_BODY(u_rows12, RD_VNNI_TARGET, 12, ROWS12)
+RD_U_KERNEL(rd_u8s8dot_avx512_12x32, u_rows4, u_rows8, u_rows12)
+#undef DOT
+
+#define DOT rd_dpbusd_twin
+RD_U_BODY(ut_rows4, RD_BW_TARGET, 4, ROWS4)
+RD_U_BODY(ut_rows8, RD_BW_TARGET, 8, ROWS8)
+RD_U_BODY(ut_rows12, RD_BW_TARGET, 12, ROWS12)
+RD_U_KERNEL(rd_u8s8dot_twin_12x32, ut_rows4, ut_rows8, ut_rows12)
+#undef DOT
+
+#undef T
+#undef W
+#undef STORE_A
+#undef STORE_ROW
+#undef STREAM
+#undef STORE_EDGE
+
+/* ------------------------------------------------------------- families */
+
+static int
+rd_avx512bw_runnable(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+static int
+rd_avx512_bf16_runnable(void)
+{
+    return rd_avx512bw_runnable() && __builtin_cpu_supports("avx512bf16");
+}
+
+static int
+rd_avx512_vnni_runnable(void)
+{
+    return rd_avx512bw_runnable() && __builtin_cpu_supports("avx512vnni");
+}
+
+/* Blocking: KC = 256 pairs for bfloat16 (a 32 KiB B micro-panel, as the
+ * float32 kernel's 256 steps); KC = 512 for int8, as the vpmaddwd kernel of
+ * RD_CT_I8I32, whose block sums (and so results) these equal bit for bit. */
+#define RD_BF16_DESC(UKR) {UKR, 12, 32, 144, 512, 4080}
+#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, 512, 4080}
+
+const rd_family_t rd_family_avx512_bf16 = {
+    "avx512-bf16", rd_avx512_bf16_runnable,
+    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0,
+};
+const rd_family_t rd_family_avx512_bf16_twin = {
+    "avx512-bf16-twin", rd_avx512bw_runnable,
+    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_twin_12x32)}, 1,
+};
+const rd_family_t rd_family_avx512_vnni = {
+    "avx512-vnni", rd_avx512_vnni_runnable,
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32)}, 0,
+};
+const rd_family_t rd_family_avx512_vnni_twin = {
+    "avx512-vnni-twin", rd_avx512bw_runnable,
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32)}, 1,
+};
+
+#endif /* RD_HAVE_X86_KERNELS */

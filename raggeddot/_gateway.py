@@ -35,6 +35,7 @@ __all__ = [
     "group_bounds",
     "rows",
     "contract",
+    "rounds_to_bf16",
     "matmul",
     "group_metadata",
     "route",
@@ -210,7 +211,41 @@ def group_bounds(group_sizes, start, count):
     return offsets[start:start + count + 1]          # a unit-stride slice: contiguous
 
 
-def rows(lhs, rhs, bounds, out, accumulate=False):
+_BF16_NAMES = ("bfloat16", "bf16")
+
+
+def _is_bf16_type(t):
+    name = getattr(t, "name", None) or getattr(t, "__name__", None) or str(t)
+    return isinstance(name, str) and name.lower() in _BF16_NAMES
+
+
+def rounds_to_bf16(precision, ct, fn):
+    """Whether ``precision`` asks for jax's BF16_BF16_F32 algorithm: a
+    ``jax.lax.DotAlgorithmPreset.BF16_BF16_F32`` (or its name) or a
+    ``DotAlgorithm`` with bfloat16 operands and float32 accumulation. Its
+    float32 operands are then rounded to bfloat16 (nearest even) while
+    packed, and the products of those values accumulated in float32: on the
+    bfloat16 dot-product kernels where the CPU has them, else on the float32
+    kernels. TypeError when the call computes in float64 (``ct``)."""
+    if precision is None:
+        return False
+    name = getattr(precision, "name", precision)
+    if isinstance(name, str) and name == "BF16_BF16_F32":
+        wanted = True
+    elif all(hasattr(precision, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type")):
+        acc = precision.accumulation_type
+        wanted = (_is_bf16_type(precision.lhs_precision_type) and _is_bf16_type(precision.rhs_precision_type)
+                  and acc is not None and np.dtype(acc) == _FLOAT32)
+    else:
+        return False
+    if wanted and ct != _FLOAT32:
+        raise TypeError(f"{fn}: precision={name if isinstance(name, str) else precision!r} multiplies bfloat16-"
+                        f"rounded operands into float32 sums, but this call computes in {ct.name}: give float32 "
+                        "or bfloat16 operands and a float32 (or narrower) result")
+    return wanted
+
+
+def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
     """Ragged rows, the forward of ragged_dot/gmm: for each group j,
     ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
 
@@ -218,10 +253,14 @@ def rows(lhs, rhs, bounds, out, accumulate=False):
     (writeable, of the compute dtype; operands of any float dtype, read as
     :func:`operand` says for ``layout="packed"``). Rows outside ``[bounds[0], bounds[g])`` are left as
     they are; with ``k = 0`` the group rows become 0 (or stay, when
-    accumulating). Returns ``out``."""
+    accumulating). ``as_bf16`` (:func:`rounds_to_bf16`): float32 operands
+    are read as bfloat16, rounded to nearest even while packed. A product
+    of two bfloat16 operands (so read) runs on the bfloat16 dot-product
+    kernels (vdpbf16ps) where the CPU has them. Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = kernel_dtype(out)
-        _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate))
+        _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate),
+                          bool(as_bf16))
     return out
 
 
@@ -280,7 +319,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False):
     return out
 
 
-def contract(lhs, rhs, bounds, out, accumulate=False):
+def contract(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
     """Ragged contraction, the weight gradient (tgmm): for each group j,
     ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],
     bounds[j + 1])``.
@@ -288,11 +327,12 @@ def contract(lhs, rhs, bounds, out, accumulate=False):
     lhs ``[k, m]``, rhs ``[m, n]``, bounds ``[g + 1]``, out ``[g, k, n]``
     of the compute dtype. An empty group gives zeros (or leaves ``out[j]``
     as it is when accumulating). Each output tile is owned by one thread: no
-    reduction across threads. Returns ``out``."""
+    reduction across threads. ``as_bf16`` and the dot-product kernels as for
+    :func:`rows`. Returns ``out``."""
     if out.size:
         ct = kernel_dtype(out)
         _core.ragged_contract(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out,
-                              bool(accumulate))
+                              bool(accumulate), bool(as_bf16))
     return out
 
 

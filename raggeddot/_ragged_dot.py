@@ -37,6 +37,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         accepted when that accumulation is at least as precise as the one it
         asks for (ANY, float16, bfloat16, float32; float64 only with a
         float64 input or output), ValueError naming the algorithm otherwise.
+        ``DotAlgorithmPreset.BF16_BF16_F32`` (or a ``DotAlgorithm`` with
+        bfloat16 operands and float32 accumulation) means what it means in
+        jax: float32 operands are rounded to bfloat16 (nearest even) while
+        packed and their products summed in float32, on the bfloat16
+        dot-product kernels (``vdpbf16ps``, about twice the float32 rate)
+        where the CPU has them; the result is that of bfloat16 operands.
       preferred_element_type: dtype of the result; default is the promoted type
         of lhs and rhs (the wider float wins; float16 with bfloat16 is an error).
       group_offset: megablox's expert sharding. When given, ``rhs`` holds only
@@ -69,6 +75,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
+    as_bf16 = gw.rounds_to_bf16(precision, ct, fn)
     m, k = lhs.shape
     if rhs.shape[1] != k:
         raise ValueError(
@@ -86,9 +93,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     res[bounds[-1]:] = 0
     if packed:
         gw.check_packed_compute(rhs, ct, fn)
+        if as_bf16:
+            raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
+                            "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
         gw.rows_packed(lhs, rhs, bounds, res)
     else:
-        gw.rows(lhs, rhs, bounds, res)
+        gw.rows(lhs, rhs, bounds, res, as_bf16=as_bf16)
     return gw.deliver(res, out, out_dtype)
 
 

@@ -1,0 +1,356 @@
+"""The dot-product kernels: bfloat16 pairs (vdpbf16ps) and int8 quads
+(vpdpbusd), native and emulated twins.
+
+Every family that serves a dot-product type on this CPU is run: the twins
+everywhere (they need only AVX-512F/BW or AVX2), the native families where
+the CPU has the instruction, and then native and twin must agree bit for
+bit. The independent oracles:
+
+- bfloat16: a NumPy model of the instruction's arithmetic (per pair the odd
+  element's product added first, then the even one's, each addition rounded
+  to float32; products of bfloat16 values are exact in float32), blocked as
+  the driver blocks the contraction (KC). On normal-range data the model is
+  exact, so every family must equal it bit for bit.
+- int8: exact integer products from NumPy (int64), and the vpmaddwd integer
+  kernel (int8-int32), whose block sums and float epilogue these equal bit
+  for bit.
+"""
+import numpy as np
+import pytest
+
+import raggeddot
+from raggeddot import QArray, reference, runtime
+
+from helpers import THREAD_COUNTS, check_close
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+TABLE = runtime.build_info()
+CPU = TABLE["cpu"]
+
+
+def _serving(ctype):
+    """The runnable families with a kernel for compute type ``ctype``."""
+    return [k["name"] for k in TABLE["kernels"] if k["runnable"] and ctype in k["types"]]
+
+
+BF16_FAMILIES = _serving("bfloat16-dot")
+INT8_FAMILIES = _serving("int8-dot")
+
+
+def test_the_cpu_runs_its_native_families_and_the_twins():
+    """Where the CPU has an instruction its native family is runnable and
+    chosen automatically; the twins run on every CPU with the base ISA and
+    are never chosen automatically."""
+    names = {k["name"]: k for k in TABLE["kernels"]}
+    assert names["avx512-bf16"]["runnable"] == (CPU["avx512_bf16"] and CPU["avx512f"])
+    assert names["avx512-vnni"]["runnable"] == (CPU["avx512_vnni"] and CPU["avx512f"])
+    assert names["avx-vnni"]["runnable"] == (CPU["avx_vnni"] and CPU["avx2"])
+    assert names["avx512-bf16-twin"]["runnable"] == CPU["avx512f"]
+    assert names["avx-vnni-twin"]["runnable"] == CPU["avx2"]
+    with runtime.configured(kernel="auto"):
+        blocking = runtime.build_info()["blocking"]
+        bf = blocking.get("bfloat16-dot", {}).get("kernel")
+        i8 = blocking.get("int8-dot", {}).get("kernel")
+    assert bf == ("avx512-bf16" if names["avx512-bf16"]["runnable"] else None)
+    want_i8 = next((f for f in ("avx512-vnni", "avx-vnni") if names[f]["runnable"]), None)
+    assert i8 == want_i8
+    # naming a float family forces the widening path: no dot-product type
+    with runtime.configured(kernel="ref"):
+        assert "bfloat16-dot" not in runtime.build_info()["blocking"]
+
+
+# ---------------------------------------------------------------------------
+# bfloat16
+# ---------------------------------------------------------------------------
+
+def _bf16_model(a, b, kc):
+    """``a [m, k] @ b [k, n]`` (bfloat16 values) as the bfloat16 dot kernels
+    compute it: each KC block summed from zero pair by pair (odd element
+    first), then added to the result (the first block stored)."""
+    a = a.astype(np.float32)
+    b = b.astype(np.float32)
+    m, k = a.shape
+    out = np.zeros((m, b.shape[1]), np.float32)
+    for p0 in range(0, k, kc):
+        acc = np.zeros_like(out)
+        for p in range(p0, min(k, p0 + kc), 2):
+            if p + 1 < min(k, p0 + kc):
+                acc = acc + np.multiply.outer(a[:, p + 1], b[p + 1])   # float32: products exact
+            acc = acc + np.multiply.outer(a[:, p], b[p])
+        out = acc if p0 == 0 else out + acc
+    return out
+
+
+def _model_rows(lhs, rhs, sizes, kc):
+    out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
+    start = 0
+    for g, s in enumerate(sizes):
+        if s:
+            out[start:start + s] = _bf16_model(lhs[start:start + s], rhs[g], kc)
+        start += s
+    return out
+
+
+def _bits(x):
+    return np.ascontiguousarray(x).view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+
+
+def _kc(family):
+    with runtime.configured(kernel=family):
+        return runtime.build_info()["blocking"]["bfloat16-dot"]["KC"]
+
+
+SHAPES = [  # m, k, n, group sizes: odd k (pair padding), m and n around the 12 x 32 block
+    (5, 1, 3, [2, 3]),
+    (13, 2, 31, [13]),
+    (25, 3, 33, [12, 0, 11]),
+    (40, 5, 64, [1, 11, 0, 24]),
+    (37, 63, 45, [37]),
+    (30, 127, 65, [4, 0, 0, 26]),
+    (24, 1001, 40, [12, 12]),
+]
+
+
+@pytest.mark.parametrize("family", BF16_FAMILIES)
+@pytest.mark.parametrize("m, k, n, sizes", SHAPES, ids=lambda v: str(v))
+def test_bf16_kernels_equal_the_model_of_the_instruction(rng, family, m, k, n, sizes):
+    lhs = rng.standard_normal((m, k)).astype(BF16)
+    rhs = rng.standard_normal((len(sizes), k, n)).astype(BF16)
+    with runtime.configured(kernel=family):
+        got = raggeddot.ragged_dot(lhs, rhs, np.array(sizes), preferred_element_type=np.float32)
+    want = _model_rows(lhs, rhs, sizes, _kc(family))
+    assert np.array_equal(_bits(got), _bits(want)), np.argwhere(got != want)[:3]
+
+
+@pytest.mark.parametrize("family", BF16_FAMILIES)
+def test_bf16_tgmm_transposed_strided_and_16bit_outputs(rng, family):
+    """The same arithmetic through tgmm (pairs along m, each group padded to
+    even), a transposed rhs, strided lhs, and a bfloat16 result (the float32
+    tile rounded once)."""
+    kc = _kc(family)
+    sizes = np.array([7, 0, 12, 1])
+    x = rng.standard_normal((20, 9)).astype(BF16)         # [m, k]
+    dy = rng.standard_normal((20, 6)).astype(BF16)        # [m, n]
+    with runtime.configured(kernel=family):
+        got = raggeddot.tgmm(x.T, dy, sizes, preferred_element_type=np.float32)
+    start = 0
+    for g, s in enumerate(sizes):
+        want = _bf16_model(x[start:start + s].T, dy[start:start + s], kc) if s else np.zeros((9, 6), np.float32)
+        assert np.array_equal(_bits(got[g]), _bits(want)), g
+        start += s
+
+    big = rng.standard_normal((60, 2 * 33)).astype(BF16)
+    lhs = big[::2, ::2]                                    # strided [30, 33]
+    w = rng.standard_normal((2, 40, 33)).astype(BF16)     # rhs given as [g, n, k]
+    sizes = np.array([10, 20])
+    with runtime.configured(kernel=family):
+        got = raggeddot.gmm(lhs, w, sizes, preferred_element_type=np.float32, transpose_rhs=True)
+        got16 = raggeddot.gmm(lhs, w, sizes, preferred_element_type=BF16, transpose_rhs=True)
+    want = _model_rows(np.ascontiguousarray(lhs), np.ascontiguousarray(w.transpose(0, 2, 1)), sizes, kc)
+    assert np.array_equal(_bits(got), _bits(want))
+    assert got16.dtype == BF16 and np.array_equal(_bits(got16), _bits(want.astype(BF16)))
+
+
+def test_bf16_native_equals_twin_on_denormals_and_extremes(rng):
+    """Where the CPU has vdpbf16ps: its results and the twin's are equal bit
+    for bit on data full of denormals, tiny and huge values (the flushing,
+    overflow and NaN cases the model above leaves out)."""
+    if "avx512-bf16" not in BF16_FAMILIES:
+        assert not CPU["avx512_bf16"]
+        pytest.skip("this CPU has no AVX512_BF16: the twin is checked against the model above")
+    bits = rng.integers(0, 1 << 16, (6000,), dtype=np.uint16)
+    exps = rng.choice([0, 1, 2, 0x7e, 0x7f, 0x80, 0xfe], size=6000)       # denormal .. huge exponents
+    bits = (bits & 0x807f) | (exps.astype(np.uint16) << 7)
+    vals = bits.view(BF16)
+    lhs = vals[:40 * 75].reshape(40, 75)
+    rhs = vals[3000:3000 + 2 * 75 * 19].reshape(2, 75, 19)
+    sizes = np.array([17, 23])
+    outs = {}
+    for family in ("avx512-bf16", "avx512-bf16-twin"):
+        with runtime.configured(kernel=family):
+            outs[family] = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+    a, b = outs.values()
+    assert np.array_equal(_bits(a), _bits(b))
+    assert np.isnan(a).any() or np.isinf(a).any() or (a == 0).any()   # the data reached the edge cases
+
+
+def test_bf16_twin_flushes_denormals_and_leaves_mxcsr_alone():
+    """Denormal bfloat16 inputs count as 0 and denormal results are flushed
+    (the instruction's arithmetic) in every family serving the type, while
+    the widening float32 kernels keep them; and the caller's MXCSR is
+    restored: NumPy's float32 arithmetic still makes denormals afterwards."""
+    tiny = np.array([[1e-39]], np.float32).astype(BF16)           # a bfloat16 denormal
+    one = np.ones((1, 1, 1), BF16)
+    half = np.array([[2.0 ** -100]], np.float32).astype(BF16)
+    small = np.full((1, 1, 1), 2.0 ** -30, np.float32).astype(BF16)   # product 2^-130: denormal
+    with runtime.configured(kernel="avx512"):
+        assert raggeddot.ragged_dot(tiny, one, np.array([1]), preferred_element_type=np.float32)[0, 0] != 0
+        assert raggeddot.ragged_dot(half, small, np.array([1]), preferred_element_type=np.float32)[0, 0] != 0
+    for family in BF16_FAMILIES:
+        with runtime.configured(kernel=family):
+            assert raggeddot.ragged_dot(tiny, one, np.array([1]), preferred_element_type=np.float32)[0, 0] == 0
+            assert raggeddot.ragged_dot(half, small, np.array([1]), preferred_element_type=np.float32)[0, 0] == 0
+        assert np.float32(1e-38) * np.float32(1e-3) != 0
+
+
+@pytest.mark.parametrize("family", BF16_FAMILIES)
+def test_bf16_results_do_not_depend_on_threads(rng, family):
+    lhs = rng.standard_normal((300, 130)).astype(BF16)
+    rhs = rng.standard_normal((3, 130, 70)).astype(BF16)
+    sizes = np.array([120, 0, 170])
+    outs = []
+    for t in THREAD_COUNTS:
+        with runtime.configured(kernel=family, num_threads=t):
+            outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
+    for o in outs[1:]:
+        assert np.array_equal(_bits(o), _bits(outs[0]))
+
+
+def _preset():
+    jax = pytest.importorskip("jax")
+    return jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+
+
+@pytest.mark.parametrize("family", ["auto", "avx512", "ref"] + BF16_FAMILIES)
+def test_bf16_preset_rounds_float32_operands(rng, family):
+    """precision=BF16_BF16_F32 on float32 operands is the product of the
+    operands rounded to bfloat16 (nearest even), bit for bit, on every
+    kernel: the dot-product kernels where they serve, the float32 kernels
+    on the rounded values otherwise."""
+    preset = _preset()
+    lhs = rng.standard_normal((45, 37)).astype(np.float32)
+    rhs = rng.standard_normal((3, 37, 29)).astype(np.float32)
+    sizes = np.array([20, 0, 25])
+    with runtime.configured(kernel=family):
+        got = raggeddot.ragged_dot(lhs, rhs, sizes, precision=preset)
+        want = raggeddot.ragged_dot(lhs.astype(BF16), rhs.astype(BF16), sizes, preferred_element_type=np.float32)
+        plain = raggeddot.ragged_dot(lhs, rhs, sizes)
+        dn = raggeddot.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+        general = raggeddot.ragged_dot_general(lhs, rhs, sizes, dn, precision=preset)
+    assert got.dtype == np.float32
+    assert np.array_equal(_bits(got), _bits(want)) and np.array_equal(_bits(general), _bits(want))
+    assert not np.array_equal(got, plain)
+    check_close(got, reference.ragged_dot(lhs.astype(np.float64), rhs.astype(np.float64), sizes),
+                rtol=2e-2)
+
+
+def test_bf16_preset_refuses_float64(rng):
+    preset = _preset()
+    lhs = rng.standard_normal((4, 3))
+    with pytest.raises(TypeError, match="BF16_BF16_F32.*float64"):
+        raggeddot.ragged_dot(lhs, rng.standard_normal((1, 3, 2)), np.array([4]), precision=preset)
+
+
+# ---------------------------------------------------------------------------
+# int8
+# ---------------------------------------------------------------------------
+
+def _int8(rng, shape, extremes=True):
+    v = rng.integers(-128, 128, shape).astype(np.int8)
+    if extremes:   # rows and columns of -128 and 127, both sides
+        v.reshape(-1)[::7] = -128
+        v.reshape(-1)[3::11] = 127
+    return v
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 63, 127, 1001])
+def test_int8_sums_are_exact(rng, family, k):
+    """Unit scales: the float32 result is the exact integer product (all
+    sums below 2^24 here), values -128 and 127 on both sides."""
+    sizes = np.array([5, 0, 13, 1])
+    m, n = int(sizes.sum()) + 2, 35
+    a, b = _int8(rng, (m, k)), _int8(rng, (4, k, n))
+    lhs = QArray(a, np.ones((m, 1), np.float32))
+    rhs = QArray(b, np.ones((4, 1, n), np.float32))
+    with runtime.configured(kernel=family):
+        got = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+    want = np.zeros((m, n), np.int64)
+    start = 0
+    for g, s in enumerate(sizes):
+        want[start:start + s] = a[start:start + s].astype(np.int64) @ b[g].astype(np.int64)
+        start += s
+    assert np.array_equal(got, want.astype(np.float32)) and np.abs(want).max() < 2 ** 24
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+@pytest.mark.parametrize("zero_points", [False, True])
+@pytest.mark.parametrize("bk", [0, 10, 25])
+def test_int8_equals_the_vpmaddwd_kernel(rng, family, zero_points, bk):
+    """Per-token lhs scales, per-channel (bk 0) or subchannel rhs scales,
+    integral zero points on both sides: the same bits as the int8-int32
+    kernels of the float family with the same KC, and close to the float64
+    product of the dequantized operands."""
+    k, n, sizes = 100, 47, np.array([9, 0, 30, 14])
+    m = int(sizes.sum()) + 1
+    a, b = _int8(rng, (m, k)), _int8(rng, (4, k, n))
+    sshape = (4, 1 if bk == 0 else k // bk, n)
+    lz = rng.integers(-128, 128, (m, 1)).astype(np.float32) if zero_points else None
+    rz = rng.integers(-128, 128, sshape).astype(np.float32) if zero_points else None
+    lhs = QArray(a, rng.uniform(0.01, 0.1, (m, 1)).astype(np.float32), lz)
+    rhs = QArray(b, rng.uniform(0.01, 0.1, sshape).astype(np.float32), rz)
+    with runtime.configured(kernel=family):
+        got = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+        kc = runtime.build_info()["blocking"]["int8-dot"]["KC"]
+    base = "avx512" if family.startswith("avx512") else "avx2"
+    with runtime.configured(kernel=base):
+        assert runtime.build_info()["blocking"]["int8-int32"]["KC"] == kc
+        want = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+    ref = reference.ragged_dot(raggeddot.dequantize(lhs).astype(np.float64),
+                               raggeddot.dequantize(rhs).astype(np.float64), sizes)
+    check_close(got, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+def test_int8_tgmm_with_subchannel_scales_along_m(rng, family):
+    """tgmm of int8 operands whose scales vary along m (the reduced axis):
+    the contraction splits at the scale blocks; the same bits as the
+    vpmaddwd kernel and close to the float64 reference."""
+    sizes = np.array([10, 0, 22, 8])
+    m, k, n = 40, 13, 11
+    x = QArray(_int8(rng, (k, m)), rng.uniform(0.01, 0.1, (k, m // 8)).astype(np.float32))
+    dy = QArray(_int8(rng, (m, n)), rng.uniform(0.01, 0.1, (m // 8, n)).astype(np.float32))
+    with runtime.configured(kernel=family):
+        got = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
+    with runtime.configured(kernel="avx512" if family.startswith("avx512") else "avx2"):
+        want = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+    ref = reference.tgmm(raggeddot.dequantize(x).astype(np.float64), raggeddot.dequantize(dy).astype(np.float64),
+                         sizes)
+    check_close(got, ref, rtol=1e-5)
+
+
+def test_int8_native_equals_twin(rng):
+    """Where the CPU has AVX512-VNNI / AVX-VNNI: native and twin agree bit
+    for bit (they also each equal the vpmaddwd kernel, above)."""
+    pairs = [(f, f + "-twin") for f in ("avx512-vnni", "avx-vnni") if f in INT8_FAMILIES]
+    if not pairs:
+        assert not (CPU["avx512_vnni"] or CPU["avx_vnni"])
+        pytest.skip("this CPU has no VNNI: the twins are checked against the exact products above")
+    m, k, n = 70, 301, 90
+    sizes = np.array([30, 40])
+    lhs = QArray(_int8(rng, (m, k)), rng.uniform(0.01, 0.1, (m, 1)).astype(np.float32),
+                 rng.integers(-128, 128, (m, 1)).astype(np.float32))
+    rhs = QArray(_int8(rng, (2, k, n)), rng.uniform(0.01, 0.1, (2, 1, n)).astype(np.float32))
+    for native, twin in pairs:
+        outs = []
+        for family in (native, twin):
+            with runtime.configured(kernel=family):
+                outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
+        assert np.array_equal(_bits(outs[0]), _bits(outs[1])), native
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+def test_int8_results_do_not_depend_on_threads(rng, family):
+    lhs = QArray(_int8(rng, (200, 90)), rng.uniform(0.01, 0.1, (200, 1)).astype(np.float32))
+    rhs = QArray(_int8(rng, (3, 90, 70)), rng.uniform(0.01, 0.1, (3, 1, 70)).astype(np.float32))
+    sizes = np.array([50, 0, 150])
+    outs = []
+    for t in THREAD_COUNTS:
+        with runtime.configured(kernel=family, num_threads=t):
+            outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
+    for o in outs[1:]:
+        assert np.array_equal(_bits(o), _bits(outs[0]))

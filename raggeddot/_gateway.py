@@ -290,10 +290,24 @@ def storage_of(x):
     return x if buf is None else buf
 
 
+def served(ctype):
+    """Whether a kernel serves compute type ``ctype`` (a name of
+    ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
+    in force: the dot-product types are served only where the CPU has their
+    instruction (or a twin was selected by name)."""
+    return ctype in _core.build_info()["blocking"]
+
+
 def check_packed_lhs(lhs, packed, fn):
-    """A PackedRhs is multiplied by a plain float lhs: TypeError otherwise."""
+    """A PackedRhs is multiplied by a plain float lhs (a bfloat16 one for
+    weights laid out for the bfloat16 dot-product kernels): TypeError
+    otherwise."""
     if isinstance(lhs, QArray) or not isinstance(lhs, np.ndarray):
         raise TypeError(f"{fn}: a prepacked 'rhs' takes a float array 'lhs', got {type(lhs).__name__}")
+    if packed.ctype == "bfloat16-dot" and lhs.dtype.name != "bfloat16":
+        raise TypeError(f"{fn}: 'rhs' was prepacked for a bfloat16 lhs (k-pairs for the bfloat16 dot-product "
+                        f"kernels), got a {lhs.dtype.name} 'lhs': prepack the weights with "
+                        f"lhs_dtype={lhs.dtype.name!r}, or pass a bfloat16 lhs")
 
 
 def check_packed_compute(packed, ct, fn):

@@ -14,6 +14,9 @@ __all__ = ["PackedRhs", "prepack"]
 # and float16 weights keep their 2 bytes an element in memory).
 _LAYOUT = {"float32": "float32", "float64": "float64",
            "bfloat16": "float32-bfloat16w", "float16": "float32-float16w"}
+# bfloat16 weights to be multiplied by a bfloat16 lhs, where the bfloat16
+# dot-product kernels (vdpbf16ps) serve: k-pairs, as those kernels read B.
+_BF16_DOT = "bfloat16-dot"
 # Quantized weights (a QArray): one byte a value in the panels, widened and
 # dequantized by the micro-kernel, (q - zero_point) * scale per column, in
 # float32 (int4 values are held in int8).
@@ -96,6 +99,8 @@ class PackedRhs:
         and qtype (not its dequantized value)."""
         if self.qtype is not None:
             return self._unpack_quantized()
+        if self.ctype == _BF16_DOT:
+            return self._unpack_pairs()
         g, k, n = self.shape
         nr, kc = self.nr, self.kc
         panels = -(-n // nr)
@@ -115,6 +120,24 @@ class PackedRhs:
             block = block[..., order].transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
             out[:, pc:pc + depth, :] = block[:, :, :n]
             start += panels * depth * nr
+        return out
+
+    def _unpack_pairs(self):
+        """unpack of the k-pair layout: per KC block of depth d (kp = d
+        rounded up to even), panels of [kp / 2, NR, 2] bfloat16 values."""
+        g, k, n = self.shape
+        nr, kc = self.nr, self.kc
+        panels = -(-n // nr)
+        flat = self._buf.view(np.uint8).view(self.dtype).reshape(g, -1)
+        out = np.empty((g, k, n), dtype=self.dtype)
+        start = 0
+        for pc in range(0, k, kc):
+            depth = min(kc, k - pc)
+            kp = depth + depth % 2
+            block = flat[:, start:start + panels * kp * nr].reshape(g, panels, kp // 2, nr, 2)
+            block = block.transpose(0, 2, 4, 1, 3).reshape(g, kp, panels * nr)
+            out[:, pc:pc + depth, :] = block[:, :depth, :n]
+            start += panels * kp * nr
         return out
 
     def _unpack_quantized(self):
@@ -145,7 +168,7 @@ def _qpanel_bytes(nr, pc, kc, qtile, zp):
     return nr * kc + _TRAILER + runs * nr * 4 * (2 if zp else 1)
 
 
-def prepack(rhs, *, transpose_rhs=False):
+def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     """Lay the weights ``rhs`` out once in the micro-kernel's panel order.
 
     Args:
@@ -158,6 +181,12 @@ def prepack(rhs, *, transpose_rhs=False):
         zero points, and float32, bfloat16 or float16 scales. Its product
         is that of the dequantized weights ``(q - zero_point) * scale``
         computed in float32, as a call with the QArray computes it.
+      lhs_dtype: the dtype of the lhs the weights will be multiplied with
+        (default: the weights' own dtype). bfloat16 weights for a bfloat16
+        lhs are laid out in k-pairs for the bfloat16 dot-product kernels
+        (``vdpbf16ps``) where the CPU has them, and such a PackedRhs then
+        takes only a bfloat16 lhs; for a float32 or float16 lhs
+        (``lhs_dtype``) they keep the 16-bit layout the float32 kernels widen.
     Returns:
       A :class:`PackedRhs` of the ``[g, k, n]`` weights, accepted as ``rhs``
       by ragged_dot, gmm and ragged_dot_general wherever the plain array is
@@ -179,6 +208,9 @@ def prepack(rhs, *, transpose_rhs=False):
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     g, k, n = w.shape
     ctype = _LAYOUT[dt.name]
+    if dt.name == "bfloat16" and _lhs_dtype(lhs_dtype, dt, fn).name == "bfloat16" \
+            and gw.served(_BF16_DOT):
+        ctype = _BF16_DOT
     per_group, nr, kc, kernel = gw.prepack_layout(ctype, dt.name, k, n)
     buf = _aligned(g * per_group)
     if buf.size:
@@ -214,6 +246,21 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn):
     kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True),
             None if w.zero_point is None else np.array(w.zero_point, copy=True))
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
+
+
+def _lhs_dtype(lhs_dtype, weights, fn):
+    """prepack's ``lhs_dtype`` as a float dtype (the weights' dtype when
+    None); TypeError naming it otherwise."""
+    if lhs_dtype is None:
+        return weights
+    try:
+        dt = np.dtype(lhs_dtype)
+    except TypeError:
+        dt = None
+    if dt is None or not (dt.kind == "f" or dt.name == "bfloat16"):
+        raise TypeError(f"{fn}: 'lhs_dtype' must be a float dtype (float16, bfloat16, float32, float64), "
+                        f"got {lhs_dtype!r}")
+    return dt
 
 
 def _aligned(nbytes, alignment=64):

@@ -154,8 +154,11 @@ def build_info():
 def peak_gflops(isa, threads=None, seconds=0.5):
     """Measured sustained throughput, GFLOP/s, of ``threads`` threads (default
     :func:`get_num_threads`) each running independent chains of one
-    instruction for about ``seconds``: ``'avx2'`` (256-bit float32 FMA) or
-    ``'avx512'`` (512-bit float32 FMA). 0.0 when the CPU lacks it. The
+    instruction for about ``seconds``: ``'avx2'`` (256-bit float32 FMA),
+    ``'avx512'`` (512-bit float32 FMA), ``'avx512_bf16'`` (``vdpbf16ps``,
+    64 flops an instruction), ``'avx512_vnni'`` (512-bit ``vpdpbusd``, 128
+    int8 operations an instruction; giga-operations rather than FLOP) or
+    ``'avx_vnni'`` (256-bit ``vpdpbusd``). 0.0 when the CPU lacks it. The
     yardstick of the benchmarks' "% of peak"."""
     threads = get_num_threads() if threads is None else _int_at_least(threads, 1, "threads", "peak_gflops")
     return _core.fma_peak(threads, float(seconds), str(isa))

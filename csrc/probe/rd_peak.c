@@ -6,6 +6,9 @@
  *
  *   "avx2"   : 12 chains of 256-bit float32 FMAs (the AVX2 6x16 kernel's ceiling)
  *   "avx512" : 24 chains of 512-bit float32 FMAs (the AVX-512 12x32 kernel's ceiling)
+ *   "avx512_bf16": 24 chains of vdpbf16ps (64 flops each: 16 lanes x 2 products x 2)
+ *   "avx512_vnni": 24 chains of 512-bit vpdpbusd (128 int8 ops each: 16 x 4 x 2)
+ *   "avx_vnni"   : 12 chains of 256-bit vpdpbusd (64 ops each)
  */
 #include "rd_frame.h"
 
@@ -74,13 +77,70 @@ RD_PROBE(rd_peak_avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm2
 RD_PROBE(rd_peak_avx512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
          _mm512_storeu_ps, 16, 24.0, DECL512, STEP512)
 #undef SUM
+
+/* Dot-product instructions: each chain acc = dot(acc, x, y) with constant
+ * operands (the values do not matter to the timing; the int32 sums wrap),
+ * `OPS` operations an instruction; the chains are summed into one lane
+ * vector at the end so that none can be removed. */
+#define RD_DOT_PROBE(NAME, TARGET, V, ZERO, DOT, ADD, OPS, DECL, X, Y, CHAINS) \
+__attribute__((target(TARGET))) static double                               \
+NAME(double seconds)                                                        \
+{                                                                           \
+    const long chunk = 1L << 18;                                            \
+    CHAINS(DECL)                                                            \
+    const V x = X, y = Y;                                                   \
+    long iters = 0;                                                         \
+    double t0 = rd_now(), t1;                                               \
+    do {                                                                    \
+        for (long i = 0; i < chunk; i++) {                                  \
+            CHAINS(DSTEP)                                                   \
+        }                                                                   \
+        iters += chunk;                                                     \
+        t1 = rd_now();                                                      \
+    } while (t1 - t0 < seconds);                                            \
+    V s = ZERO;                                                             \
+    CHAINS(DSUM)                                                            \
+    volatile V keep = s;                                                    \
+    (void)keep;                                                             \
+    return (double)iters * (double)(OPS) / (t1 - t0) / 1e9;                 \
+}
+
+#define CHAINS24(X) CHAINS12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define DSTEP(i) z##i = DOT_(z##i, x, y);
+#define DSUM(i) s = ADD_(s, z##i);
+
+#define DECL_BF(i) __m512 z##i = _mm512_set1_ps(0.01f * (float)(i));
+#define DOT_(acc, a, b) _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
+#define ADD_ _mm512_add_ps
+RD_DOT_PROBE(rd_peak_bf16, "avx512f,avx512bf16", __m512, _mm512_setzero_ps(), DOT_, ADD_,
+             24.0 * 64.0, DECL_BF, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f), CHAINS24)
+#undef DOT_
+#undef ADD_
+
+#define DECL_VNNI(i) __m512i z##i = _mm512_set1_epi32(i);
+#define DOT_ _mm512_dpbusd_epi32
+#define ADD_ _mm512_add_epi32
+RD_DOT_PROBE(rd_peak_vnni512, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512(), DOT_, ADD_,
+             24.0 * 128.0, DECL_VNNI, _mm512_set1_epi8(3), _mm512_set1_epi8(-5), CHAINS24)
+#undef DOT_
+#undef ADD_
+
+#define DECL_VNNI256(i) __m256i z##i = _mm256_set1_epi32(i);
+#define DOT_ _mm256_dpbusd_avx_epi32
+#define ADD_ _mm256_add_epi32
+RD_DOT_PROBE(rd_peak_vnni256, "avx2,avxvnni", __m256i, _mm256_setzero_si256(), DOT_, ADD_,
+             12.0 * 64.0, DECL_VNNI256, _mm256_set1_epi8(3), _mm256_set1_epi8(-5), CHAINS12)
+#undef DOT_
+#undef ADD_
 #endif /* RD_HAVE_X86_KERNELS */
 
 double
 rd_peak_gflops(const char *isa, double seconds)
 {
     int avx2 = strcmp(isa, "avx2") == 0, avx512 = strcmp(isa, "avx512") == 0;
-    if (!avx2 && !avx512)
+    int bf16 = strcmp(isa, "avx512_bf16") == 0, vnni512 = strcmp(isa, "avx512_vnni") == 0;
+    int vnni256 = strcmp(isa, "avx_vnni") == 0;
+    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256)
         return -1.0;
 #ifdef RD_HAVE_X86_KERNELS
     __builtin_cpu_init();
@@ -88,6 +148,12 @@ rd_peak_gflops(const char *isa, double seconds)
         return rd_peak_avx2(seconds);
     if (avx512 && __builtin_cpu_supports("avx512f"))
         return rd_peak_avx512(seconds);
+    if (bf16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
+        return rd_peak_bf16(seconds);
+    if (vnni512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
+        return rd_peak_vnni512(seconds);
+    if (vnni256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni"))
+        return rd_peak_vnni256(seconds);
 #else
     (void)seconds;
 #endif

@@ -318,6 +318,12 @@ rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan)
         return -1;
     }
     rd_plan_init(plan, (rd_ctype_t)ct);
+    if (plan->k.ukr == NULL) {
+        PyErr_Format(PyExc_ValueError, "no kernel serves %s products with the kernel selection in force "
+                     "('%s'): select a kernel family that has them, or prepack the weights again",
+                     name, rd_kernel_selection());
+        return -1;
+    }
     if (nr > 0 && plan->k.nr != nr) {
         PyErr_Format(PyExc_ValueError,
                      "the weights were prepacked in panels of %zd columns, but the %s kernel in use "

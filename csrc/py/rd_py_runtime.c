@@ -357,7 +357,7 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "id|s", &threads, &seconds, &isa))
         return NULL;
     if (rd_peak_gflops(isa, 0.0) < 0.0) {
-        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2' or 'avx512', got '%s'", isa);
+        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2', 'avx512', 'avx512_bf16', 'avx512_vnni' or 'avx_vnni', got '%s'", isa);
         return NULL;
     }
     if (threads < 1 || threads > 4096 || !(seconds > 0.0 && seconds <= 60.0)) {

@@ -79,9 +79,16 @@ def set_kernel(name):
     or ``'auto'`` for the best one this CPU runs; returns the previous name.
 
     A family that has no kernel for some compute type leaves that type to
-    the best runnable family that has one. Resets the cache blocking to the
-    family's defaults. ValueError for an unknown name, RuntimeError for a
-    family this CPU cannot run."""
+    the best runnable family that has one, except the dot-product types
+    ("bfloat16-dot", "int8-dot"): those are then not used, and their
+    products take the widening float32 / vpmaddwd kernels (so naming a float
+    family such as ``'avx512'`` forces the widening path). The dot-product
+    families ``'avx512-bf16'``, ``'avx512-vnni'``, ``'avx-vnni'`` serve only
+    their type, and are chosen automatically where the CPU has their
+    instruction; their twins (``'...-twin'``: the same kernels on an exact
+    emulation of the instruction, runnable on any AVX-512 / AVX2 CPU) only
+    by name. Resets the cache blocking to the family's defaults. ValueError
+    for an unknown name, RuntimeError for a family this CPU cannot run."""
     if not isinstance(name, str):
         raise TypeError(f"set_kernel: 'name' must be a str, got {type(name).__name__}")
     return _core.set_kernel(name)

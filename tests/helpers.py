@@ -317,7 +317,13 @@ def with_layout(x, layout):
 # Kernels and threads
 # ---------------------------------------------------------------------------
 
-KERNELS = runtime.runnable_kernels()   # every kernel family this CPU runs
+_TABLE = [k for k in runtime.build_info()["kernels"] if k["runnable"]]
+# every float kernel family this CPU runs (each serves every float compute type)
+KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
+# the dot-product families this CPU runs, natives and twins, by compute
+# type: each serves only its own type (the float families the rest)
+DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
+               for ct in ("bfloat16-dot", "int8-dot")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
 
 

@@ -8,6 +8,8 @@ import pytest
 import raggeddot
 from raggeddot import runtime
 
+from helpers import KERNELS   # the float families: widening arithmetic, exact packing
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 HALF = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 
@@ -42,7 +44,7 @@ def test_no_float32_copy_of_the_operands(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
-@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_same_result_as_converting_first(rng, dtype, kernel):
     lhs = rng.standard_normal((300, 70)).astype(dtype)
     rhs = rng.standard_normal((4, 70, 50)).astype(dtype)
@@ -84,7 +86,7 @@ def _rdg_cases(rng, dtype, m=256, k=96, n=64, g=4):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
-@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_ragged_dot_general_reads_half_in_place(rng, dtype, kernel):
     """Every mode gives exactly what converting the operands to float32
     first gives (the products and sums are the same float32 operations),
@@ -135,7 +137,7 @@ def test_matches_jax_in_half_precision(jax, rng, dtype, m, k, n, g):
         check_close(got, want, dtype, err_msg=name)
 
 
-@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
 def test_every_half_value_is_widened_exactly(dtype, kernel):
     """All 65536 bit patterns (subnormals, infinities, NaNs included) go
@@ -208,7 +210,7 @@ def test_gathers_read_half_rows_in_place(rng, dtype):
     assert peak < 4 * y.size // 2, peak      # a float32 copy of y alone would take 4 * y.size
 
 
-@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: d.name)
 def test_kernels_round_16bit_outputs_once(rng, dtype, kernel):
     """A float16 / bfloat16 output is written by the kernels tile by tile,

@@ -26,7 +26,7 @@ import raggeddot
 from raggeddot import RaggedDotDimensionNumbers as DN
 from raggeddot import reference, runtime
 
-from helpers import (DTYPES, FLOATS, INT_DTYPES, KERNELS, LAYOUTS, THREAD_COUNTS,
+from helpers import (BFLOAT16, DOT_KERNELS, DTYPES, FLOATS, INT_DTYPES, KERNELS, LAYOUTS, THREAD_COUNTS,
                      VALUE_LAYOUTS, assert_unchanged, check_close, dtype_id,
                      empty_group_patterns, group_size_patterns, random_group_sizes, randn,
                      snapshot, with_layout)
@@ -231,12 +231,33 @@ def op(request):
     return request.param
 
 
-@pytest.fixture(params=DTYPES, ids=dtype_id)
+@pytest.fixture
 def dtype(request):
     return request.param
 
 
-@pytest.fixture(params=KERNELS)
+def pytest_generate_tests(metafunc):
+    """A test of a dtype on a kernel runs every dtype on every float family,
+    and bfloat16 also on every bfloat16 dot-product family (natives and
+    twins: the bfloat16 products then run on vdpbf16ps or its emulation)."""
+    marked = set()   # names a test parametrizes itself
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        marked |= {x.strip() for x in (names.split(",") if isinstance(names, str) else names)}
+    wanted = {"dtype", "kernel"} & set(metafunc.fixturenames) - marked
+    if wanted == {"dtype", "kernel"}:
+        pairs = [(d, k) for d in DTYPES for k in KERNELS]
+        if BFLOAT16 is not None:
+            pairs += [(BFLOAT16, k) for k in DOT_KERNELS["bfloat16-dot"]]
+        metafunc.parametrize(("dtype", "kernel"), pairs, indirect=True,
+                             ids=[f"{dtype_id(d)}-{k}" for d, k in pairs])
+    elif "dtype" in wanted:
+        metafunc.parametrize("dtype", DTYPES, indirect=True, ids=dtype_id)
+    elif "kernel" in wanted:
+        metafunc.parametrize("kernel", KERNELS, indirect=True)
+
+
+@pytest.fixture
 def kernel(request):
     with runtime.configured(kernel=request.param):
         assert runtime.get_kernel() == request.param
@@ -466,9 +487,14 @@ def test_kernels_are_selectable_exactly_when_the_cpu_runs_them():
     or refused with RuntimeError, never silently run on a CPU without it."""
     compiled = runtime.compiled_kernels()
     assert "ref" in KERNELS and set(KERNELS) <= set(compiled)
+    dot = DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["int8-dot"]
     with runtime.configured():
         for name in compiled:
-            if name in KERNELS:
+            if name in dot:   # a dot-product family: selectable by name, never automatic
+                runtime.set_kernel(name)
+                assert runtime.get_kernel() == name
+                assert runtime.set_kernel("auto") == name and runtime.get_kernel() in KERNELS
+            elif name in KERNELS:
                 runtime.set_kernel(name)
                 assert runtime.get_kernel() == name
                 assert raggeddot.build_info()["kernel"] == name

@@ -8,7 +8,7 @@ import raggeddot
 from raggeddot import RaggedDotDimensionNumbers as DN
 from raggeddot import runtime
 
-from helpers import DTYPES, dtype_id, random_group_sizes
+from helpers import DOT_KERNELS, DTYPES, KERNELS, dtype_id, random_group_sizes
 
 SHAPES = [  # m, k, n, g: k across several KC blocks, n partial panels, empty groups
     (300, 70, 50, 16), (64, 1, 33, 8), (500, 600, 100, 7), (40, 300, 1, 3), (9, 257, 64, 1)]
@@ -22,7 +22,7 @@ def _case(rng, dtype, m, k, n, g):
     return lhs, rhs, gs
 
 
-@pytest.mark.parametrize("kernel", runtime.runnable_kernels())
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_same_results_as_the_plain_weights(rng, dtype, kernel):
     with runtime.configured(kernel=kernel):
@@ -44,6 +44,37 @@ def test_same_results_as_the_plain_weights(rng, dtype, kernel):
             assert np.array_equal(raggeddot.gmm(lhs, pt, gs), raggeddot.gmm(lhs, rt, gs, transpose_rhs=True))
 
 
+@pytest.mark.parametrize("kernel", ["auto"] + DOT_KERNELS["bfloat16-dot"])
+def test_bfloat16_weights_in_k_pairs(rng, kernel):
+    """bfloat16 weights for a bfloat16 lhs are laid out in k-pairs for the
+    bfloat16 dot-product kernels where they serve (the widening layout
+    elsewhere, and for lhs_dtype=float32): the same bits as the plain
+    weights, unpack() gives them back, and a float32 lhs is refused with the
+    fix named."""
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    with runtime.configured(kernel=kernel):
+        dot = "bfloat16-dot" in runtime.build_info()["blocking"]
+        for m, k, n, g in SHAPES + [(40, 1025, 33, 3)]:
+            lhs, rhs, gs = _case(rng, bf16, m, k, n, g)
+            packed = raggeddot.prepack(rhs)
+            assert packed.ctype == ("bfloat16-dot" if dot else "float32-bfloat16w")
+            assert np.array_equal(packed.unpack(), rhs)
+            want = raggeddot.ragged_dot(lhs, rhs, gs)
+            assert np.array_equal(raggeddot.ragged_dot(lhs, packed, gs).view(np.uint16), want.view(np.uint16))
+            assert packed.nbytes == g * -(-n // packed.nr) * packed.nr * 2 * sum(
+                min(packed.kc, k - p) + min(packed.kc, k - p) % 2 for p in range(0, k, packed.kc))
+            lhs32 = lhs.astype(np.float32)
+            if dot:
+                with pytest.raises(TypeError, match="lhs_dtype='float32'"):
+                    raggeddot.ragged_dot(lhs32, packed, gs)
+            wide = raggeddot.prepack(rhs, lhs_dtype=np.float32)
+            assert wide.ctype == "float32-bfloat16w"
+            assert np.array_equal(raggeddot.ragged_dot(lhs32, wide, gs), raggeddot.ragged_dot(lhs32, rhs, gs))
+    with pytest.raises(TypeError, match="lhs_dtype"):
+        raggeddot.prepack(rhs, lhs_dtype="int8")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_mixed_lhs_group_offset_and_threads(rng, dtype):
     lhs, rhs, gs = _case(rng, dtype, 400, 300, 70, 8)
@@ -54,6 +85,7 @@ def test_mixed_lhs_group_offset_and_threads(rng, dtype):
             assert np.array_equal(raggeddot.ragged_dot(lhs, packed, gs, group_offset=2), want)
     if dtype != np.float64:   # float32 accumulation: an lhs of another half/float32 dtype
         other = lhs.astype(np.float32)
+        packed = raggeddot.prepack(rhs[2:6], lhs_dtype=np.float32)
         assert np.array_equal(raggeddot.ragged_dot(other, packed, gs, group_offset=2,
                                                    preferred_element_type=np.float32),
                               raggeddot.ragged_dot(other, rhs[2:6], gs, group_offset=2,
@@ -65,7 +97,7 @@ def test_memory_is_the_layout_only(rng):
     panel); the PackedRhs holds its own copy."""
     import ml_dtypes
     rhs = rng.standard_normal((4, 512, 256)).astype(ml_dtypes.bfloat16)
-    packed = raggeddot.prepack(rhs)
+    packed = raggeddot.prepack(rhs, lhs_dtype=np.float32)
     assert packed.nbytes == rhs.nbytes
     rhs32 = rhs.astype(np.float32)
     assert raggeddot.prepack(rhs32).nbytes == rhs32.nbytes

@@ -12,10 +12,9 @@ import raggeddot
 from raggeddot import RaggedDotDimensionNumbers as DN
 from raggeddot import quant, reference, runtime
 
-from helpers import check_close, random_group_sizes
+from helpers import KERNELS, check_close, random_group_sizes
 
 QTYPES = ["int8", "int4", "float8_e4m3fn"]
-KERNELS = runtime.runnable_kernels()
 
 # (name, quantize keywords for w [g, k, n]): k = 384 runs past one KC block
 # (256), so subchannel tiles of 32 and 128 lie within blocks (several to a

@@ -21,15 +21,23 @@ import pytest
 import raggeddot as rd
 from raggeddot import reference, runtime
 
-from helpers import KERNELS, assert_unchanged, check_close, random_group_sizes, snapshot
+from helpers import DOT_KERNELS, KERNELS, assert_unchanged, check_close, random_group_sizes, snapshot
 
 INT = "int8-int32"   # the compute type's name in runtime.set_blocking / build_info
 
 
-@pytest.fixture(params=KERNELS)
+@pytest.fixture(params=KERNELS + DOT_KERNELS["int8-dot"])
 def kernel(request):
+    """Every float family (vpmaddwd, int8-int32) and every int8 dot-product
+    family (vpdpbusd, int8-dot, natives and twins); INT names the compute
+    type the family serves, for set_blocking."""
+    global INT
     with runtime.configured(kernel=request.param):
-        yield request.param
+        INT = "int8-dot" if request.param in DOT_KERNELS["int8-dot"] else "int8-int32"
+        try:
+            yield request.param
+        finally:
+            INT = "int8-int32"
 
 
 def ints(rng, shape, lo=-128, hi=127, minus128=False):

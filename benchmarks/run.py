@@ -47,6 +47,8 @@ Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU 
 16-bit cases (--dtype bfloat16 / float16; the inputs are the float32 draws rounded):
   raggeddot        on the 16-bit arrays, result in that dtype (as jax)
   rd-f32           raggeddot float32 on the same values converted (outside the timing)
+  rd-widen         raggeddot on the bfloat16 arrays with a float kernel family named, which
+                   forces the widening path (float32 FMAs) where vdpbf16ps would run; moe too
   np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul);
                    np-half: NumPy's own 16-bit dense matmul, on small products only
   torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it)

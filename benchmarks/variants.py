@@ -366,6 +366,24 @@ def _rd_f32(env, c):
     return lambda: {"out": raggeddot.ragged_dot(lhs, rhs, gs)}
 
 
+def _widening(fn):
+    """``fn`` run with the best float kernel family named: bfloat16 products then widen to
+    float32 and run FMAs (as on a CPU without vdpbf16ps) instead of the dot-product kernels."""
+    family = next(k["name"] for k in raggeddot.build_info()["kernels"] if k["runnable"] and "float32" in k["types"])
+
+    def call():
+        with raggeddot.runtime.configured(kernel=family):
+            return fn()
+    return call
+
+
+def _rd_widen(env, c):
+    """raggeddot on the bfloat16 inputs with the widening path forced (_widening)."""
+    if c.dtype.name != "bfloat16":
+        raise Skip("the forced widening path of a bfloat16 case only")
+    return _widening(_rd_forward(env, c))
+
+
 def _rd_prepacked(env, c):
     """ragged_dot on rhs packed once by raggeddot.prepack (outside the timing)."""
     if not hasattr(raggeddot, "prepack"):
@@ -570,15 +588,18 @@ def _moe(kind: str, backward: bool):
             if not c.half:
                 raise Skip("a float32 twin of a 16-bit case only")
             inputs = c.inputs32
+        if kind == "rd-widen" and c.dtype.name != "bfloat16":
+            raise Skip("the forced widening path of a bfloat16 case only")
         args, kw = [inputs[a] for a in specs.MOE_ARGS], inputs["options"]
         if not backward:
-            return lambda: {"out": raggeddot.moe_block(*args, **kw)}
+            fn = lambda: {"out": raggeddot.moe_block(*args, **kw)}  # noqa: E731
+            return _widening(fn) if kind == "rd-widen" else fn
 
         def fwd_bwd():
             out, vjp_fn = raggeddot.moe_block_vjp(*args, **kw)
             return dict(MB.flat_grads(vjp_fn(inputs["ct"])), out=out)
 
-        return fwd_bwd
+        return _widening(fwd_bwd) if kind == "rd-widen" else fwd_bwd
 
     return build
 
@@ -646,6 +667,7 @@ def _moe_variants(phase: str, backward: bool) -> list[Variant]:
     refs = ("out",) + (MB.MAIN_GRADS if backward else ())
     return [Variant("raggeddot", phase, _moe("raggeddot", backward), refs, phase, memory=True),
             Variant("rd-f32", phase, _moe("rd-f32", backward), refs, phase, f32=True),
+            Variant("rd-widen", phase, _moe("rd-widen", backward), refs, phase),
             Variant("numpy", phase, _moe("numpy", backward), refs, phase, numpy=True, memory=True, f32=True),
             Variant("torch", phase, _moe("torch", backward), refs, phase),
             Variant("hf-eager", phase, _moe("eager", backward), refs, phase),
@@ -785,6 +807,7 @@ VARIANTS: dict[str, list[Variant]] = {
     "ragged_dot": [
         Variant("raggeddot", "ragged_dot", _rd_forward, ("out",), "flops", threads="rd"),
         Variant("rd-f32", "ragged_dot", _rd_f32, ("out",), "flops", threads="rd", f32=True),
+        Variant("rd-widen", "ragged_dot", _rd_widen, ("out",), "flops", threads="rd"),
         Variant("rd-prepacked", "ragged_dot", _rd_prepacked, ("out",), "flops", threads="rd"),
         Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True, f32=True),
         Variant("np-loop", "ragged_dot", _np_loop, ("out",), "flops", numpy=True, f32=True),

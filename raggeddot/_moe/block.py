@@ -381,8 +381,10 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
                     shared_expert_gate=shared_expert_gate, router_weights_on=router_weights_on,
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
-    out, res = forward(layer)
-    out = deliver_out(layer, out)
+    with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
+                      "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
+        out, res = forward(layer)
+        out = deliver_out(layer, out)
     if return_aux:
         return out, _aux(layer, res)
     return out
@@ -418,7 +420,9 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     return_aux = bool(kwargs.pop("return_aux", False))
     kw = bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs)
     layer = prepare(**kw)
-    out, res = forward(layer)
+    with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
+                      "[N, f], expert outputs [N, d]) or its result [..., d]"):
+        out, res = forward(layer)
 
     def gradients(d_out, d_aux):
         d_logits = aux_logits_cotangent(layer, res, d_aux, fn)
@@ -426,7 +430,9 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             g = np.zeros(layer.x.shape, dtype=layer.compute_dtype)
         else:
             g = cotangent(layer, d_out, fn)
-        return deliver_grads(layer, kw, backward(layer, res, g, d_logits))
+        with v.memory_for(fn, "the gradients (of every weight, x [..., d] and the hidden "
+                          "activations [N, f])"):
+            return deliver_grads(layer, kw, backward(layer, res, g, d_logits))
 
     if not return_aux:
         return deliver_out(layer, out), lambda d_out: gradients(d_out, None)

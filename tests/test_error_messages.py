@@ -1,13 +1,14 @@
 """Messages of errors a new user meets: an allocation that does not fit
 names the function, what it was allocating, the shape, dtype and bytes;
-a non-array argument names what was received."""
+a non-array argument names what was received; vjp's docstring lists the
+functions it differentiates."""
 import re
 
 import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core
+from raggeddot import _autodiff, _core
 
 # 2^40 rows of one value each: a broadcast view, no memory behind it
 BIG_ROWS = np.broadcast_to(np.zeros((1, 1), np.float32), (2 ** 40, 1))
@@ -78,3 +79,19 @@ def test_non_arrays_name_what_was_received(call, pattern):
     with pytest.raises(TypeError, match=pattern):
         call(np.ones((2, 3, 2)), np.array([2, 2]))
 
+
+def test_vjp_docstring_lists_what_its_error_lists():
+    """Every function vjp's error message offers is named in vjp's, jvp's
+    and grad's docstrings (grad and jvp defer to vjp's list)."""
+    with pytest.raises(TypeError) as e:
+        raggeddot.vjp(np.sum, np.ones(3))
+    offered = re.findall(r"raggeddot\.(\w+)", str(e.value).split("so the differentiable functions are")[1]
+                         .split(", or a functools.partial")[0])
+    assert set(offered) >= {"ragged_dot", "gmm", "tgmm", "ragged_dot_general", "ragged_gather",
+                            "ragged_gather_reduce", "moe_block"}
+    for name in offered:
+        assert re.search(rf"``(raggeddot\.)?{name}``", _autodiff.vjp.__doc__), name
+    assert "as for :func:`vjp`" in _autodiff.jvp.__doc__ and "as for :func:`vjp`" in _autodiff.grad.__doc__
+    # and jvp has a rule for every one of them
+    for name in offered:
+        assert getattr(raggeddot, name) in _autodiff._JVP_RULES, name

@@ -24,8 +24,8 @@ Backward (``d_y`` -> ``d_xs`` and the weight gradients)::
     d_b*[l]    = the column sums of d_h0, d_h1, d_y over rows_e
 
 Forward mode (:func:`jvp`), along ``t_xs`` and the weights' tangents
-``t_w0``, ``t_w1``, ``t_wo`` (the biases held constant), with ``act'``
-the elementwise partial derivatives of ``a`` in h0 and h1::
+``t_w0``, ``t_w1``, ``t_wo`` (the biases held constant), with
+``da/dh0`` and ``da/dh1`` the elementwise partial derivatives of ``a``::
 
     t_h0 = t_xs @ w0[l] + xs @ t_w0[l];   t_h1 = t_xs @ w1[l] + xs @ t_w1[l]
     t_a  = da/dh0 * t_h0 + da/dh1 * t_h1

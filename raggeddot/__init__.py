@@ -4,7 +4,16 @@ The semantics are those of ``jax.lax.ragged_dot`` and of megablox's grouped
 matmuls; the arithmetic runs in a C extension (``raggeddot._core``) with packed
 panels, SIMD micro-kernels and OpenMP threads. ``raggeddot.reference`` states
 the same math in plain NumPy.
+
+The submodules ``reference`` (the NumPy oracle), ``testing``
+(``check_grads``), ``specs`` (the named benchmark shapes) and
+``distributed`` (expert parallelism over MPI) are attributes of the
+package, imported on first use (``raggeddot.testing.check_grads`` works
+after ``import raggeddot``) so that ``import raggeddot`` does not pay for
+them.
 """
+import importlib
+
 from . import runtime
 from ._autodiff import grad, jvp, vjp
 from ._megablox import gmm, make_group_metadata, tgmm
@@ -43,3 +52,18 @@ __all__ = [
     "grad",
     "runtime",
 ]
+
+#: Submodules imported on first attribute access (PEP 562).
+_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module   # later accesses skip this function
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -64,7 +64,10 @@ def run_spec(spec, dtype, seed, scale, budget, cache):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m raggeddot", description=__doc__.splitlines()[0])
+    # the docstring's first paragraph (whole sentences) is the description, the rest the epilog
+    first, _, rest = __doc__.strip().partition("\n\n")
+    parser = argparse.ArgumentParser(prog="python -m raggeddot", description=" ".join(first.split()),
+                                     epilog=" ".join(rest.split()) or None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, default=1.0,

@@ -1,7 +1,8 @@
 """Forward- and reverse-mode derivatives of raggeddot's operations, in jax's style.
 
 There is no tracing here: the differentiable functions are the package's ops
-(``ragged_dot``, ``gmm``, ``tgmm``, ``ragged_dot_general``, ``moe_block``),
+(``ragged_dot``, ``gmm``, ``tgmm``, ``ragged_dot_general``, ``ragged_gather``,
+``ragged_gather_reduce``, ``moe_block``),
 each with a registered rule, or a ``functools.partial`` of one of them (for
 instance ``partial(gmm, transpose_rhs=True)``)::
 
@@ -170,21 +171,25 @@ def operand(x):
 # ---------------------------------------------------------------------------
 
 
-def vjp(fun, *primals):
-    """``(out, vjp_fn)`` like ``jax.vjp``: ``out = fun(*primals)`` and
-    ``vjp_fn(ct)`` the gradient of ``sum(out * ct)``.
+def vjp(fun, *primals, **kwargs):
+    """``(out, vjp_fn)`` like ``jax.vjp``: ``out = fun(*primals, **kwargs)``
+    and ``vjp_fn(ct)`` the gradient of ``sum(out * ct)``.
 
     Args:
       fun: ``raggeddot.ragged_dot``, ``gmm``, ``tgmm``, ``ragged_dot_general``,
-        ``moe_block`` or a ``functools.partial`` of one (anything else:
-        TypeError).
+        ``ragged_gather``, ``ragged_gather_reduce``, ``moe_block`` or a
+        ``functools.partial`` of one (anything else: TypeError).
       *primals: the positional arguments of the call.
+      **kwargs: keyword arguments of the call, not differentiated (as
+        those a partial binds: e.g. ``preferred_element_type=np.float64``).
 
     Returns:
       ``(out, vjp_fn)``. ``vjp_fn(ct)``, ``ct`` an array of ``out``'s shape,
       returns a tuple with one entry per primal: the gradient with the primal's
-      shape and dtype for ``lhs``, ``rhs`` and ``existing_out``, ``None`` for
-      ``group_sizes`` and any other (non-differentiable) argument. ``vjp_fn``
+      shape and dtype for a differentiable argument (``lhs``, ``rhs`` and
+      ``existing_out``; the gathers' rows and weights; moe_block's x,
+      router_weights, w0, w1, wo), ``None`` for ``group_sizes``, indices
+      and any other (non-differentiable) argument. ``vjp_fn``
       can be called any number of times; the primals are read, never written,
       and must not be modified while ``vjp_fn`` is in use.
 
@@ -194,6 +199,7 @@ def vjp(fun, *primals):
         d_lhs, d_rhs, _ = vjp_fn(np.ones_like(out))
     """
     op, pargs, pkwargs = _resolve(fun, _VJP_RULES, "vjp")
+    pkwargs = {**pkwargs, **kwargs}
     rule, argnames = _VJP_RULES[op]
     _refuse_bound_gradients(op, pkwargs)
     args, names = _bind(op, pargs, pkwargs, primals, "vjp")
@@ -251,18 +257,23 @@ def _cotangent(ct, out, opname):
     return arr
 
 
-def jvp(fun, primals, tangents):
-    """``(out, tangent_out)`` like ``jax.jvp``: ``out = fun(*primals)`` and
-    ``tangent_out`` its derivative along ``tangents``.
+def jvp(fun, primals, tangents, **kwargs):
+    """``(out, tangent_out)`` like ``jax.jvp``: ``out = fun(*primals,
+    **kwargs)`` and ``tangent_out`` its derivative along ``tangents``.
 
     Args:
-      fun: as for :func:`vjp`, but not ``moe_block`` (it has no forward-mode
-        rule).
+      fun: as for :func:`vjp`. For ``moe_block`` the expert choice (top-k,
+        piecewise constant) is held fixed: the tangent flows through the
+        router weights of the chosen experts, as in the vjp.
       primals: tuple of the positional arguments of the call.
-      tangents: tuple of the same length. For ``lhs``, ``rhs`` and
-        ``existing_out``: an array of the primal's shape (cast to its dtype) or
-        ``None`` for zero. For every other argument the tangent is ignored
-        (``None``, or jax's float0 zeros for ``group_sizes``).
+      tangents: tuple of the same length. For a differentiable argument
+        (``lhs``, ``rhs``, ``existing_out``; the gathers' rows and
+        weights; moe_block's x, router_weights, w0, w1, wo): an array of
+        the primal's shape (cast to its dtype) or ``None`` for zero. For
+        every other argument the tangent is ignored (``None``, or jax's
+        float0 zeros for ``group_sizes``).
+      **kwargs: keyword arguments of the call, constants of the derivative
+        (as those a partial binds).
 
     Returns:
       ``(out, tangent_out)``, ``tangent_out`` with ``out``'s shape and dtype.
@@ -270,6 +281,7 @@ def jvp(fun, primals, tangents):
       ``tangent_out = ragged_dot(t_lhs, rhs, gs) + ragged_dot(lhs, t_rhs, gs)``.
     """
     op, pargs, pkwargs = _resolve(fun, _JVP_RULES, "jvp")
+    pkwargs = {**pkwargs, **kwargs}
     rule, argnames = _JVP_RULES[op]
     primals, tangents = tuple(primals), tuple(tangents)
     if len(primals) != len(tangents):
@@ -311,14 +323,18 @@ def jvp(fun, primals, tangents):
 
 
 def grad(fun, argnums=0):
-    """Gradient of the scalar ``sum(fun(*primals) * cotangent)``.
+    """Gradient of the scalar ``sum(fun(*primals, **kwargs) * cotangent)``.
 
     The ops return arrays and there is no tracer to differentiate a reduction
     written by the user, so ``grad`` fixes the reduction: the returned function
-    ``g(*primals, cotangent=None)`` gives the gradient of
-    ``L = sum(fun(*primals) * cotangent)`` with respect to ``primals[argnums]``
-    (``cotangent=None`` means ones, i.e. ``L = sum(out)``). It equals
-    ``jax.grad(lambda *a: (f(*a) * cotangent).sum(), argnums)``.
+    ``g(*primals, cotangent=None, **kwargs)`` gives the gradient of
+    ``L = sum(fun(*primals, **kwargs) * cotangent)`` with respect to
+    ``primals[argnums]`` (``cotangent=None`` means ones, i.e. ``L =
+    sum(out)``). Keyword arguments are passed to ``fun`` and not
+    differentiated, as ``jax.grad`` does. It equals
+    ``jax.grad(lambda *a, **kw: (f(*a, **kw) * cotangent).sum(), argnums)``.
+    ``inspect.signature(g)`` is that of ``fun`` with the keyword-only
+    ``cotangent=None`` added.
 
     Args:
       fun: as for :func:`vjp`.
@@ -327,26 +343,36 @@ def grad(fun, argnums=0):
     """
     single = isinstance(argnums, (int, np.integer))
     nums = (int(argnums),) if single else tuple(int(a) for a in argnums)
-    _resolve(fun, _VJP_RULES, "grad")  # fail early on a non-differentiable fun
+    op, _, _ = _resolve(fun, _VJP_RULES, "grad")  # fail early on a non-differentiable fun
 
     @functools.wraps(fun if not isinstance(fun, functools.partial) else fun.func)
-    def g(*primals, cotangent=None):
+    def g(*primals, cotangent=None, **kwargs):
         for a in nums:
             if not -len(primals) <= a < len(primals):
                 raise ValueError(f"grad: argnums={a} is out of range for {len(primals)} primals")
-        out, vjp_fn = vjp(fun, *primals)
+        out, vjp_fn = vjp(fun, *primals, **kwargs)
         ct = np.ones_like(out) if cotangent is None else cotangent
         grads = vjp_fn(ct)
         picked = []
         for a in nums:
             if grads[a] is None:
                 raise TypeError(
-                    f"grad: argument {a} is not differentiable (only lhs, rhs and existing_out are; "
-                    "group_sizes and options have no gradient)")
+                    f"grad: argument {a} is not differentiable (the differentiable arguments of "
+                    f"{_op_name(op)} are {', '.join(_VJP_RULES[op][1])}; group_sizes, indices and "
+                    "options have no gradient)")
             picked.append(grads[a])
         return picked[0] if single else tuple(picked)
 
+    g.__signature__ = _with_cotangent(inspect.signature(fun))
     return g
+
+
+def _with_cotangent(sig):
+    """``sig`` with a keyword-only ``cotangent=None`` (before any ``**kwargs``)."""
+    params = [p for p in sig.parameters.values() if p.kind != p.VAR_KEYWORD]
+    var_kw = [p for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD]
+    extra = inspect.Parameter("cotangent", inspect.Parameter.KEYWORD_ONLY, default=None)
+    return sig.replace(parameters=params + [extra] + var_kw)
 
 
 # ---------------------------------------------------------------------------

@@ -173,17 +173,21 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     start = v.local_group_start(0 if group_offset is None else group_offset, gs.shape[0], w.shape[0], fn)
     bounds = gw.group_bounds(gs, start, w.shape[0])
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
-                           {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
+    with v.memory_for(fn, "the result [m, n]"):
+        res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
+                               {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
     if packed:
         gw.check_packed_compute(rhs, ct, fn)
-        gw.rows_packed(lhs, w, bounds, res)
-    else:
-        gw.rows(lhs, w, bounds, res)
-    return gw.deliver(res, out, out_dtype)
+    with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
+        if packed:
+            gw.rows_packed(lhs, w, bounds, res)
+        else:
+            gw.rows(lhs, w, bounds, res)
+    with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
+        return gw.deliver(res, out, out_dtype)
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
@@ -250,10 +254,13 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
-                           {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
-    gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
-    return gw.deliver(res, out, out_dtype)
+    with v.memory_for(fn, "the result [num_actual_groups, k, n]"):
+        res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
+                               {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
+    with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
+        gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
+    with v.memory_for(fn, f"the result [num_actual_groups, k, n] in {out_dtype}"):
+        return gw.deliver(res, out, out_dtype)
 
 
 # ---------------------------------------------------------------------------

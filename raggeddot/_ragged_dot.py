@@ -87,19 +87,23 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
     n = rhs.shape[2]
-    res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn,
-                           {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
+    with v.memory_for(fn, "the result [m, n]"):
+        res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn,
+                               {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
     if packed:
         gw.check_packed_compute(rhs, ct, fn)
-        if as_bf16:
-            raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
-                            "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
-        gw.rows_packed(lhs, rhs, bounds, res)
-    else:
-        gw.rows(lhs, rhs, bounds, res, as_bf16=as_bf16)
-    return gw.deliver(res, out, out_dtype)
+    if packed and as_bf16:
+        raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
+                        "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
+    with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
+        if packed:
+            gw.rows_packed(lhs, rhs, bounds, res)
+        else:
+            gw.rows(lhs, rhs, bounds, res, as_bf16=as_bf16)
+    with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
+        return gw.deliver(res, out, out_dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -196,14 +196,16 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     # one-byte values and its scales alike
     lhs = lhs if quant.is_qarray(lhs) else gw.operand(lhs, ct, gw.PACKED)
     rhs = rhs if quant.is_qarray(rhs) else gw.operand(rhs, ct, gw.PACKED)
-    if r in lf:
-        out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0], group_offset,
-                              as_bf16)
-    elif r in lc:
-        out = _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
-    else:
-        out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
-    return out if out.dtype == out_dtype else out.astype(out_dtype)
+    with v.memory_for(_FN, "the operands' reshaped copies or the kernels' packed panels"):
+        if r in lf:
+            out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0],
+                                  group_offset, as_bf16)
+        elif r in lc:
+            out = _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
+        else:
+            out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
+    with v.memory_for(_FN, f"the result in {out_dtype}"):
+        return out if out.dtype == out_dtype else out.astype(out_dtype)
 
 
 def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_offset):
@@ -249,7 +251,8 @@ def _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, gr
     n_shape = _shape(rhs, rf)
     n_size = _size(n_shape)
     rows = ragged_size * inner
-    out = np.empty(prefix_shape + _shape(lhs, lf[p:]) + n_shape, dtype=ct)
+    with v.memory_for(_FN, "the result (ragged non-contracting mode)"):
+        out = np.empty(prefix_shape + _shape(lhs, lf[p:]) + n_shape, dtype=ct)
     if out.size == 0:
         return out
     out3 = out.reshape(prefix_shape + (rows, n_size))
@@ -291,7 +294,8 @@ def _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_off
     b_shape = _shape(lhs, lb)
     m_shape = _shape(lhs, lf)
     n_shape = _shape(rhs, rf)
-    out = np.empty((g,) + b_shape + m_shape + n_shape, dtype=ct)
+    with v.memory_for(_FN, "the result [g, batch..., m..., n...] (ragged contracting mode)"):
+        out = np.empty((g,) + b_shape + m_shape + n_shape, dtype=ct)
     if out.size == 0:
         return out
     if _size(_shape(lhs, lc)) == 0:
@@ -351,7 +355,8 @@ def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, a
     n_shape = _shape(rhs, rf)
     b_size, m_size = _size(b_shape), _size(m_shape)
     k_size, n_size = _size(_shape(lhs, lc)), _size(n_shape)
-    out = np.empty(b_shape + m_shape + n_shape, dtype=ct)
+    with v.memory_for(_FN, "the result (ragged batch mode)"):
+        out = np.empty(b_shape + m_shape + n_shape, dtype=ct)
     if out.size == 0:
         return out
     lhs_t = lhs.transpose(lb + lf + lc)

@@ -5,6 +5,7 @@ here computes or converts an operand: that is the gateway's (``_gateway``).
 """
 import enum
 import operator
+import reprlib
 
 import numpy as np
 
@@ -120,22 +121,60 @@ def packed_refused(x, what, fn):
         f"weights instead: PackedRhs.unpack() returns them as a new {kind}")
 
 
+def received(x):
+    """What was received, for a message: ``None``, ``str 'abc'``, ``an
+    array of dtype <U3 and shape (2,)``, ``list [1, 'a']`` (values
+    abbreviated)."""
+    if x is None:
+        return "None"
+    if isinstance(x, np.ndarray):
+        return f"an array of dtype {_dtype_name(x.dtype)} and shape {x.shape}"
+    return f"{type(x).__name__} {reprlib.repr(x)}"
+
+
 def as_array(x, name, fn, ndim=None, shape_doc=""):
-    """np.asarray(x) with a readable error; object arrays are refused (and a
+    """np.asarray(x) with a readable error; non-numeric values (None,
+    strings, objects) are refused naming what was received (and a
     PackedRhs, with :func:`packed_refused`'s message)."""
+    if x is None:
+        raise TypeError(f"{fn}: '{name}' must be an array, got None")
     try:
         arr = np.asarray(x)
     except Exception as e:  # ragged nested lists and similar
         raise TypeError(f"{fn}: '{name}' could not be converted to an array: {e}") from None
-    if arr.dtype == object:
+    if arr.dtype.kind in "OUSMm":   # (not "V": ml_dtypes' bfloat16 and float8 are of that kind)
         if is_packed(x):
             raise packed_refused(x, f"'{name}'", fn)
-        raise TypeError(f"{fn}: '{name}' has dtype object; expected a numeric array")
+        raise TypeError(f"{fn}: '{name}' must be a numeric array, got {received(x)}")
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(
             f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {arr.ndim}-D array of shape {arr.shape}"
         )
     return arr
+
+
+class memory_for:
+    """``with memory_for(fn, what):`` re-raises a MemoryError of the block
+    as one that names the function ``fn`` and ``what`` it was allocating
+    (e.g. "the result [g, k, n]"), followed by the allocator's own words
+    (the shape, dtype and bytes of the array that did not fit). A class
+    rather than a generator: it wraps every call of the ops, so it is kept
+    cheap."""
+    __slots__ = ("fn", "what")
+
+    def __init__(self, fn, what):
+        self.fn, self.what = fn, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if kind is None or not issubclass(kind, MemoryError):
+            return False
+        if str(e).startswith(f"{self.fn}: "):   # already named by an inner block
+            return False
+        detail = str(e) or "the allocator has no memory left"
+        raise MemoryError(f"{self.fn}: out of memory for {self.what}: {detail}") from e
 
 
 def index(value, name, fn):

@@ -120,6 +120,12 @@ def check_grads(fun, args, *, argnums=None, modes=("rev", "fwd"), eps=None, rtol
     difference: differences at that level always pass. The relative error of a
     comparison is ``|analytic - numeric| / scale``.
 
+    A function that is only piecewise smooth (``moe_block``: its top-k
+    choice of experts is piecewise constant, and both vjp and jvp hold it
+    fixed) agrees with finite differences only while the steps ``x +- eps*d``
+    keep the same choice: check it in float64 (eps 1e-6), or with a small
+    ``eps``; float32's default 1e-2 can move a token to another expert.
+
     Args:
       fun: ``fun(*args)`` returns an array. With the default ``vjp``/``jvp`` it
         must be one of raggeddot's differentiable ops or a ``functools.partial``

@@ -32,6 +32,33 @@ PyDoc_STRVAR(empty_doc,
 "set_buffer_cache): a large block freed by an earlier result is reused\n"
 "with its pages already mapped.");
 
+/* MemoryError "cannot allocate <bytes> for an array of shape (...) and
+ * dtype <name>", as NumPy words it (bytes < 0: more than an address space
+ * holds). Returns NULL. */
+static PyObject *
+rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes)
+{
+    PyObject *shape = PyTuple_New(dims->len);
+    if (shape == NULL)
+        return NULL;
+    for (int d = 0; d < dims->len; d++) {
+        PyObject *n = PyLong_FromSsize_t((Py_ssize_t)dims->ptr[d]);
+        if (n == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, d, n);
+    }
+    if (bytes < 0)
+        PyErr_Format(PyExc_MemoryError, "cannot allocate an array of shape %R and dtype %s: it needs "
+                     "more bytes than memory can hold", shape, dtype);
+    else
+        PyErr_Format(PyExc_MemoryError, "cannot allocate %lld bytes (%lld MiB) for an array of shape %R "
+                     "and dtype %s", bytes, bytes >> 20, shape, dtype);
+    Py_DECREF(shape);
+    return NULL;
+}
+
 static PyObject *
 rd_py_empty(PyObject *self, PyObject *args)
 {
@@ -72,10 +99,11 @@ rd_py_empty(PyObject *self, PyObject *args)
         else
             bytes *= (size_t)dims.ptr[d];
     }
+    const char *dtype_name = descr->type_num == NPY_FLOAT32 ? "float32" : "float64";
     if (too_large) {
         /* more bytes than an address space holds: a result that cannot be
          * allocated, as for any too-large allocation */
-        PyErr_SetString(PyExc_MemoryError, "empty: the result needs more bytes than memory can hold");
+        rd_empty_no_memory(&dims, dtype_name, -1);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
         return NULL;
@@ -83,9 +111,10 @@ rd_py_empty(PyObject *self, PyObject *args)
     size_t got = 0;
     void *p = rd_buffer_take(bytes, &got);
     if (p == NULL) {
+        rd_empty_no_memory(&dims, dtype_name, (long long)bytes);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
-        return PyErr_NoMemory();
+        return NULL;
     }
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, dims.len, dims.ptr, NULL, p,
                                          NPY_ARRAY_CARRAY, NULL);  /* steals descr */

@@ -11,6 +11,9 @@ Forward (each step in its own module, with its backward beside it)::
 Backward, in reverse: combine -> (d_y, d_topk_weights); experts -> (d_xs,
 expert weight gradients); dispatch -> d_x; route adds the router's share
 to d_x and gives the router's gradients; shared adds its share to d_x.
+Forward mode (:func:`tangent`), in the same order: route -> t_topk_weights
+(the choice held fixed: top-k is piecewise constant); dispatch -> t_xs;
+experts -> t_y; combine -> t_out; shared adds its share.
 The steps meet only through these arrays and the dispatch plan, so an
 exchange between processes fits between dispatch and experts (xs and
 group_sizes to the ranks that hold the experts) and between experts and
@@ -28,6 +31,7 @@ from .._prepack import PackedRhs
 from . import combine, dispatch, experts, route, shared
 from ..quant import AsQArray, QArray
 from .config import prepare
+from .experts import split_gate_up
 
 __all__ = ["moe_block", "moe_block_vjp"]
 
@@ -381,8 +385,10 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
                     shared_expert_gate=shared_expert_gate, router_weights_on=router_weights_on,
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
-    out, res = forward(layer)
-    out = deliver_out(layer, out)
+    with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
+                      "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
+        out, res = forward(layer)
+        out = deliver_out(layer, out)
     if return_aux:
         return out, _aux(layer, res)
     return out
@@ -418,7 +424,9 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     return_aux = bool(kwargs.pop("return_aux", False))
     kw = bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs)
     layer = prepare(**kw)
-    out, res = forward(layer)
+    with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
+                      "[N, f], expert outputs [N, d]) or its result [..., d]"):
+        out, res = forward(layer)
 
     def gradients(d_out, d_aux):
         d_logits = aux_logits_cotangent(layer, res, d_aux, fn)
@@ -426,7 +434,9 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
             g = np.zeros(layer.x.shape, dtype=layer.compute_dtype)
         else:
             g = cotangent(layer, d_out, fn)
-        return deliver_grads(layer, kw, backward(layer, res, g, d_logits))
+        with v.memory_for(fn, "the gradients (of every weight, x [..., d] and the hidden "
+                          "activations [N, f])"):
+            return deliver_grads(layer, kw, backward(layer, res, g, d_logits))
 
     if not return_aux:
         return deliver_out(layer, out), lambda d_out: gradients(d_out, None)
@@ -510,3 +520,64 @@ _autodiff.defvjp(moe_block, _moe_block_vjp_rule, ("x", "router_weights", "w0", "
                  keyword_argnames=("router_bias", "w0_bias", "w1_bias", "wo_bias", "shared_experts",
                                    "shared_expert_gate"),
                  full_vjp="raggeddot.moe_block_vjp")
+
+
+def tangent(layer, res, t_x=None, t_router=None, t_w0=None, t_w1=None, t_wo=None):
+    """Forward-mode derivative of :func:`forward`'s ``out [T, d]`` along
+    tangents of the tokens ``t_x [T, d]``, the router ``t_router [d, E]``
+    and the expert weights (the views :class:`~.experts.Experts` holds,
+    ``[E, d, f]`` / ``[E, f, d]``), all in the compute dtype, None for
+    zero; every other argument is a constant. The expert choice is held
+    fixed, as in the backward. Returns ``t_out [T, d]`` (compute dtype), or
+    None when every tangent is None."""
+    t_w = route.jvp(layer.router, res.route, t_x, t_router)
+    on_input = layer.weights_on == "input"
+    t_xs = dispatch.jvp(res.plan, t_x, layer.x, res.route.topk_weights if on_input else None,
+                        t_w if on_input else None)
+    t_y = experts.jvp(layer.experts, res.experts, t_xs, t_w0, t_w1, t_wo)
+    t_out = combine.jvp(res.combine, t_y, None if on_input else t_w)
+    if layer.shared is not None and t_x is not None:
+        term = shared.jvp(layer.shared, res.shared, t_x)
+        t_out = term if t_out is None else t_out + term
+    return t_out
+
+
+def _tangent_views(layer, tangents):
+    """The tangents of moe_block's primals (``{name: array or None}``, in
+    the stored shapes and layout) as :func:`tangent` takes them: compute
+    dtype, x as ``[T, d]``, fused gate/up split and "efd" weights
+    transposed exactly as :func:`~.config.prepare` reads the weights."""
+    ct = layer.compute_dtype
+
+    def get(name):
+        t = tangents.get(name)
+        return None if t is None else np.asarray(t).astype(ct, copy=False)
+
+    t_x, t_router = get("x"), get("router_weights")
+    if t_x is not None:
+        t_x = t_x.reshape(layer.x.shape)
+    t_w0, t_w1, t_wo = get("w0"), get("w1"), get("wo")
+    ex = layer.experts
+    if ex.gate_up is not None and t_w0 is not None:
+        t_w0, t_w1 = split_gate_up(t_w0, 1 if ex.transposed else 2, ex.gate_up)
+    if ex.transposed:
+        t_w0, t_w1, t_wo = (None if t is None else t.transpose(0, 2, 1) for t in (t_w0, t_w1, t_wo))
+    return t_x, t_router, t_w0, t_w1, t_wo
+
+
+def _moe_block_jvp_rule(args, tangents):
+    """raggeddot.jvp(moe_block, (x, router_weights, w0, w1, wo), tangents)
+    support: arguments bound by keyword (biases, shared experts) are
+    constants of the derivative."""
+    kw = dict(args)
+    if kw.pop("return_aux"):
+        raise ValueError("jvp of moe_block: 'return_aux' must be False; jvp differentiates the "
+                         "output only")
+    layer = prepare(**kw, fn="jvp of moe_block")
+    out, res = forward(layer)
+    t_out = tangent(layer, res, *_tangent_views(layer, tangents))
+    return deliver_out(layer, out), None if t_out is None else t_out.reshape(layer.x_shape)
+
+
+_autodiff.defjvp(moe_block, _moe_block_jvp_rule, ("x", "router_weights", "w0", "w1", "wo"),
+                 packed_argnames=("w0", "w1", "wo"))

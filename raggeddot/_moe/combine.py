@@ -10,6 +10,11 @@ a dropped assignment (slot -1) adding nothing. Backward, for ``d_out``::
     d_y[slot_of[t, j]]   = topk_weights[t, j] * d_out[t]               [N, d]
     d_topk_weights[t, j] = <d_out[t], y[slot_of[t, j]]>  (0 if dropped) [T, k]
 
+Forward mode (:func:`jvp`), the combine being bilinear in y and the weights::
+
+    t_out[t] = sum_j (topk_weights[t, j] * t_y[slot_of[t, j]]
+                      + t_topk_weights[t, j] * y[slot_of[t, j]])
+
 ``topk_weights = None`` sums the outputs unweighted (the router weights
 were applied to the experts' inputs, see :mod:`.dispatch`); then
 ``d_y[slot_of[t, j]] = d_out[t]`` and there is no weight gradient.
@@ -24,7 +29,7 @@ import numpy as np
 from .. import _gateway as gw
 from .dispatch import Plan, slot_dots, slot_weights
 
-__all__ = ["CombineResiduals", "forward", "backward"]
+__all__ = ["CombineResiduals", "forward", "backward", "jvp"]
 
 
 class CombineResiduals(NamedTuple):
@@ -52,3 +57,16 @@ def backward(res, d_out):
     # each slot receives its token's cotangent times its router weight
     d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan, w, y.shape[0]))
     return d_y, slot_dots(d_out, y, res.plan.slot_of)
+
+
+def jvp(res, t_y, t_topk_weights=None):
+    """Forward-mode derivative of :func:`forward` along ``t_y [N, d]`` and
+    ``t_topk_weights [T, k]`` (compute dtype; None for zero; the latter
+    ignored for an unweighted combine). Returns ``t_out [T, d]`` in the
+    compute dtype, or None when both are zero."""
+    w = res.topk_weights
+    t_out = None if t_y is None else gw.gather_reduce(t_y, res.plan.slot_of, w)
+    if w is not None and t_topk_weights is not None:
+        term = gw.gather_reduce(res.y, res.plan.slot_of, t_topk_weights)
+        t_out = term if t_out is None else t_out + term
+    return t_out

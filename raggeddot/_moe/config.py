@@ -128,6 +128,23 @@ def _shared_gate(gate, d, ct, fn):
     return gw.operand(g.reshape(d, 1), ct)
 
 
+def _activation_qtype(qtype, fn):
+    """The name in :data:`ACTIVATION_QTYPES` of ``qtype`` (a name or its
+    dtype), or ValueError naming 'activation_qtype': an unknown value, or
+    float8_e4m3fn without the ml_dtypes package (checked here, before the
+    quantization inside the layer would name its own argument)."""
+    if isinstance(qtype, str) and qtype not in ACTIVATION_QTYPES:
+        raise ValueError(f"{fn}: 'activation_qtype' must be None or one of {ACTIVATION_QTYPES} "
+                         f"(or their dtypes), got {qtype!r}")
+    try:
+        return qz._qtype_name(qtype, fn, name="activation_qtype")
+    except ValueError as e:
+        if "ml_dtypes" in str(e):
+            raise
+        raise ValueError(f"{fn}: 'activation_qtype' must be None or one of {ACTIVATION_QTYPES} "
+                         f"(or their dtypes), got {qtype!r}") from None
+
+
 def _choice(value, name, allowed, fn):
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{fn}: '{name}' must be one of {', '.join(map(repr, allowed))}, got {value!r}")
@@ -278,9 +295,8 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         w1 = weight(w1)
     if weights_layout == "efd":
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
-    if activation_qtype is not None and activation_qtype not in ACTIVATION_QTYPES:
-        raise ValueError(f"{fn}: 'activation_qtype' must be None or one of {ACTIVATION_QTYPES}, "
-                         f"got {activation_qtype!r}")
+    if activation_qtype is not None:
+        activation_qtype = _activation_qtype(activation_qtype, fn)
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
                       alpha=alpha, gate_up=gate_up if fused else None, act_qtype=activation_qtype)
     capacity = capacity_of(T, top_k, E, capacity_factor)

@@ -16,6 +16,10 @@ scales each row by its assignment's weight, ``xs[slot_of[t, j]] = w[t, j]
 * x[t]``, and the backward gives also ``d_w[t, j] = <d_xs[slot_of[t, j]],
 x[t]>`` and weights ``d_x[t] = sum_j w[t, j] d_xs[slot_of[t, j]]``.
 
+Forward mode (:func:`jvp`): the gather is linear in ``x`` (and, with
+input weights, in ``w``), so ``t_xs[i] = t_x[token_of_slot[i]]`` (plus,
+with input weights, ``w_slot[i] t_x[t] + t_w_slot[i] x[t]``).
+
 An expert-parallel layer sends ``xs`` (and ``plan.group_sizes``) to the
 ranks that hold the experts between this step and the experts step.
 """
@@ -25,7 +29,7 @@ import numpy as np
 
 from .. import _gateway as gw
 
-__all__ = ["Plan", "forward", "backward", "slot_weights", "slot_dots"]
+__all__ = ["Plan", "forward", "backward", "jvp", "slot_weights", "slot_dots"]
 
 
 class Plan(NamedTuple):
@@ -98,3 +102,21 @@ def backward(plan, d_xs, x=None, weights=None):
     if weights is None:
         return gw.gather_reduce(d_xs, plan.slot_of)
     return gw.gather_reduce(d_xs, plan.slot_of, weights), slot_dots(x, d_xs, plan.slot_of)
+
+
+def jvp(plan, t_x, x=None, weights=None, t_weights=None):
+    """Forward-mode derivative of :func:`forward` along ``t_x [T, d]``
+    (compute dtype, or None for zero) and, for input weights ``weights [T,
+    k]``, along their tangent ``t_weights [T, k]`` (or None)::
+
+        t_xs[i] = w_slot[i] * t_x[t] + t_w_slot[i] * x[t],   t = token_of_slot[i]
+
+    (``w_slot = 1``, no second term, without input weights). Returns
+    ``t_xs [N, d]`` in the compute dtype, or None when it is zero."""
+    n = plan.token_of_slot.shape[0]
+    w_slot = None if weights is None else slot_weights(plan, weights, n)
+    t_xs = None if t_x is None else gw.gather_rows(t_x, plan.token_of_slot, w_slot)
+    if weights is not None and t_weights is not None:
+        term = gw.gather_rows(x, plan.token_of_slot, slot_weights(plan, t_weights, n))
+        t_xs = term if t_xs is None else t_xs + term
+    return t_xs

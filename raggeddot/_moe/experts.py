@@ -23,6 +23,17 @@ Backward (``d_y`` -> ``d_xs`` and the weight gradients)::
     d_w1[l]    = xs[rows_e]^T @ d_h1[rows_e];  d_wo[l] = a[rows_e]^T @ d_y[rows_e]
     d_b*[l]    = the column sums of d_h0, d_h1, d_y over rows_e
 
+Forward mode (:func:`jvp`), along ``t_xs`` and the weights' tangents
+``t_w0``, ``t_w1``, ``t_wo`` (the biases held constant), with
+``da/dh0`` and ``da/dh1`` the elementwise partial derivatives of ``a``::
+
+    t_h0 = t_xs @ w0[l] + xs @ t_w0[l];   t_h1 = t_xs @ w1[l] + xs @ t_w1[l]
+    t_a  = da/dh0 * t_h0 + da/dh1 * t_h1
+    t_y  = t_a @ wo[l] + a @ t_wo[l]
+
+With activation quantization the weight terms use the quantized rows the
+forward multiplied, the others pass straight through (as the backward).
+
 Fused gate/up weights (one stored array ``w0`` holding both projections,
 as gpt-oss, Llama4 and transformers' Qwen/Mixtral experts keep them) are
 read as two strided views of it, never copied; their gradients are written
@@ -39,7 +50,8 @@ from .. import _validate as v
 from .._prepack import PackedRhs
 from ..quant import QArray, dequantize, quantize
 
-__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward", "backward"]
+__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward",
+           "backward", "jvp"]
 
 GATE_UP = ("concat", "interleaved")
 
@@ -279,3 +291,43 @@ def backward(experts, res, d_y):
         g0, g1 = split_gate_up(db, 1, experts.gate_up)
         g0[...], g1[...] = db0, db1
     return d_xs, ExpertGrads(dw, None, dwo, db, None, dbo)
+
+
+def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
+    """Forward-mode derivative of :func:`forward` (see the module
+    docstring) along ``t_xs [N, d]`` and the held experts' weight tangents
+    ``t_w0, t_w1 [n, d, f]``, ``t_wo [n, f, d]`` (the views the forward
+    reads; compute dtype; None for zero). Returns ``t_y [N, d]`` in the
+    compute dtype (rows outside the held experts' are 0), or None when
+    every tangent is None."""
+    if t_xs is None and t_w0 is None and t_w1 is None and t_wo is None:
+        return None
+    bounds, first = res.bounds, res.first
+    count = res.h0.shape[0]
+    last = first + count
+    f, d = experts.w0.shape[2], experts.wo.shape[2]
+    ct = gw.compute_dtype(res.h0.dtype)
+    t_y = np.zeros((res.xs.shape[0], d), dtype=ct)
+    if not count:
+        return t_y
+    xs = res.xs[first:last] if res.xs_q is None else res.xs_q      # what the forward multiplied
+    t_rows = None if t_xs is None else t_xs[first:last]
+
+    def product(lhs, w, t_lhs, t_w, cols):
+        """t_lhs @ w[l] + lhs @ t_w[l] over the groups, [count, cols]."""
+        out = np.zeros((count, cols), dtype=ct)
+        if cols and t_lhs is not None:
+            _rows(t_lhs, w, bounds, out)
+        if cols and t_w is not None:
+            gw.rows(lhs, t_w, bounds, out, accumulate=True)
+        return out
+
+    t_h0 = product(xs, experts.w0, t_rows, t_w0, f)
+    t_h1 = product(xs, experts.w1, t_rows, t_w1, f)
+    h0, h1 = (np.asarray(h, dtype=ct) for h in (res.h0, res.h1))
+    da_dh0, da_dh1 = gw.gated_act_grad(h0, h1, np.ones_like(h0), experts.activation, experts.limit,
+                                       experts.alpha)
+    t_a = da_dh0 * t_h0 + da_dh1 * t_h1
+    a = res.a if res.a_q is None else res.a_q
+    t_y[first:last] = product(a, experts.wo, t_a, t_wo, d)
+    return t_y

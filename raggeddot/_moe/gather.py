@@ -55,8 +55,9 @@ def ragged_gather(x, indices, weights=None):
     ct = gw.compute_dtype(xt)
     idx = _gather_indices(indices, 1, " [N]", 0, x.shape[0], fn)
     scale = _gather_weights(weights, idx, " [N]", ct, fn)
-    out = gw.gather_rows(x, idx, scale)
-    return out if out.dtype == xt else out.astype(xt)
+    with v.memory_for(fn, "the result [N, d]"):
+        out = gw.gather_rows(x, idx, scale)
+        return out if out.dtype == xt else out.astype(xt)
 
 
 def ragged_gather_reduce(y, indices, weights=None):
@@ -81,8 +82,9 @@ def ragged_gather_reduce(y, indices, weights=None):
     ct = gw.compute_dtype(yt)
     idx = _gather_indices(indices, 2, " [T, k]", -1, y.shape[0], fn)
     w = _gather_weights(weights, idx, " [T, k]", ct, fn)
-    out = gw.gather_reduce(y, idx, w)
-    return out if out.dtype == yt else out.astype(yt)
+    with v.memory_for(fn, "the result [T, d]"):
+        out = gw.gather_reduce(y, idx, w)
+        return out if out.dtype == yt else out.astype(yt)
 
 
 # ---------------------------------------------------------------------------

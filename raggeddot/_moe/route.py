@@ -13,7 +13,10 @@ Forward, for tokens ``x [T, d]`` and E experts::
 
 Backward: the choice (topk_idx) is held fixed, as in every framework; the
 gradient flows from ``d topk_weights`` through the chosen scores into the
-logits, then into ``x``, ``router.weights`` and ``router.bias``.
+logits, then into ``x``, ``router.weights`` and ``router.bias``. The
+forward-mode rule (:func:`jvp`) holds the choice fixed the same way: the
+top-k selection is piecewise constant, so a tangent moves the weights of
+the chosen experts, never the indices.
 """
 import dataclasses
 from typing import NamedTuple, Optional
@@ -22,7 +25,7 @@ import numpy as np
 
 from .. import _gateway as gw
 
-__all__ = ["Router", "RouteResiduals", "forward", "backward"]
+__all__ = ["Router", "RouteResiduals", "forward", "backward", "jvp"]
 
 
 @dataclasses.dataclass
@@ -120,3 +123,42 @@ def backward(router, res, d_topk_weights, d_x=None, d_logits=None):
         gw.matmul(dlogits, router.weights.T, out=d_x, accumulate=True)
     d_bias = dlogits.sum(axis=0) if router.bias is not None else None
     return d_x, d_weights, d_bias
+
+
+def jvp(router, res, t_x=None, t_weights=None):
+    """Forward-mode derivative of :func:`forward`'s ``topk_weights`` along
+    the tangents ``t_x [T, d]`` and ``t_weights [d, E]`` (compute dtype;
+    None for zero; the router's bias is a constant here), with the choice
+    ``topk_idx`` held fixed::
+
+        t_logits = t_x @ weights + x @ t_weights                      [T, E]
+        t_scores = scores * (t_logits - sum_e scores_e t_logits_e)  (softmax)
+                 | scores * (1 - scores) * t_logits                  (sigmoid)
+        t_chosen = t_scores at topk_idx                               [T, k]
+        t_w      = (scaling * t_chosen - w * sum_j t_chosen_j) / denom  if norm_topk_prob
+                   (denom = sum_j chosen_j (+1e-20 for sigmoid)), else scaling * t_chosen
+
+    Returns ``t_topk_weights [T, k]``, or None when both tangents are None.
+    """
+    t_logits = None
+    if t_x is not None:
+        t_logits = gw.matmul(t_x, router.weights)
+    if t_weights is not None:
+        if t_logits is None:
+            t_logits = gw.matmul(res.x, t_weights)
+        else:
+            gw.matmul(res.x, t_weights, out=t_logits, accumulate=True)
+    if t_logits is None:
+        return None
+    scores, idx, w = res.scores, res.topk_idx, res.topk_weights
+    if router.score_func == "softmax":
+        t_scores = scores * (t_logits - np.sum(scores * t_logits, axis=1, keepdims=True))
+    else:
+        t_scores = scores * (1 - scores) * t_logits
+    t_chosen = np.take_along_axis(t_scores, idx, axis=1)
+    if not router.norm_topk_prob:
+        return router.scaling * t_chosen
+    denom = np.take_along_axis(scores, idx, axis=1).sum(axis=1, keepdims=True)
+    if router.score_func == "sigmoid":
+        denom = denom + 1e-20
+    return (router.scaling * t_chosen - w * t_chosen.sum(axis=1, keepdims=True)) / denom

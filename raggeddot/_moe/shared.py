@@ -17,6 +17,12 @@ Backward, for ``d_out``::
     d_w0 = x^T @ d_h0;   d_w1 = x^T @ d_h1
     d_x += d_h0 @ w0^T + d_h1 @ w1^T (+ (<d_out[t], m[t]> s (1 - s)) gate^T)
 
+Forward mode along ``t_x`` (the weights are constants of moe_block's
+derivatives: keyword arguments), with ``da/dh`` act's elementwise partials::
+
+    t_h0 = t_x @ w0;  t_h1 = t_x @ w1;  t_m = (da/dh0 t_h0 + da/dh1 t_h1) @ wo
+    t_out = t_m   (no gate)  |  s t_m + s (1 - s) (t_x @ gate) m
+
 The branch is parallel to the routed path; moe_block adds its input
 gradient after the router's.
 """
@@ -27,7 +33,7 @@ import numpy as np
 
 from .. import _gateway as gw
 
-__all__ = ["SharedExperts", "SharedResiduals", "forward", "backward"]
+__all__ = ["SharedExperts", "SharedResiduals", "forward", "backward", "jvp"]
 
 
 @dataclasses.dataclass
@@ -91,3 +97,17 @@ def backward(shared, res, d_out, d_x):
     d_gate = gw.matmul(res.x.T, d_z)
     gw.matmul(d_z, shared.gate.T, out=d_x, accumulate=True)
     return d_w0, d_w1, d_wo, d_gate
+
+
+def jvp(shared, res, t_x):
+    """Forward-mode derivative of the branch :func:`forward` adds, along
+    ``t_x [T, d]`` (compute dtype; the weights held constant). Returns
+    ``t_out [T, d]`` (the branch's share of the layer's tangent)."""
+    t_h0, t_h1 = gw.matmul(t_x, shared.w0), gw.matmul(t_x, shared.w1)
+    da_dh0, da_dh1 = gw.gated_act_grad(res.h0, res.h1, np.ones_like(res.h0), shared.activation,
+                                       shared.limit, shared.alpha)
+    t_m = gw.matmul(da_dh0 * t_h0 + da_dh1 * t_h1, shared.wo)
+    if shared.gate is None:
+        return t_m
+    t_z = gw.matmul(t_x, shared.gate)                      # [T, 1]
+    return res.s * t_m + (res.s * (1 - res.s) * t_z) * res.m

@@ -219,30 +219,37 @@ def _is_bf16_type(t):
     return isinstance(name, str) and name.lower() in _BF16_NAMES
 
 
-def rounds_to_bf16(precision, ct, fn):
+def rounds_to_bf16(precision, ct, fn, operand_dtypes=()):
     """Whether ``precision`` asks for jax's BF16_BF16_F32 algorithm: a
     ``jax.lax.DotAlgorithmPreset.BF16_BF16_F32`` (or its name) or a
     ``DotAlgorithm`` with bfloat16 operands and float32 accumulation. Its
     float32 operands are then rounded to bfloat16 (nearest even) while
     packed, and the products of those values accumulated in float32: on the
     bfloat16 dot-product kernels where the CPU has them, else on the float32
-    kernels. TypeError when the call computes in float64 (``ct``)."""
+    kernels. TypeError when the call computes in float64 (``ct``) or an
+    operand (``operand_dtypes``) is neither float32 nor bfloat16."""
     if precision is None:
         return False
     name = getattr(precision, "name", precision)
     if isinstance(name, str) and name == "BF16_BF16_F32":
-        wanted = True
+        label = "DotAlgorithmPreset.BF16_BF16_F32"
     elif all(hasattr(precision, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type")):
         acc = precision.accumulation_type
-        wanted = (_is_bf16_type(precision.lhs_precision_type) and _is_bf16_type(precision.rhs_precision_type)
-                  and acc is not None and np.dtype(acc) == _FLOAT32)
+        if not (_is_bf16_type(precision.lhs_precision_type) and _is_bf16_type(precision.rhs_precision_type)
+                and acc is not None and np.dtype(acc) == _FLOAT32):
+            return False
+        label = "DotAlgorithm(bfloat16, bfloat16, float32)"
     else:
         return False
-    if wanted and ct != _FLOAT32:
-        raise TypeError(f"{fn}: precision={name if isinstance(name, str) else precision!r} multiplies bfloat16-"
-                        f"rounded operands into float32 sums, but this call computes in {ct.name}: give float32 "
-                        "or bfloat16 operands and a float32 (or narrower) result")
-    return wanted
+    if ct != _FLOAT32:
+        raise TypeError(f"{fn}: precision={label} multiplies bfloat16-rounded operands into float32 sums, but "
+                        f"this call computes in {ct.name}: give float32 or bfloat16 operands and a float32 "
+                        "(or narrower) result")
+    for arg, dt in zip(("lhs", "rhs"), operand_dtypes):
+        if dt.name not in ("float32", "bfloat16"):
+            raise TypeError(f"{fn}: precision={label} multiplies bfloat16-rounded operands: 'lhs' and 'rhs' "
+                            f"must be float32 or bfloat16 arrays, got a {dt.name} '{arg}'")
+    return True
 
 
 def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):

@@ -75,7 +75,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
-    as_bf16 = gw.rounds_to_bf16(precision, ct, fn)
+    as_bf16 = gw.rounds_to_bf16(precision, ct, fn, (lt, rt))
     m, k = lhs.shape
     if rhs.shape[1] != k:
         raise ValueError(

@@ -185,7 +185,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, _FN)
-    as_bf16 = gw.rounds_to_bf16(precision, ct, _FN)
+    as_bf16 = gw.rounds_to_bf16(precision, ct, _FN, (lt, rt))
 
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 

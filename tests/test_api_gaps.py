@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -241,6 +242,15 @@ def test_presets_with_float32_accumulation(rng, dtype, preset):
             raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
         with pytest.raises(ValueError, match=preset.name):
             raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name)      # by name, as jax takes it
+    elif preset.name == "BF16_BF16_F32":   # jax's meaning: operands rounded to bfloat16, float32 sums
+        if dtype == np.float16:
+            with pytest.raises(TypeError, match="BF16_BF16_F32 multiplies bfloat16-rounded operands: 'lhs' and 'rhs' must be float32 or bfloat16 arrays, got a float16 'lhs'"):
+                raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
+            return
+        bf16 = ml_dtypes.bfloat16
+        want = raggeddot.ragged_dot(lhs.astype(bf16), rhs.astype(bf16), gs, preferred_element_type=np.float32)
+        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), want)
+        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name), want)
     else:
         np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), base)
         np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name), base)
@@ -248,8 +258,13 @@ def test_presets_with_float32_accumulation(rng, dtype, preset):
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_presets_with_float64_accumulation(rng, preset):
-    """Every preset is honoured when the call accumulates in float64."""
+    """Every preset is honoured when the call accumulates in float64, but
+    BF16_BF16_F32, which asks for bfloat16 operands summed in float32."""
     lhs, rhs, gs = small_problem(rng, np.float64)
+    if preset.name == "BF16_BF16_F32":
+        with pytest.raises(TypeError, match="BF16_BF16_F32 multiplies bfloat16-rounded operands"):
+            raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
+        return
     base = raggeddot.ragged_dot(lhs, rhs, gs)
     np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), base)
     lhs32, rhs32 = lhs.astype(np.float32), rhs.astype(np.float32)   # a float64 output suffices
@@ -276,6 +291,14 @@ def test_dot_algorithm(rng, types, accepted):
     assert isinstance(algorithm, tuple) and len(algorithm) != 2     # a NamedTuple, not a pair
     lhs, rhs, gs = small_problem(rng, np.float32)
     base = raggeddot.ragged_dot(lhs, rhs, gs)
+    if accepted and types[:2] == (jnp.bfloat16, jnp.bfloat16) and types[2] == np.float32:
+        # jax's BF16_BF16_F32 algorithm: the operands rounded to bfloat16, float32 sums
+        bf16 = ml_dtypes.bfloat16
+        want = raggeddot.ragged_dot(lhs.astype(bf16), rhs.astype(bf16), gs, preferred_element_type=np.float32)
+        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm), want)
+        with pytest.raises(TypeError, match="multiplies bfloat16-rounded operands"):
+            raggeddot.ragged_dot(lhs.astype(np.float64), rhs.astype(np.float64), gs, precision=algorithm)
+        return
     if accepted:
         np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm), base)
     else:

@@ -79,9 +79,19 @@ def test_mixed_dtypes_and_float16_out(rng):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-3, atol=2e-3)
 
 
+def test_float64_under_x64(rng, x64):
+    with x64(True):
+        x, w = jnp.asarray(rng.standard_normal((20, 6))), jnp.asarray(rng.standard_normal((2, 6, 5)))
+        gs = jnp.asarray([5, 9])
+        got = jax.jit(rj.ragged_dot)(x, w, gs)
+        assert got.dtype == jnp.float64
+        np.testing.assert_allclose(got, jax.lax.ragged_dot(x, w, gs), rtol=1e-13, atol=1e-13)
+
+
 DNUMS = [  # (lhs shape, rhs shape, group sizes shape, dimension numbers)
     ((2, 12, 6), (3, 2, 6, 5), (2, 3), (([2], [2]), ([0], [1])), [1], [0]),   # mode 1, batch
     ((12, 3, 6), (6, 3, 4, 2), (3,), (([2], [0]), ([], [])), [0], [1]),       # mode 1, free dim after r
+    ((3, 12, 6), (4, 6, 5), (3, 4), (([2], [1]), ([], [])), [1], [0]),        # mode 1, sizes per free dim before r
     ((2, 12, 6), (2, 12, 5), (2, 3), (([1], [1]), ([0], [0])), [1], []),      # mode 2, batch
     ((12, 6), (12, 5), (3,), (([0], [0]), ([], [])), [0], []),                # mode 2 (tgmm)
     ((3, 8, 6), (3, 6, 5), (2,), (([2], [1]), ([0], [0])), [0], []),          # mode 3

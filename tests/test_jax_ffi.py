@@ -128,6 +128,15 @@ def test_gmm_and_tgmm_match_megablox(rng, dtype):
     assert got.dtype == jnp.float32                         # megablox's default output
 
 
+@pytest.mark.parametrize("k,m,n,sizes", [(5, 0, 3, [0, 0]), (4, 9, 2, [0, 0, 0]), (3, 8, 2, [8, 0])])
+def test_tgmm_edges_give_zeros_for_empty_groups(rng, k, m, n, sizes):
+    x, y = arr(rng, (k, m)), arr(rng, (m, n))
+    got = jax.jit(rj.tgmm)(x, y, jnp.asarray(sizes, jnp.int32))
+    want = ref_mb.tgmm(np.asarray(x), np.asarray(y), np.asarray(sizes))
+    assert got.shape == (len(sizes), k, n)
+    close(got, want)
+
+
 BAD = [([10, 0, 60, 20], "sums past m=64"), ([10, -1, 3, 2], "group_sizes[0, 1]=-1 is negative")]
 
 

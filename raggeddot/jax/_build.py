@@ -107,9 +107,12 @@ def load():
             diagnostics = _compile(cc, path)
             compiled = True
         lib = ctypes.CDLL(path)
-        get = ctypes.pythonapi.PyCapsule_GetPointer
-        get.restype = ctypes.c_void_p
-        get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        # (a prototype of our own: the shared ctypes.pythonapi entry is left as it is)
+        get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+            ("PyCapsule_GetPointer", ctypes.pythonapi))
+        if not hasattr(_core, "_C_API"):
+            raise RuntimeError("raggeddot.jax: raggeddot._core predates its C API (_C_API); rebuild the "
+                               "extension: python setup.py build_ext --inplace, or reinstall raggeddot")
         table = get(_core._C_API, b"raggeddot._core._C_API")
         lib.rd_ffi_bind.argtypes = [ctypes.c_void_p]
         lib.rd_ffi_bind.restype = ctypes.c_int

@@ -163,6 +163,29 @@ def test_traced_group_offset_out_of_range_raises(rng):
         rj.ragged_dot(x[:, :5], w, jnp.asarray([2, 2]))
 
 
+def test_direct_custom_calls_with_bad_operands_are_errors(rng):
+    """The handlers check what reaches them (ranks, dtypes, shapes, batches,
+    attributes) and answer with an FFI error, whoever calls them."""
+    rj.build_info()                                          # the targets are registered
+    x, w = arr(rng, (1, 8, 4)), arr(rng, (1, 2, 4, 3))
+    gs, off = jnp.asarray([[4, 4]], jnp.int32), jnp.zeros((1,), jnp.int32)
+    out = jax.ShapeDtypeStruct((1, 8, 3), jnp.float32)
+    call = lambda *a, out=out, **kw: jax.block_until_ready(                     # noqa: E731
+        jax.jit(lambda *a: jax.ffi.ffi_call("raggeddot_ragged_rows", out)(*a, **kw))(*a))
+    close(call(x, w, gs, off)[0], jax.lax.ragged_dot(x[0], w[0], gs[0]))        # well-formed: right
+    cases = [((x[0], w, gs, off), {}, "operand ranks"),
+             ((x.astype(jnp.int32), w, gs, off), {}, "must be float16, bfloat16"),
+             ((x, w, gs.astype(jnp.float32), off), {}, "int32 or int64"),
+             ((x[:, :5], w, gs, off), {}, "shapes disagree"),
+             ((jnp.concatenate([x] * 3), w, gs, off), {}, "batch"),
+             ((x, w, gs, off), {"transpose_lhs": "yes"}, "must be integers"),
+             ((x, w, gs, off + 1), {}, "group_offset=1"),
+             ((x, w), {}, "expected 4 buffer operands")]
+    for args, kw, message in cases:
+        with pytest.raises(Exception, match=message):
+            call(*args, **kw)
+
+
 def test_gradients_match_jax(rng):
     x, w = arr(rng, (40, 12)), arr(rng, (4, 12, 6))
     gs = jnp.asarray([9, 0, 17, 8], jnp.int32)

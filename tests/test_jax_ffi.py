@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import raggeddot
 from raggeddot.reference import megablox as ref_mb
 
 jax = pytest.importorskip("jax")
@@ -41,6 +42,12 @@ def test_build_info_reports_the_handlers():
     assert os.path.exists(info["library"])
     assert info["diagnostics"] == ""           # -Wall -Wextra -pedantic, no warnings
     assert info["targets"] == ["raggeddot_ragged_contract", "raggeddot_ragged_rows"]
+
+
+def test_the_handlers_run_with_raggeddots_thread_count(restore_runtime):
+    for n in (1, 3):
+        raggeddot.set_num_threads(n)
+        assert rj.build_info()["num_threads"] == n
 
 
 def test_import_raggeddot_leaves_jax_alone():

@@ -46,6 +46,20 @@ def cache_dir():
     return d if d else os.path.join(os.path.expanduser("~"), ".cache", "raggeddot")
 
 
+def _writable(d):
+    """`d`, created if needed; a private directory under the system's temporary
+    one when `d` cannot be written (a read-only home)."""
+    try:
+        os.makedirs(d, exist_ok=True)
+        if os.access(d, os.W_OK | os.X_OK):
+            return d
+    except OSError:
+        pass
+    d = os.path.join(tempfile.gettempdir(), f"raggeddot-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
 def _compiler():
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     return shlex.split(cc)
@@ -101,7 +115,7 @@ def load():
         if _state:
             return _state["lib"]
         cc = _compiler()
-        path = os.path.join(cache_dir(), f"rd_ffi-{_key(cc)}.so")
+        path = os.path.join(_writable(cache_dir()), f"rd_ffi-{_key(cc)}.so")
         compiled, diagnostics = False, ""
         if not os.path.exists(path):
             diagnostics = _compile(cc, path)
@@ -129,8 +143,11 @@ def build_info():
     """How the handlers were built: a dict with ``handlers`` (how and why),
     ``library`` (path), ``compiled_now`` (False: loaded from the cache),
     ``compiler``, ``diagnostics`` (compiler output, empty when clean),
-    ``jaxlib`` and ``ffi_api`` (the header's XLA_FFI_API_MAJOR.MINOR)."""
-    load()
+    ``jaxlib``, ``ffi_api`` (the header's XLA_FFI_API_MAJOR.MINOR) and
+    ``num_threads`` (what a call started now runs with, asked of the
+    handlers' library: raggeddot's own setting)."""
+    lib = load()
+    lib.rd_ffi_num_threads.restype = ctypes.c_int
     api = "?"
     with open(_header()) as f:
         text = f.read()
@@ -152,4 +169,5 @@ def build_info():
         "jaxlib": jaxlib.__version__,
         "ffi_api": api,
         "targets": sorted(TARGETS),
+        "num_threads": lib.rd_ffi_num_threads(),
     }

@@ -46,6 +46,14 @@ rd_ffi_bind(const void *table)
     return 0;
 }
 
+/* Threads a call started now would run (raggeddot's setting, read through
+ * _core), or -1 when unbound. */
+int
+rd_ffi_num_threads(void)
+{
+    return rd_api != NULL ? rd_api->num_threads() : -1;
+}
+
 static XLA_FFI_Error *
 rd_error(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg)
 {
@@ -349,8 +357,10 @@ rd_run(XLA_FFI_CallFrame *cf, int contract)
         }
         /* rows of no local group are zeros (all rows when k = 0) */
         const int64_t lo = k == 0 ? m : bounds[0], hi = k == 0 ? m : bounds[c.g];
-        memset(o.p, 0, (size_t)(lo * n) * osz);
-        memset((char *)o.p + (size_t)(hi * n) * osz, 0, (size_t)((m - hi) * n) * osz);
+        if (lo * n > 0)
+            memset(o.p, 0, (size_t)(lo * n) * osz);
+        if ((m - hi) * n > 0)
+            memset((char *)o.p + (size_t)(hi * n) * osz, 0, (size_t)((m - hi) * n) * osz);
         if (k > 0 && n > 0 && hi > lo)
             rc = rd_api->ragged_rows(c.wide, k, n, c.g, bounds, &a, &w, &o);
     }

@@ -65,8 +65,11 @@ def test_only_the_gateway_calls_the_compute_entry_points():
 
 
 def test_only_gateway_and_runtime_import_core():
+    """...and raggeddot.jax's loader, which reads nothing from _core but the
+    capsule of C function pointers its compiled FFI handlers call through."""
     users = sorted(str(p.relative_to(PACKAGE)) for p in _sources() if any(_core_uses(p)))
-    assert users == ["_gateway.py", "runtime.py"], users
+    assert users == ["_gateway.py", "jax/_build.py", "runtime.py"], users
+    assert _core_uses(PACKAGE / "jax" / "_build.py") == ({"_C_API"}, True)
 
 
 def test_the_gateway_reaches_every_compute_entry_point():

@@ -62,4 +62,7 @@ extern PyMethodDef rd_matmul_methods[];
 extern PyMethodDef rd_moe_methods[];
 extern PyMethodDef rd_runtime_methods[];
 
+/* Add the C interface capsule _C_API (py/rd_py_capi.c); 0 or -1. */
+int rd_add_capi(PyObject *m);
+
 #endif /* RD_PY_H */

@@ -212,7 +212,7 @@ PyInit__core(void)
     static const int score_values[] = {RD_SCORE_SOFTMAX, RD_SCORE_SIGMOID};
     if (rd_add_enum(m, "ACTIVATIONS", act_names, act_values, 5) != 0 ||
         rd_add_enum(m, "SCORE_FUNCS", score_names, score_values, 2) != 0 ||
-        rd_add_packing_reads(m) != 0)
+        rd_add_packing_reads(m) != 0 || rd_add_capi(m) != 0)
         goto error;
     return m;
 error:

@@ -27,13 +27,6 @@ from .runtime import build_info, get_num_threads, set_buffer_cache, set_num_thre
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
-    """``raggeddot.jax`` is imported on first access (it imports jax)."""
-    if name == "jax":
-        import importlib
-        return importlib.import_module(".jax", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 __all__ = [
     "ragged_dot",
     "prepack",
@@ -61,8 +54,8 @@ __all__ = [
     "runtime",
 ]
 
-#: Submodules imported on first attribute access (PEP 562).
-_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed")
+#: Submodules imported on first attribute access (PEP 562); ``jax`` imports jax then.
+_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed", "jax")
 
 
 def __getattr__(name):

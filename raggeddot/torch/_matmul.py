@@ -38,6 +38,11 @@ __all__ = ["ragged_dot", "gmm", "tgmm", "ragged_dot_general"]
 _NS = "raggeddot::"
 
 
+def _needs(ctx, i):
+    """Whether input i wants a gradient (a trace may list only the inputs passed)."""
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
 def _group_sizes(gs, fn):
     return cv.check_tensor(gs, "group_sizes", fn, kinds="int")
 
@@ -113,9 +118,9 @@ def _ragged_dot_backward(ctx, ct):
     lhs, rhs, gs = ctx.saved_tensors
     off = ctx.group_offset
     d_lhs = d_rhs = None
-    if ctx.needs_input_grad[0]:   # [m, n] x [g, n, k] -> [m, k]
+    if _needs(ctx, 0):   # [m, n] x [g, n, k] -> [m, k]
         d_lhs = ragged_dot(ct, rhs.transpose(1, 2), gs, lhs.dtype, off)
-    if ctx.needs_input_grad[1]:   # [k, m] x [m, n] -> [g, k, n]
+    if _needs(ctx, 1):   # [k, m] x [m, n] -> [g, k, n]
         d_rhs = tgmm(lhs.t(), ct, gs, rhs.dtype, off, rhs.shape[0], None)
     return d_lhs, d_rhs, None, None, None
 
@@ -190,12 +195,12 @@ def _gmm_backward(ctx, ct):
     lhs, rhs, gs = ctx.saved_tensors
     off, tr = ctx.group_offset, ctx.transpose_rhs
     d_lhs = d_rhs = d_existing = None
-    if ctx.needs_input_grad[0]:
+    if _needs(ctx, 0):
         d_lhs = gmm(ct, rhs, gs, lhs.dtype, off, None, not tr)
-    if ctx.needs_input_grad[1]:
+    if _needs(ctx, 1):
         a, b = (ct.t(), lhs) if tr else (lhs.t(), ct)
         d_rhs = tgmm(a, b, gs, rhs.dtype, off, rhs.shape[0], None)
-    if ctx.needs_input_grad[5]:
+    if _needs(ctx, 5):
         computed = _computed_rows_mask(gs, 0 if off is None else off, rhs.shape[0], ct.shape[0])
         d_existing = ct.masked_fill(computed, 0)
     return d_lhs, d_rhs, None, None, None, d_existing, None
@@ -262,11 +267,11 @@ def _tgmm_backward(ctx, ct):
     lhs, rhs, gs = ctx.saved_tensors
     off = ctx.group_offset
     d_lhs = d_rhs = d_existing = None
-    if ctx.needs_input_grad[0]:   # [m, n] x [count, n, k] -> [m, k] -> [k, m]
+    if _needs(ctx, 0):   # [m, n] x [count, n, k] -> [m, k] -> [k, m]
         d_lhs = gmm(rhs, ct.transpose(1, 2), gs, lhs.dtype, off, None, False).t()
-    if ctx.needs_input_grad[1]:   # [m, k] x [count, k, n] -> [m, n]
+    if _needs(ctx, 1):   # [m, k] x [count, k, n] -> [m, n]
         d_rhs = gmm(lhs.t(), ct, gs, rhs.dtype, off, None, False)
-    if ctx.needs_input_grad[6]:
+    if _needs(ctx, 6):
         d_existing = ct
     return d_lhs, d_rhs, None, None, None, None, d_existing
 

@@ -26,6 +26,11 @@ from . import _convert as cv
 __all__ = ["ragged_gather", "ragged_gather_reduce", "gated_activation", "ACTIVATIONS", "LAYOUTS"]
 
 _NS = "raggeddot::"
+
+
+def _needs(ctx, i):
+    """Whether input i wants a gradient (a trace may list only the inputs passed)."""
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 #: The gated activations computed in C: ``act(gate) * up`` for all but
 #: "swiglu_oai" (gpt-oss's clamped gate with slope alpha).
 ACTIVATIONS = tuple(_gw.ACTIVATIONS)
@@ -99,9 +104,9 @@ def _gather_setup(ctx, inputs, output):
 def _backward_with(op_backward):
     def backward(ctx, ct):
         rows, indices, weights = ctx.saved_tensors
-        need_w = weights is not None and ctx.needs_input_grad[2]
+        need_w = weights is not None and _needs(ctx, 2)
         d_rows, d_w = op_backward(ct, rows, indices, weights, need_w)
-        return (d_rows if ctx.needs_input_grad[0] else None), None, (d_w if need_w else None)
+        return (d_rows if _needs(ctx, 0) else None), None, (d_w if need_w else None)
     return backward
 
 

@@ -82,9 +82,9 @@ def _pair(cfg, dtype=torch.float32, seed=0):
     into the config it is given)."""
     torch.manual_seed(seed)
     eager = T.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation="eager",
-                                               torch_dtype=dtype)
+                                               dtype=dtype)
     rd = T.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), experts_implementation="raggeddot",
-                                            torch_dtype=dtype)
+                                            dtype=dtype)
     rd.load_state_dict(eager.state_dict())
     eager.eval(), rd.eval()
     assert eager.config._experts_implementation == "eager"

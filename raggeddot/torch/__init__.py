@@ -27,12 +27,15 @@ It also registers the "raggeddot" experts implementation with transformers
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="raggeddot")
 
 runs the experts of every MoE layer through these operators (forward and
-backward). :func:`register_transformers` registers it explicitly.
+backward; inference reads prepacked copies of the expert weights, see
+:func:`set_weight_cache`). :func:`register_transformers` registers it
+explicitly.
 """
 from ._matmul import gmm, ragged_dot, ragged_dot_general, ragged_dot_general_backward, tgmm
 from ._moe_ops import (ACTIVATIONS, LAYOUTS, gated_activation, gated_activation_backward, ragged_gather,
                        ragged_gather_backward, ragged_gather_reduce, ragged_gather_reduce_backward)
-from ._experts import EXPERTS_IMPLEMENTATION, experts_forward, register_transformers
+from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, register_transformers,
+                       set_weight_cache)
 
 __all__ = [
     "ragged_dot",
@@ -45,6 +48,8 @@ __all__ = [
     "gated_activation",
     "experts_forward",
     "register_transformers",
+    "set_weight_cache",
+    "clear_weight_cache",
     "EXPERTS_IMPLEMENTATION",
     "ACTIVATIONS",
     "LAYOUTS",

@@ -31,6 +31,16 @@ of every weight and bias and of the routing weights flow through the
 operators' autograd rules (tgmm for the weights, gmm with the other
 ``transpose_rhs`` for the rows).
 
+Inference (no gradient asked for, outside a torch.compile trace) reads the
+weights from a prepacked copy (``raggeddot.prepack``: laid out once in the
+micro-kernel's panel order, so a decode step streams each weight once instead
+of packing it again, transposed, on every call). The copy is made on first
+use and kept on the parameter, keyed by its storage, shape, strides and
+version counter, so an in-place update (an optimizer step, ``load_state_dict``)
+makes a new one. It costs one more copy of the expert weights in memory:
+``set_weight_cache(False)`` turns it off (and drops nothing already made;
+``clear_weight_cache(model)`` does).
+
 Known gates run in C (:func:`gated_activation`): the default
 ``act_fn(gate) * up`` on concatenated gate/up for SiLU, GELU (erf), tanh
 GELU and ReLU, and gpt-oss's clamped swiglu on interleaved gate/up (its
@@ -41,15 +51,52 @@ import sys
 
 import torch
 
+import raggeddot as _rd
+
+from . import _convert as cv
 from ._matmul import gmm
 from ._moe_ops import gated_activation, ragged_gather, ragged_gather_reduce
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "experts_forward", "register_transformers"]
+__all__ = ["EXPERTS_IMPLEMENTATION", "experts_forward", "register_transformers", "set_weight_cache",
+           "clear_weight_cache"]
 
 #: The name the implementation is registered under.
 EXPERTS_IMPLEMENTATION = "raggeddot"
 
 _GPT_OSS = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts")
+_CACHE_ATTR = "_raggeddot_prepacked"
+_cache = {"enabled": True}
+
+
+def set_weight_cache(enabled):
+    """Whether inference keeps prepacked copies of the expert weights (see
+    the module docstring); returns the previous setting."""
+    previous, _cache["enabled"] = _cache["enabled"], bool(enabled)
+    return previous
+
+
+def clear_weight_cache(model):
+    """Drop the prepacked weight copies held by ``model``'s parameters."""
+    for p in model.parameters():
+        if hasattr(p, _CACHE_ATTR):
+            delattr(p, _CACHE_ATTR)
+
+
+def _prepacked(weight, transpose):
+    """``raggeddot.prepack`` of the ``[E, k, n]`` weights (``[E, n, k]``
+    with ``transpose``), made once per version of the parameter."""
+    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape), weight.stride(), transpose)
+    held = getattr(weight, _CACHE_ATTR, None)
+    if held is not None and held[0] == key:
+        return held[1]
+    packed = _rd.prepack(cv.array(weight), transpose_rhs=transpose)
+    setattr(weight, _CACHE_ATTR, (key, packed))
+    return packed
+
+
+def _use_prepacked(rows, weight):
+    return (_cache["enabled"] and not torch.compiler.is_compiling() and weight.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)))
 
 
 def _activation_name(act):
@@ -111,7 +158,13 @@ def _sort_by_expert(top_k_index, num_experts):
 def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dtype):
     """``rows[rows of e] @ W[e]^T (+ bias[e])``: W stored ``[E, out, in]``,
     or ``[E, in, out]`` when the module is transposed."""
-    out = gmm(rows, weight, group_sizes, dtype, None, None, not module.is_transposed)
+    transpose = not module.is_transposed
+    if _use_prepacked(rows, weight):
+        out = torch.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype=dtype)
+        _rd.gmm(cv.array(rows), _prepacked(weight, transpose), cv.array(group_sizes),
+                preferred_element_type=cv.np_dtype(dtype), out=cv.array(out))
+    else:
+        out = gmm(rows, weight, group_sizes, dtype, None, None, transpose)
     if bias is not None:
         out = out + bias.index_select(0, expert_of_slot).to(dtype)
     return out

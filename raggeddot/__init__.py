@@ -54,8 +54,8 @@ __all__ = [
     "runtime",
 ]
 
-#: Submodules imported on first attribute access (PEP 562); ``jax`` imports jax then.
-_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed", "jax")
+#: Submodules imported on first attribute access (PEP 562); ``jax`` and ``torch`` import jax and torch then.
+_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed", "jax", "torch")
 
 
 def __getattr__(name):

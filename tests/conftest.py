@@ -80,8 +80,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The conformance tests against transformers run last: running torch and
+    """The tests that import torch (the conformance tests against
+    transformers, raggeddot.torch's) run last: running torch and
     transformers leaves state in the process (their objects, caches and
     threads) that the leak tests' measurements of reference counts and traced
     memory would see as growth if those ran after them."""
-    items.sort(key=lambda item: item.path.name == "test_hf_conformance.py")   # stable: order kept otherwise
+    torch_modules = ("test_hf_conformance.py", "test_hf_experts.py", "test_torch_ops.py")
+    items.sort(key=lambda item: item.path.name in torch_modules)   # stable: order kept otherwise

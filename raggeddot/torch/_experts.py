@@ -1,0 +1,224 @@
+"""The "raggeddot" experts implementation of transformers' MoE layers.
+
+transformers decorates each MoE experts module with
+``use_experts_implementation``, which sets flags on the module and looks its
+forward up by name in ``transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS``.
+:func:`experts_forward` is that forward, on raggeddot's operators; it reads
+the module's weights and flags and calls the module's own code where the
+module defines something raggeddot does not (a gate other than the known
+ones, an activation of ungated experts, a post-expert norm).
+
+For ``T`` tokens, each routed to ``k`` experts (``top_k_index [T, k]``, with
+weights ``top_k_weights [T, k]``), ``E`` experts, hidden size ``d`` and
+expert width ``f``::
+
+    sort the T*k assignments by expert (stable): slot s holds assignment
+        order[s]; group_sizes[e] = number of assignments to expert e
+    xs  = ragged_gather(x, order // k)                          [T*k, d]
+    h   = gmm(xs, W_up[e]) (+ b_up[e])      rows of expert e    [T*k, 2f] (f ungated)
+    a   = gated_activation(h)  or  module._apply_gate(h)        [T*k, f]
+          (ungated: module.act_fn(h))
+    y   = gmm(a, W_down[e]) (+ b_down[e]), then module.post_expert_norm(y)
+    out[t] = sum_j top_k_weights[t, j] * y[slot of (t, j)]      [T, d]
+
+Weights are ``gate_up_proj [E, 2f, d]`` (``up_proj [E, f, d]`` without a
+gate) and ``down_proj [E, d, f]``, or their transposes ``[E, d, 2f]`` /
+``[E, f, d]`` when the module is ``is_transposed``; they are read in place
+(``transpose_rhs`` instead of a copy). Expert ids ``>= E`` (the sentinels of
+expert parallelism) are sorted past every group: their rows are never
+computed and they add nothing to the output. The gradients of the input,
+of every weight and bias and of the routing weights flow through the
+operators' autograd rules (tgmm for the weights, gmm with the other
+``transpose_rhs`` for the rows).
+
+Inference (no gradient asked for, outside a torch.compile trace) reads the
+weights from a prepacked copy (``raggeddot.prepack``: laid out once in the
+micro-kernel's panel order, so a decode step streams each weight once instead
+of packing it again, transposed, on every call). The copy is made on first
+use and kept on the parameter, keyed by its storage, shape, strides and
+version counter, so an in-place update (an optimizer step, ``load_state_dict``)
+makes a new one. It costs one more copy of the expert weights in memory:
+``set_weight_cache(False)`` turns it off (and drops nothing already made;
+``clear_weight_cache(model)`` does).
+
+Known gates run in C (:func:`gated_activation`): the default
+``act_fn(gate) * up`` on concatenated gate/up for SiLU, GELU (erf), tanh
+GELU and ReLU, and gpt-oss's clamped swiglu on interleaved gate/up (its
+``alpha`` and ``limit``). Any other ``_apply_gate`` runs as the module
+defines it, between two raggeddot products.
+"""
+import sys
+
+import torch
+
+import raggeddot as _rd
+
+from . import _convert as cv
+from ._matmul import gmm
+from ._moe_ops import gated_activation, ragged_gather, ragged_gather_reduce
+
+__all__ = ["EXPERTS_IMPLEMENTATION", "experts_forward", "register_transformers", "set_weight_cache",
+           "clear_weight_cache"]
+
+#: The name the implementation is registered under.
+EXPERTS_IMPLEMENTATION = "raggeddot"
+
+_GPT_OSS = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts")
+_CACHE_ATTR = "_raggeddot_prepacked"
+_cache = {"enabled": True}
+
+
+def set_weight_cache(enabled):
+    """Whether inference keeps prepacked copies of the expert weights (see
+    the module docstring); returns the previous setting."""
+    previous, _cache["enabled"] = _cache["enabled"], bool(enabled)
+    return previous
+
+
+def clear_weight_cache(model):
+    """Drop the prepacked weight copies held by ``model``'s parameters."""
+    for p in model.parameters():
+        if hasattr(p, _CACHE_ATTR):
+            delattr(p, _CACHE_ATTR)
+
+
+def _prepacked(weight, transpose):
+    """``raggeddot.prepack`` of the ``[E, k, n]`` weights (``[E, n, k]``
+    with ``transpose``), made once per version of the parameter."""
+    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape), weight.stride(), transpose)
+    held = getattr(weight, _CACHE_ATTR, None)
+    if held is not None and held[0] == key:
+        return held[1]
+    packed = _rd.prepack(cv.array(weight), transpose_rhs=transpose)
+    setattr(weight, _CACHE_ATTR, (key, packed))
+    return packed
+
+
+def _use_prepacked(rows, weight):
+    return (_cache["enabled"] and not torch.compiler.is_compiling() and weight.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)))
+
+
+def _activation_name(act):
+    """The C name of an activation module (None when it is not one)."""
+    name = type(act).__name__
+    if name in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if name == "GELUActivation":       # erf GELU (also with use_gelu_python)
+        return "gelu"
+    if name in ("GELUTanh", "NewGELUActivation"):
+        return "gelu_tanh"
+    if name == "GELU" and isinstance(act, torch.nn.GELU):
+        return "gelu" if act.approximate == "none" else "gelu_tanh"
+    if name == "ReLU" and isinstance(act, torch.nn.ReLU):
+        return "relu"
+    return None
+
+
+def _default_gate():
+    from transformers.integrations.moe import _default_apply_gate
+    return _default_apply_gate
+
+
+def _gpt_oss_gate():
+    mod = sys.modules.get(_GPT_OSS[0])
+    cls = getattr(mod, _GPT_OSS[1], None) if mod is not None else None
+    return None if cls is None else cls._apply_gate
+
+
+def fused_gate(module):
+    """``(activation, layout, limit, alpha)`` when the module's gate is one
+    the C kernels compute, else None (then ``module._apply_gate`` runs)."""
+    apply_gate = type(module)._apply_gate
+    if apply_gate is _default_gate():       # act_fn(gate) * up, gate/up concatenated (chunk)
+        act = _activation_name(getattr(module, "act_fn", None))
+        return None if act is None else (act, "concat", 0.0, 1.0)
+    if apply_gate is _gpt_oss_gate():
+        return ("swiglu_oai", "interleaved", float(module.limit), float(module.alpha))
+    return None
+
+
+def _sort_by_expert(top_k_index, num_experts):
+    """``(token_of_slot [N], slot_of [T, k], expert_of_slot [N], group_sizes
+    [E])`` (int64, N = T*k): a stable sort of the assignments by expert id.
+    Sentinel ids (>= E) sort last, outside every group; their slot_of is -1."""
+    T, k = top_k_index.shape
+    flat = top_k_index.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    slots = torch.arange(flat.shape[0], device=flat.device)
+    slot_of = torch.empty_like(order).scatter_(0, order, slots).view(T, k)
+    slot_of = slot_of.masked_fill(top_k_index >= num_experts, -1)
+    clipped = flat.clamp(0, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, clipped, torch.ones_like(clipped))
+    expert_of_slot = clipped[order].clamp(max=num_experts - 1)
+    return order // k, slot_of, expert_of_slot, counts[:num_experts]
+
+
+def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dtype):
+    """``rows[rows of e] @ W[e]^T (+ bias[e])``: W stored ``[E, out, in]``,
+    or ``[E, in, out]`` when the module is transposed."""
+    transpose = not module.is_transposed
+    if _use_prepacked(rows, weight):
+        out = torch.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype=dtype)
+        _rd.gmm(cv.array(rows), _prepacked(weight, transpose), cv.array(group_sizes),
+                preferred_element_type=cv.np_dtype(dtype), out=cv.array(out))
+    else:
+        out = gmm(rows, weight, group_sizes, dtype, None, None, transpose)
+    if bias is not None:
+        out = out + bias.index_select(0, expert_of_slot).to(dtype)
+    return out
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The experts of an MoE layer on raggeddot's operators (the module
+    docstring has the math).
+
+    Args:
+      self: the transformers experts module (flags ``has_gate``,
+        ``is_transposed``, ``has_bias``, ``has_post_expert_norm``; weights
+        ``gate_up_proj`` or ``up_proj``, ``down_proj``, biases ``*_bias``).
+      hidden_states: ``[T, d]``.
+      top_k_index: ``[T, k]`` expert ids (ids >= num_experts are skipped).
+      top_k_weights: ``[T, k]`` routing weights.
+
+    Returns:
+      ``[T, d]`` in hidden_states' dtype.
+    """
+    dtype = hidden_states.dtype
+    num_experts = self.num_experts
+    token_of_slot, slot_of, expert_of_slot, group_sizes = _sort_by_expert(top_k_index, num_experts)
+    xs = ragged_gather(hidden_states, token_of_slot)
+    has_bias = getattr(self, "has_bias", False)
+    if self.has_gate:
+        w_up, b_up = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if has_bias else None
+    else:
+        w_up, b_up = self.up_proj, getattr(self, "up_proj_bias", None) if has_bias else None
+    h = _grouped_linear(self, xs, w_up, b_up, group_sizes, expert_of_slot, dtype)
+    if self.has_gate:
+        spec = fused_gate(self)
+        a = gated_activation(h, *spec) if spec is not None else self._apply_gate(h)
+    else:
+        a = self.act_fn(h)
+    b_down = getattr(self, "down_proj_bias", None) if has_bias else None
+    y = _grouped_linear(self, a.to(dtype), self.down_proj, b_down, group_sizes, expert_of_slot, dtype)
+    if getattr(self, "has_post_expert_norm", False):
+        y = self.post_expert_norm(y)
+    out = ragged_gather_reduce(y, slot_of, top_k_weights)
+    return out.to(dtype)
+
+
+def register_transformers(missing_ok=False):
+    """Register :func:`experts_forward` as the experts implementation
+    "raggeddot" of transformers (``ALL_EXPERTS_FUNCTIONS``), so that
+    ``from_pretrained(..., experts_implementation="raggeddot")`` (or
+    ``from_config``) selects it. Returns True once registered; without
+    transformers, ImportError (False with ``missing_ok``)."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        if missing_ok:
+            return False
+        raise
+    ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
+    return True

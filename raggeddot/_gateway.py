@@ -307,8 +307,14 @@ def served(ctype):
 
 def check_packed_lhs(lhs, packed, fn):
     """A PackedRhs is multiplied by a plain float lhs (a bfloat16 one for
-    weights laid out for the bfloat16 dot-product kernels): TypeError
-    otherwise."""
+    weights laid out for the bfloat16 dot-product kernels, an int8 QArray
+    for the int8 ones): TypeError otherwise."""
+    if packed.ctype == "int8-dot":
+        if not (isinstance(lhs, QArray) and lhs.qtype in ("int8", "int4")):
+            raise TypeError(f"{fn}: 'rhs' was prepacked for an int8 lhs (k-quads for the int8 dot-product "
+                            f"kernels), got {type(lhs).__name__}: pass an int8 QArray lhs, or prepack the "
+                            "weights without lhs_dtype")
+        return
     if isinstance(lhs, QArray) or not isinstance(lhs, np.ndarray):
         raise TypeError(f"{fn}: a prepacked 'rhs' takes a float array 'lhs', got {type(lhs).__name__}")
     if packed.ctype == "bfloat16-dot" and lhs.dtype.name != "bfloat16":

@@ -17,6 +17,10 @@ _LAYOUT = {"float32": "float32", "float64": "float64",
 # bfloat16 weights to be multiplied by a bfloat16 lhs, where the bfloat16
 # dot-product kernels (vdpbf16ps) serve: k-pairs, as those kernels read B.
 _BF16_DOT = "bfloat16-dot"
+# int8 weights for an int8 lhs, where the int8 dot-product kernels (vpdpbusd)
+# serve: k-quads, each panel followed by its columns' sums, scales and zero
+# points, block after block cut at the scale tiles along k.
+_INT8_DOT = "int8-dot"
 # Quantized weights (a QArray): one byte a value in the panels, widened and
 # dequantized by the micro-kernel, (q - zero_point) * scale per column, in
 # float32 (int4 values are held in int8).
@@ -146,14 +150,22 @@ class PackedRhs:
         panels = -(-n // nr)
         flat = self._buf.view(np.uint8).reshape(g, -1)
         values = np.empty((g, k, n), dtype=np.uint8)
-        start = 0
-        for pc in range(0, k, kc):
-            depth = min(kc, k - pc)
-            step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None)
-            block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * depth]
-            block = block.reshape(g, panels, depth, nr).transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
-            values[:, pc:pc + depth, :] = block[:, :, :n]
+        start, pc = 0, 0
+        while pc < k:
+            if self.ctype == _INT8_DOT:   # quads [kq / 4, NR, 4], then 12 bytes a column
+                depth = min(kc, k - pc, self._qtile - pc % self._qtile)
+                kq = -(-depth // 4) * 4
+                step = nr * kq + 12 * nr
+                block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * kq]
+                block = block.reshape(g, panels, kq // 4, nr, 4).transpose(0, 2, 4, 1, 3).reshape(g, kq, -1)
+            else:
+                depth = min(kc, k - pc)
+                step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None)
+                block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * depth]
+                block = block.reshape(g, panels, depth, nr).transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
+            values[:, pc:pc + depth, :] = block[:, :depth, :n]
             start += panels * step
+            pc += depth
         zp = None if self._zero_point is None else self._zero_point.copy()
         return QArray(values.view(self._storage), self._scale.copy(), zp, self.qtype)
 
@@ -187,6 +199,12 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
         (``vdpbf16ps``) where the CPU has them, and such a PackedRhs then
         takes only a bfloat16 lhs; for a float32 or float16 lhs
         (``lhs_dtype``) they keep the 16-bit layout the float32 kernels widen.
+        int8 (or int4) QArray weights with ``lhs_dtype=np.int8`` (an int8
+        QArray lhs with one scale per row, as ``moe_block``'s
+        ``activation_qtype="int8"`` makes) are laid out in k-quads with their
+        column sums for the int8 dot-product kernels (``vpdpbusd``) where the
+        CPU has them, and then take only such an lhs; otherwise (and by
+        default) quantized weights take a float lhs.
     Returns:
       A :class:`PackedRhs` of the ``[g, k, n]`` weights, accepted as ``rhs``
       by ragged_dot, gmm and ragged_dot_general wherever the plain array is
@@ -200,7 +218,7 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     fn = "prepack"
     shape_doc = " [g, n, k]" if transpose_rhs else " [g, k, n]"
     if isinstance(rhs, QArray):
-        return _prepack_quantized(rhs, transpose_rhs, shape_doc, fn)
+        return _prepack_quantized(rhs, transpose_rhs, shape_doc, fn, lhs_dtype)
     rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=shape_doc)
     dt = v.float_dtype(rhs, "rhs", fn)
     if not rhs.dtype.isnative or not rhs.flags.aligned:
@@ -218,7 +236,7 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group)
 
 
-def _prepack_quantized(q, transpose_rhs, shape_doc, fn):
+def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     """prepack of a QArray ``q`` (checked here; laid out by the C layout)."""
     if q.ndim != 3:
         raise ValueError(f"{fn}: expected 3-D 'rhs'{shape_doc} but got a {q.ndim}-D QArray of shape {q.shape}")
@@ -236,6 +254,9 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn):
     w = q.transpose(0, 2, 1) if transpose_rhs else q
     g, k, n = w.shape
     ctype = _QLAYOUT[q.qtype]
+    if _lhs_dtype(lhs_dtype, dt, fn, quantized=True) == np.int8 and ctype == "float32-int8w" \
+            and gw.served(_INT8_DOT) and _integral_zero_points(w.zero_point):
+        ctype = _INT8_DOT
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
     zp = w.zero_point is not None
@@ -248,19 +269,26 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn):
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
 
 
-def _lhs_dtype(lhs_dtype, weights, fn):
-    """prepack's ``lhs_dtype`` as a float dtype (the weights' dtype when
-    None); TypeError naming it otherwise."""
+def _lhs_dtype(lhs_dtype, weights, fn, quantized=False):
+    """prepack's ``lhs_dtype`` as a dtype (the weights' dtype when None): a
+    float dtype, or int8 for quantized weights; TypeError naming it
+    otherwise."""
     if lhs_dtype is None:
         return weights
     try:
         dt = np.dtype(lhs_dtype)
     except TypeError:
         dt = None
-    if dt is None or not (dt.kind == "f" or dt.name == "bfloat16"):
-        raise TypeError(f"{fn}: 'lhs_dtype' must be a float dtype (float16, bfloat16, float32, float64), "
-                        f"got {lhs_dtype!r}")
+    if dt is None or not (dt.kind == "f" or dt.name == "bfloat16" or (quantized and dt == np.int8)):
+        kinds = "a float dtype or int8" if quantized else "a float dtype (float16, bfloat16, float32, float64)"
+        raise TypeError(f"{fn}: 'lhs_dtype' must be {kinds}, got {lhs_dtype!r}")
     return dt
+
+
+def _integral_zero_points(zp):
+    """Zero points that the int8 dot products fold in exactly: none, or
+    integers in [-128, 127]."""
+    return zp is None or bool(np.all((zp == np.round(zp)) & (zp >= -128) & (zp <= 127)))
 
 
 def _aligned(nbytes, alignment=64):

@@ -354,3 +354,54 @@ def test_int8_results_do_not_depend_on_threads(rng, family):
             outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
     for o in outs[1:]:
         assert np.array_equal(_bits(o), _bits(outs[0]))
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+def test_int8_weights_prepacked_in_k_quads(rng, family):
+    """prepack(q, lhs_dtype=np.int8): k-quads with column sums, blocks cut at
+    the scale tiles along k; the same bits as the QArray call, unpack()
+    gives the values back, and an lhs other than an int8 QArray is refused."""
+    with runtime.configured(kernel=family):
+        for m, k, n, g, bk, zp in [(300, 70, 50, 16, 0, False), (64, 1, 33, 8, 0, True),
+                                   (200, 600, 100, 7, 100, True), (40, 1025, 33, 3, 25, False)]:
+            sshape = (g, 1 if bk == 0 else k // bk, n)
+            w = QArray(_int8(rng, (g, k, n)), rng.uniform(0.01, 0.1, sshape).astype(np.float32),
+                       rng.integers(-128, 128, sshape).astype(np.float32) if zp else None)
+            x = QArray(_int8(rng, (m, k)), rng.uniform(0.01, 0.1, (m, 1)).astype(np.float32),
+                       rng.integers(-128, 128, (m, 1)).astype(np.float32) if zp else None)
+            sizes = rng.multinomial(m, np.full(g, 1 / g))
+            packed = raggeddot.prepack(w, lhs_dtype=np.int8)
+            assert packed.ctype == "int8-dot" and packed.kernel == family
+            unpacked = packed.unpack()
+            assert np.array_equal(unpacked.qvalue, w.qvalue) and np.array_equal(unpacked.scale, w.scale)
+            got = raggeddot.ragged_dot(x, packed, sizes, preferred_element_type=np.float32)
+            want = raggeddot.ragged_dot(x, w, sizes, preferred_element_type=np.float32)
+            assert np.array_equal(_bits(got), _bits(want)), (m, k, n, g, bk, zp)
+        with pytest.raises(TypeError, match="prepacked for an int8 lhs"):
+            raggeddot.ragged_dot(raggeddot.dequantize(x), packed, sizes)
+        assert raggeddot.prepack(w).ctype == "float32-int8w"          # a float lhs by default
+        fractional = QArray(w.qvalue, w.scale, np.full(w.scale.shape, 0.5, np.float32))
+        assert raggeddot.prepack(fractional, lhs_dtype=np.int8).ctype == "float32-int8w"
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+def test_moe_block_w8a8_with_prepacked_int8_weights(rng, family):
+    """moe_block with activation_qtype="int8" on weights prepacked for int8
+    activations: the same output and gradients as with the QArray weights."""
+    T, d, f, E = 40, 48, 40, 6
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
+          for s in ((E, d, f), (E, d, f), (E, f, d))]
+    ct = rng.standard_normal((T, d)).astype(np.float32)
+    with runtime.configured(kernel=family):
+        packed = [raggeddot.prepack(w, lhs_dtype=np.int8) for w in ws]
+        out, vjp_fn = raggeddot.moe_block_vjp(x, router, *packed, top_k=2, activation_qtype="int8")
+        want, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")
+        assert np.array_equal(_bits(out), _bits(want))
+        got_g, want_g = vjp_fn(ct), want_fn(ct)
+        for name in want_g:
+            if want_g[name] is not None:
+                assert np.array_equal(np.asarray(got_g[name]), np.asarray(want_g[name])), name
+        with pytest.raises(TypeError, match="activation_qtype='int8'"):
+            raggeddot.moe_block(x, router, *packed, top_k=2)

@@ -305,6 +305,8 @@ rd_panel_bytes(const rd_call_t *cl, size_t elem, rd_int r, rd_int kp)
 static rd_int
 rd_scale_room(const rd_block_t *x, int which, rd_int pc)
 {
+    if (x->panels > 0)   /* prepacked B: its blocks end at its scale tiles along k */
+        return x->qtile - (x->i0 + pc) % x->qtile;
     const rd_int tp = which ? x->q->tr : x->q->tc;
     const rd_int pos = (which ? x->i0 : x->j0) + pc;
     return tp - pos % tp;
@@ -312,12 +314,16 @@ rd_scale_room(const rd_block_t *x, int which, rd_int pc)
 
 /* The prepacked layout of one group's weights (rd_prepack): KC blocks of
  * `panels` micro-panels NR wide, each followed, for quantized weights
- * (qtile > 0), by its trailer (rd_kernel.h). */
+ * (qtile > 0), by its trailer (rd_kernel.h); for a compute type whose
+ * panels carry a row of scales a column (scale_size > 0, RD_CT_U8S8), each
+ * block also ends at the next scale tile boundary along k, and each panel
+ * is followed by that row, as packing B per call makes it. */
 typedef struct {
     rd_int KC, NR, panels, k_unit;
     size_t b_size;
     rd_int qtile;
     int qzp;
+    size_t scale_size;
 } rd_playout_t;
 
 /* The trailer of the block at pc, kc deep: the block's runs within the
@@ -335,22 +341,37 @@ static size_t
 rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
 {
     size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
-    if (L->qtile > 0) {
+    if (L->scale_size)
+        bytes += (size_t)L->NR * L->scale_size;
+    else if (L->qtile > 0) {
         const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
         bytes += RD_QRUN(rd_qruns(h.first, h.tile, kc), L->NR, L->qzp);
     }
     return bytes;
 }
 
-/* Where the block at pc of a group's layout starts, in bytes: the blocks
- * before it are KC deep.  The one rule by which rd_prepack writes the
- * blocks and rd_gemm_block finds them. */
+/* The depth of the layout's block at p of a contraction of k: KC, less at
+ * the end, and for panels with a row of scales a column (scale_size) also
+ * ending at the next scale tile boundary along k. */
+static rd_int
+rd_pblock_depth(const rd_playout_t *L, rd_int p, rd_int k)
+{
+    rd_int kc = k - p < L->KC ? k - p : L->KC;
+    if (L->scale_size && L->qtile > 0 && L->qtile - p % L->qtile < kc)
+        kc = L->qtile - p % L->qtile;
+    return kc;
+}
+
+/* Where the block at pc of a group's layout starts, in bytes.  The one rule
+ * by which rd_prepack writes the blocks and rd_gemm_block finds them. */
 static size_t
 rd_pblock_offset(const rd_playout_t *L, rd_int pc)
 {
     size_t off = 0;
-    for (rd_int p = 0; p < pc; p += L->KC)
-        off += (size_t)L->panels * rd_ppanel_bytes(L, p, pc - p < L->KC ? pc - p : L->KC);
+    for (rd_int p = 0, d; p < pc; p += d) {
+        d = rd_pblock_depth(L, p, pc);
+        off += (size_t)L->panels * rd_ppanel_bytes(L, p, d);
+    }
     return off;
 }
 
@@ -404,7 +425,8 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             const char *bpanel = bpack;
             size_t bstep = 0;
             if (b->panels > 0) {
-                const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp};
+                const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp,
+                                        cl->scale_size};
                 bstep = rd_ppanel_bytes(&L, pc, kc);
                 bpanel = (const char *)b->p + rd_pblock_offset(&L, pc)
                          + (size_t)((b->j0 + jc) / NR) * bstep;
@@ -586,7 +608,9 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
         cl->qpack_b = rd_qpacker(plan->ct, rhs->dtype, 1);
     else
         cl->pack_b = rd_packer(plan->ct, rhs->dtype, 1);
-    if ((cl->pack_a == NULL && cl->qpack_a == NULL) || (cl->pack_b == NULL && cl->qpack_b == NULL))
+    /* prepacked B (panels > 0) is read where it lies, packed by nothing */
+    if ((cl->pack_a == NULL && cl->qpack_a == NULL)
+        || (rhs->panels == 0 && cl->pack_b == NULL && cl->qpack_b == NULL))
         return -2;
     cl->a_src = rd_dtype_size[lhs->dtype];
     cl->b_src = rd_dtype_size[rhs->dtype];
@@ -597,8 +621,9 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     /* the operands' scales are double for a float64 product, float otherwise */
     cl->q_size = plan->ct == RD_CT_F64 ? sizeof(double) : sizeof(float);
     cl->k_unit = ct->k_unit;
-    /* panels that carry scales need them on both sides */
-    if (cl->scale_size && (lhs->q.s == NULL || rhs->q.s == NULL))
+    /* panels that carry scales need them on both sides (prepacked B carries
+     * them in its layout) */
+    if (cl->scale_size && (lhs->q.s == NULL || (rhs->q.s == NULL && rhs->panels == 0)))
         return -2;
     return 0;
 }
@@ -657,21 +682,33 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     const rd_int NR = plan->k.nr;
-    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp};
+    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size};
+    if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
+        L.KC = RD_I32_KC_MAX;
     return L;
 }
 
-/* Whether compute type ct lays out quantized weights (with trailers). */
+/* Whether compute type ct lays out quantized weights (with trailers, or
+ * for RD_CT_U8S8 with a row of sums and scales a column). */
 static int
 rd_quantized_panels(rd_ctype_t ct)
 {
-    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W;
+    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_U8S8;
+}
+
+/* The routine that packs the weights of storage dtype `dtype` into the
+ * layout (quantized values with their scales for RD_CT_U8S8: NULL here,
+ * see rd_prepack). */
+static int
+rd_prepack_reads(rd_ctype_t ct, rd_dtype_t dtype)
+{
+    return ct == RD_CT_U8S8 ? rd_qpacker(ct, dtype, 1) != NULL : rd_packer(ct, dtype, 1) != NULL;
 }
 
 size_t
 rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n, rd_int qtile, int qzp)
 {
-    if (rd_packer(plan->ct, dtype, 1) == NULL || k < 0 || n < 0
+    if (!rd_prepack_reads(plan->ct, dtype) || k < 0 || n < 0
         || (rd_quantized_panels(plan->ct) ? qtile < 1 : qtile != 0))
         return 0;
     const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
@@ -709,23 +746,36 @@ int
 rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst)
 {
     rd_pack_t pack = rd_packer(plan->ct, rhs->dtype, 1);
+    rd_qpack_t qpack = plan->ct == RD_CT_U8S8 ? rd_qpacker(plan->ct, rhs->dtype, 1) : NULL;
     const int quantized = rd_quantized_panels(plan->ct);
-    if (pack == NULL || (rhs->q.s != NULL) != quantized)
+    if ((pack == NULL && qpack == NULL) || (rhs->q.s != NULL) != quantized)
         return -2;
     const rd_int qtile = quantized ? rhs->q.tr : 0;
     const int qzp = quantized && rhs->q.z != NULL;
     const size_t per_group = rd_prepack_bytes(plan, rhs->dtype, k, n, qtile, qzp);
     const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
     const size_t src = rd_dtype_size[rhs->dtype];
-    const rd_int KC = L.KC, NR = L.NR;
+    const rd_int NR = L.NR;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads) if (plan->nthreads > 1 && ng > 1)
 #endif
     for (rd_int g = 0; g < ng; g++) {
         char *out = (char *)dst + (size_t)g * per_group;
-        for (rd_int pc = 0; pc < k; pc += KC) {
-            const rd_int kc = k - pc < KC ? k - pc : KC;
+        for (rd_int pc = 0, kc; pc < k; pc += kc) {
+            kc = rd_pblock_depth(&L, pc, k);
             const char *blk = (const char *)rd_at(rhs->p, src, g * rhs->gs + pc * rhs->rs, 1, 0, rhs->cs);
+            if (qpack != NULL) {
+                /* B's block as its transpose, its values and their column
+                 * sums and scales, as packing B per call makes them */
+                const rd_scales_t *q = &rhs->q;
+                const rd_int off = g / q->tg * q->gs * (rd_int)sizeof(float);
+                const rd_qblock_t qb = {(const char *)q->s + off,
+                                        q->z != NULL ? (const char *)q->z + off : NULL,
+                                        q->cs, q->rs, q->tc, q->tr, 0, pc};
+                qpack(n, kc, blk, rhs->cs, rhs->rs, (int)NR, out, &qb);
+                out += (size_t)L.panels * rd_ppanel_bytes(&L, pc, kc);
+                continue;
+            }
             if (!quantized) {
                 /* B's block as its transpose: n rows of depth kc, into panels */
                 pack(n, kc, blk, rhs->cs, rhs->rs, (int)NR, out);

@@ -413,6 +413,11 @@ rd_py_prepack(PyObject *self, PyObject *args)
         return NULL;
     if (rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
         return NULL;
+    if (plan.ct == RD_CT_U8S8 && !rd_int8_exact(orhs, &rhs)) {
+        PyErr_SetString(PyExc_ValueError, "int8-dot weights hold int8 values with zero points absent or "
+                        "integers in [-128, 127]");
+        return NULL;
+    }
     if (((uintptr_t)dst.data & 63) != 0) {
         PyErr_SetString(PyExc_ValueError, "'dst' must start on a 64-byte boundary");
         return NULL;
@@ -443,7 +448,8 @@ PyDoc_STRVAR(ragged_rows_packed_doc,
 "ragged_rows with rhs [g, k, n] of storage `dtype` prepacked (prepack) for\n"
 "the `ctype` kernel with blocking kc and panel width nr (quantized weights:\n"
 "scale tiles qtile deep along k, zero points when qzp); out float32 or\n"
-"float64 as ctype computes.");
+"float64 as ctype computes.  int8-dot weights take lhs as the quantized\n"
+"tuple (qvalue int8, scale [m, 1] float32, zero_point) of ragged_rows.");
 
 static PyObject *
 rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
@@ -460,13 +466,24 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
                           &obounds, &oout, &accumulate, &qtile, &qzp))
         return NULL;
     int dt = rd_dtype_named(dtname);
-    if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0 ||
-        rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
+    rd_scales_t lq;
+    memset(&lq, 0, sizeof lq);
+    if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0)
+        return NULL;
+    /* int8-dot weights take an int8 quantized lhs, the others a float one */
+    const int qlhs = plan.ct == RD_CT_U8S8;
+    if ((qlhs ? rd_arg_operand(olhs, "lhs", 2, plan.ct, 0, &lhs, &lq)
+              : rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs)) != 0 ||
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||
         rd_arg_out(oout, 2, &out) != 0)
         return NULL;
+    if (qlhs && (lq.s == NULL || !rd_int8_exact(olhs, &lhs) || (k > 0 && lq.tc < k))) {
+        PyErr_SetString(PyExc_TypeError, "weights prepacked for int8 dot products take an int8 quantized 'lhs' "
+                        "with one scale (and integral zero point) per row along k");
+        return NULL;
+    }
     if (rd_ctypes[plan.ct].c_size != rd_ctypes[rd_arg_ctype(&out)].c_size ||
-        rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
+        (!qlhs && rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL)) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or write 'out' (%s)", ctname,
                      PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(out.arr)->typeobj->tp_name);
         return NULL;
@@ -485,7 +502,8 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     if (rd_arg_bounds(obounds, ng, m, "g", &bv) != 0)
         return NULL;
     const rd_int panels = (n + plan.k.nr - 1) / plan.k.nr;
-    rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
+                 .q = lq};
     rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels,
                  .qtile = qtile, .qzp = qzp};
     rd_out_t c = {out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};

@@ -177,10 +177,15 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
 
 def _rows(x, w, bounds, out, accumulate=False):
     """gw.rows, or gw.rows_packed for prepacked weights (which take float
-    rows: quantized ones are dequantized for them)."""
+    rows: quantized ones are dequantized for them, but for weights laid out
+    for the int8 dot products, which take them as they are)."""
     if isinstance(w, PackedRhs):
-        if isinstance(x, QArray):
+        if isinstance(x, QArray) and w.ctype != "int8-dot":
             x = dequantize(x)
+        elif w.ctype == "int8-dot" and not isinstance(x, QArray):
+            raise TypeError("moe_block: the expert weights were prepacked for int8 activations "
+                            "(prepack(w, lhs_dtype=np.int8)): pass activation_qtype='int8', or prepack them "
+                            "without lhs_dtype")
         return gw.rows_packed(x, w, bounds, out, accumulate)
     return gw.rows(x, w, bounds, out, accumulate)
 

@@ -142,6 +142,15 @@ typedef void (*rd_qpack_t)(rd_int rows, rd_int depth, const void *src, rd_int rs
  * of storage dtype `src` for compute type `ct`; NULL when there is none. */
 rd_qpack_t rd_qpacker(rd_ctype_t ct, rd_dtype_t src, int which);
 
+/* Per-row scales of dynamic int8 quantization of the m x k block
+ * X[i][p] = x[i*rs + p*cs] (float32 or bfloat16): out[i] = max_p |X[i][p]|
+ * / 127.5 in float32, 1 for a row of zeros (raggeddot.quantize's
+ * channelwise rows).  A product of RD_CT_U8S8 whose A is such a float
+ * operand with these scales (rd_scales_t of tiles 1 x k) quantizes each
+ * value while packing it, q = clip(rint(x / s), -128, 127).  Returns -1 for
+ * another dtype. */
+int rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out);
+
 /* ---------------------------------------------------------------- drivers
  *
  * Ragged rows (the forward of ragged_dot, megablox gmm):

@@ -36,6 +36,7 @@ __all__ = [
     "rows",
     "contract",
     "rounds_to_bf16",
+    "quantizes_in_kernel",
     "matmul",
     "group_metadata",
     "route",
@@ -252,7 +253,7 @@ def rounds_to_bf16(precision, ct, fn, operand_dtypes=()):
     return True
 
 
-def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
+def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False, quantize_lhs=False):
     """Ragged rows, the forward of ragged_dot/gmm: for each group j,
     ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
 
@@ -263,12 +264,35 @@ def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
     accumulating). ``as_bf16`` (:func:`rounds_to_bf16`): float32 operands
     are read as bfloat16, rounded to nearest even while packed. A product
     of two bfloat16 operands (so read) runs on the bfloat16 dot-product
-    kernels (vdpbf16ps) where the CPU has them. Returns ``out``."""
+    kernels (vdpbf16ps) where the CPU has them. ``quantize_lhs``
+    (:func:`quantizes_in_kernel`): a float32 / bfloat16 lhs is quantized to
+    int8 per row while packed, the product that of
+    ``quantize(lhs, "int8", channelwise_axes=(0,))`` and the int8 QArray rhs,
+    bit for bit, without the int8 copy. Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = kernel_dtype(out)
         _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate),
-                          bool(as_bf16))
+                          bool(as_bf16), bool(quantize_lhs))
     return out
+
+
+def quantizes_in_kernel(lhs, rhs, qtype):
+    """Whether a per-row ``qtype`` quantization of the float ``lhs`` rows
+    multiplied by ``rhs`` can be done by the kernels while they pack lhs
+    (``rows(..., quantize_lhs=True)``): int8, a float32 or bfloat16 lhs, an
+    int8 (or int4) QArray rhs with integral zero points or weights prepacked
+    for int8 dot products, and the int8 dot-product kernels served."""
+    if qtype not in ("int8", np.int8) or not isinstance(lhs, np.ndarray) or lhs.dtype.name not in (
+            "float32", "bfloat16"):
+        return False
+    if getattr(rhs, "ctype", None) == "int8-dot":
+        return True
+    if not (isinstance(rhs, QArray) and rhs.qtype in ("int8", "int4") and rhs.dtype == _FLOAT32):
+        return False
+    zp = rhs.zero_point
+    if zp is not None and not np.all((zp == np.round(zp)) & (zp >= -128) & (zp <= 127)):
+        return False
+    return served("int8-dot")
 
 
 def prepack_layout(ctype, dtype, k, n, qtile=0, zero_points=False):
@@ -333,16 +357,17 @@ def check_packed_compute(packed, ct, fn):
                         f"{ct.name} weights, or give lhs / preferred_element_type of {want.name}")
 
 
-def rows_packed(lhs, packed, bounds, out, accumulate=False):
+def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     """:func:`rows` with rhs a :class:`~raggeddot.PackedRhs` (weights laid
     out once by prepack, read where they lie). ``out`` of the compute dtype
     the weights were laid out for (float64 for float64 weights, float32
-    otherwise). Returns ``out``."""
+    otherwise). ``quantize_lhs`` as for :func:`rows` (weights prepacked for
+    int8 dot products). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         g, k, n = packed.shape
         _core.ragged_rows_packed(operand(lhs, kernel_dtype(out), PACKED), packed._buf, packed._storage.name,
                                  packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate),
-                                 packed._qtile, packed._zero_point is not None)
+                                 packed._qtile, packed._zero_point is not None, bool(quantize_lhs))
     return out
 
 

@@ -405,3 +405,59 @@ def test_moe_block_w8a8_with_prepacked_int8_weights(rng, family):
                 assert np.array_equal(np.asarray(got_g[name]), np.asarray(want_g[name])), name
         with pytest.raises(TypeError, match="activation_qtype='int8'"):
             raggeddot.moe_block(x, router, *packed, top_k=2)
+
+
+# ---------------------------------------------------------------------------
+# int8 activations quantized by the kernels while they pack them
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
+def test_rows_quantized_while_packed_equal_quantize_first(rng, family, dtype):
+    """AsQArray(x, "int8", channelwise_axes=(0,)) times int8 weights (plain
+    QArray or prepacked for int8 activations): the kernels quantize each row
+    while packing it, with the bits of quantize() first (rows of zeros, the
+    -absmax value that rounds to -128, rows spanning 1e-3..1e3)."""
+    m, k, n, g = 60, 77, 40, 3
+    x = (rng.standard_normal((m, k)) * np.logspace(-3, 3, m)[:, None]).astype(dtype)
+    x[5] = 0
+    x[7, 3] = -np.abs(x[7]).max() * 1.5
+    w = QArray(_int8(rng, (g, k, n)), rng.uniform(0.01, 0.1, (g, 1, n)).astype(np.float32))
+    sizes = np.array([20, 0, 38])
+    want = raggeddot.ragged_dot(raggeddot.quantize(x, "int8", channelwise_axes=(0,)), w, sizes)
+    with runtime.configured(kernel=family):
+        for rhs in (w, raggeddot.prepack(w, lhs_dtype=np.int8)):
+            got = raggeddot.ragged_dot(raggeddot.AsQArray(x, "int8", channelwise_axes=(0,)), rhs, sizes)
+            assert got.dtype == want.dtype and np.array_equal(_bits(got), _bits(want))
+
+
+def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
+    """moe_block(activation_qtype="int8") with int8 weights, where the int8
+    dot products serve: the forward makes no quantize() pass (the kernels
+    quantize the rows and the gated activations while packing), and its
+    output and gradients equal those of the layer that quantizes first (a
+    float family named: no int8 dot products), bit for bit."""
+    from raggeddot._moe import experts
+    T, d, f, E = 50, 40, 36, 5
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
+          for s in ((E, d, f), (E, d, f), (E, f, d))]
+    ct = rng.standard_normal((T, d)).astype(np.float32)
+    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "ref"):
+        want, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")
+        want_g = want_fn(ct)
+    calls = []
+    real = experts.quantize
+    monkeypatch.setattr(experts, "quantize", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for family in INT8_FAMILIES:
+        calls.clear()
+        with runtime.configured(kernel=family):
+            out = raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
+            assert calls == [] and np.array_equal(_bits(out), _bits(want))
+            out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")
+            got_g = vjp_fn(ct)
+        assert np.array_equal(_bits(out), _bits(want))
+        for name in want_g:
+            if want_g[name] is not None:
+                assert np.array_equal(np.asarray(got_g[name]), np.asarray(want_g[name])), name

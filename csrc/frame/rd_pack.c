@@ -11,6 +11,7 @@
 /* Keep gcc from turning the short fixed-width copies into calls to memmove. */
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -309,6 +310,118 @@ rd_pack_i8_s8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_in
     rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, r, (uint8_t *)dst, qb, 0);
 }
 
+/*
+ * float32 / bfloat16 rows quantized to int8 while packed, for the int8 dot
+ * products (RD_CT_U8S8 A, "dynamic" activation quantization): each value
+ * x of row i becomes q = clip(rint(x / s_i), -128, 127) with s_i the row's
+ * scale (rd_row_scales: absmax / 127.5), the value raggeddot.quantize gives
+ * per row (the same float32 division and rounding); stored as q + 128 in
+ * the k-quads of rd_pack_i8_quads, with the row's sum of q, its scale and a
+ * zero point of 0 in the trailer.  A NaN becomes -128 (never undefined).
+ */
+static inline int32_t
+rd_quantize_q8(float x, float s)
+{
+    float y = rintf(x / s);
+    if (!(y >= -128.0f))   /* NaN too */
+        y = -128.0f;
+    if (y > 127.0f)
+        y = 127.0f;
+    return (int32_t)y;
+}
+
+#define RD_Q8_PACK(NAME, SRC, WIDEN)                                        \
+RD_PACK_CLONES static void                                                  \
+NAME(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,     \
+     int r, void *dst_, const rd_qblock_t *qb)                              \
+{                                                                           \
+    const SRC *src = (const SRC *)src_;                                     \
+    uint8_t *dst = (uint8_t *)dst_;                                         \
+    const float *scale = (const float *)qb->s;                              \
+    const rd_int kq = (depth + 3) / 4 * 4;                                  \
+    const rd_int t = qb->p0 / qb->tp;                                       \
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {                               \
+        const rd_int have = rows - i0 < r ? rows - i0 : r;                  \
+        char *tr = (char *)dst + (rd_int)r * kq;                            \
+        int32_t *sum = (int32_t *)(void *)tr;                               \
+        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);                  \
+        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);              \
+        for (rd_int i = 0; i < have; i++) {                                 \
+            const SRC *x = src + (i0 + i) * rs;                             \
+            const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps]; \
+            uint8_t *d = dst + 4 * i;                                       \
+            int32_t acc = 0;                                                \
+            rd_int p = 0;                                                   \
+            for (; p < depth; p++) {                                        \
+                const int32_t q = rd_quantize_q8(WIDEN(x[p * cs]), s);      \
+                d[p / 4 * 4 * r + p % 4] = (uint8_t)(q + 128);              \
+                acc += q;                                                   \
+            }                                                               \
+            for (; p < kq; p++)                                             \
+                d[p / 4 * 4 * r + p % 4] = 0;                               \
+            sum[i] = acc;                                                   \
+            sc[i] = s;                                                      \
+            zp[i] = 0;                                                      \
+        }                                                                   \
+        for (rd_int i = have; i < r; i++) {                                 \
+            for (rd_int p = 0; p < kq; p++)                                 \
+                dst[p / 4 * 4 * r + 4 * i + p % 4] = 0;                     \
+            sum[i] = 0;                                                     \
+            sc[i] = 0.0f;                                                   \
+            zp[i] = 0;                                                      \
+        }                                                                   \
+        dst += (rd_int)r * kq + 12 * (rd_int)r;                             \
+    }                                                                       \
+}
+#define RD_SAME_FLOAT(v) (v)
+RD_Q8_PACK(rd_pack_s_q8_qpack, float, RD_SAME_FLOAT)
+RD_Q8_PACK(rd_pack_b_q8_qpack, uint16_t, rd_bf16_to_float)
+
+/* Per-row scales of dynamic int8 quantization: s_i = max_p |x[i][p]| / 127.5
+ * in float32 (1 for a row of zeros; NaN when the row holds one), as
+ * raggeddot.quantize(x, "int8", channelwise_axes=(0,)) computes them. */
+RD_PACK_CLONES static void
+rd_row_scales_s(const float *x, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
+{
+    for (rd_int i = 0; i < m; i++) {
+        const float *row = x + i * rs;
+        float amax = 0.0f;
+        for (rd_int p = 0; p < k; p++) {
+            const float a = fabsf(row[p * cs]);
+            amax = a > amax || a != a ? a : amax;
+        }
+        const float s = amax / 127.5f;
+        out[i] = s == 0.0f ? 1.0f : s;
+    }
+}
+
+RD_PACK_CLONES static void
+rd_row_scales_b(const uint16_t *x, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
+{
+    for (rd_int i = 0; i < m; i++) {
+        const uint16_t *row = x + i * rs;
+        float amax = 0.0f;
+        for (rd_int p = 0; p < k; p++) {
+            const float a = fabsf(rd_bf16_to_float(row[p * cs]));
+            amax = a > amax || a != a ? a : amax;
+        }
+        const float s = amax / 127.5f;
+        out[i] = s == 0.0f ? 1.0f : s;
+    }
+}
+
+int
+rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
+{
+    if (dtype == RD_F32)
+        rd_row_scales_s((const float *)x, m, k, rs, cs, out);
+    else if (dtype == RD_BF16)
+        rd_row_scales_b((const uint16_t *)x, m, k, rs, cs, out);
+    else
+        return -1;
+    return 0;
+}
+
 /* [compute type][storage dtype][A, B] */
 static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
@@ -389,6 +502,9 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     },
     [RD_CT_U8S8] = {
         [RD_I8] = {rd_pack_i8_u8_qpack, rd_pack_i8_s8_qpack},
+        /* float rows with their per-row scales: quantized while packed */
+        [RD_F32] = {rd_pack_s_q8_qpack, NULL},
+        [RD_BF16] = {rd_pack_b_q8_qpack, NULL},
     },
 };
 

@@ -4,6 +4,7 @@
 #include "py/rd_py.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -168,11 +169,12 @@ rd_served(rd_ctype_t ct)
 static int
 rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scales_t *lq,
               rd_arg_t *rhs, rd_scales_t *rq, rd_arg_t *out, PyObject **bounds, int *accumulate,
-              rd_plan_t *plan)
+              rd_plan_t *plan, int *quantize_lhs)
 {
     PyObject *olhs, *orhs, *oout;
     int as_bf16 = 0;
-    if (!PyArg_ParseTuple(args, "OOOOp|p", &olhs, &orhs, bounds, &oout, accumulate, &as_bf16))
+    *quantize_lhs = 0;
+    if (!PyArg_ParseTuple(args, "OOOOp|pp", &olhs, &orhs, bounds, &oout, accumulate, &as_bf16, quantize_lhs))
         return -1;
     if (rd_arg_out(oout, out_ndim, out) != 0)
         return -1;
@@ -194,6 +196,16 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
                 xs[i]->dtype = RD_F32_AS_BF16;
         }
     }
+    if (*quantize_lhs) {
+        if (plan->ct != RD_CT_F32 || lq->s != NULL || (lhs->dtype != RD_F32 && lhs->dtype != RD_BF16)
+            || !rd_int8_exact(orhs, rhs) || !rd_served(RD_CT_U8S8)) {
+            PyErr_SetString(PyExc_TypeError, "quantizing 'lhs' while packing takes a float32 or bfloat16 'lhs', "
+                            "an int8 quantized 'rhs' and a float32 result, on a CPU with int8 dot products");
+            return -1;
+        }
+        rd_plan_init(plan, RD_CT_U8S8);
+        return 0;
+    }
     const int bf16_l = lhs->dtype == RD_BF16 || lhs->dtype == RD_F32_AS_BF16;
     const int bf16_r = rhs->dtype == RD_BF16 || rhs->dtype == RD_F32_AS_BF16;
     if (plan->ct == RD_CT_F32 && lq->s == NULL && rq->s == NULL && bf16_l && bf16_r
@@ -201,6 +213,25 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
         rd_plan_init(plan, RD_CT_BF16DP);
     else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
         rd_plan_init(plan, rd_served(RD_CT_U8S8) ? RD_CT_U8S8 : RD_CT_I8I32);
+    return 0;
+}
+
+/* A float lhs [m, k] quantized to int8 while packed: its per-row scales
+ * (filled by rd_row_scales before the call) in a new buffer *scales,
+ * described in a->q as tiles of 1 x k. */
+static int
+rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
+{
+    *scales = (float *)malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
+    if (*scales == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(&a->q, 0, sizeof a->q);
+    a->q.s = *scales;
+    a->q.rs = 1;
+    a->q.tg = a->q.tr = 1;
+    a->q.tc = k > 0 ? k : 1;
     return 0;
 }
 
@@ -227,9 +258,14 @@ rd_gemm_call(PyObject *args, int contract)
     int accumulate;
     rd_plan_t plan;
     const rd_int *bv;
+    int quantize_lhs;
     if (rd_parse_gemm(args, contract ? 2 : 3, contract ? 3 : 2, &lhs, &lq, &rhs, &rq, &out, &obounds,
-                      &accumulate, &plan) != 0)
+                      &accumulate, &plan, &quantize_lhs) != 0)
         return NULL;
+    if (quantize_lhs && contract) {
+        PyErr_SetString(PyExc_TypeError, "ragged_contract does not quantize its operands");
+        return NULL;
+    }
     rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0};
     rd_in_t b;
     rd_out_t c;
@@ -254,16 +290,22 @@ rd_gemm_call(PyObject *args, int contract)
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
         return NULL;
+    float *scales = NULL;
+    if (quantize_lhs && rd_dynamic_scales(&a, m, k, &scales) != 0)
+        return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
+    if (scales != NULL)
+        rd_row_scales(a.p, a.dtype, m, k, a.rs, a.cs, scales);
     rc = contract ? rd_ragged_contract(&plan, k, n, ng, bv, &a, &b, &c, accumulate)
                   : rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
     Py_END_ALLOW_THREADS
+    free(scales);
     return rd_gemm_result(rc);
 }
 
 PyDoc_STRVAR(ragged_rows_doc,
-"ragged_rows(lhs, rhs, bounds, out, accumulate, as_bf16=False)\n\n"
+"ragged_rows(lhs, rhs, bounds, out, accumulate, as_bf16=False, quantize_lhs=False)\n\n"
 "For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
 "(float32 or float64) is the compute type (a float16 or bfloat16 out: float32,\n"
@@ -278,7 +320,10 @@ PyDoc_STRVAR(ragged_rows_doc,
 "(vpdpbusd where the CPU has it).  A float32 product of two bfloat16\n"
 "operands runs on vdpbf16ps where the CPU has it; with as_bf16, float32\n"
 "operands are rounded to bfloat16 (nearest even) while packed, and the\n"
-"product is that of bfloat16 operands.\n"
+"product is that of bfloat16 operands.  With quantize_lhs (ragged_rows, an\n"
+"int8 quantized rhs, a CPU with int8 dot products), a float32 or bfloat16\n"
+"lhs is quantized per row while packed (absmax / 127.5 scales, round half\n"
+"to even): the product of raggeddot.quantize(lhs, 'int8', (0,)) and rhs.\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *
@@ -444,7 +489,8 @@ rd_py_prepack(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(ragged_rows_packed_doc,
-"ragged_rows_packed(lhs, packed, dtype, ctype, g, k, n, kc, nr, bounds, out, accumulate, qtile=0, qzp=False)\n\n"
+"ragged_rows_packed(lhs, packed, dtype, ctype, g, k, n, kc, nr, bounds, out, accumulate, qtile=0, qzp=False,\n"
+"                   quantize_lhs=False)\n\n"
 "ragged_rows with rhs [g, k, n] of storage `dtype` prepacked (prepack) for\n"
 "the `ctype` kernel with blocking kc and panel width nr (quantized weights:\n"
 "scale tiles qtile deep along k, zero points when qzp); out float32 or\n"
@@ -457,21 +503,26 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     PyObject *olhs, *opacked, *obounds, *oout;
     const char *dtname, *ctname;
     Py_ssize_t ng, k, n, kc, nr, qtile = 0;
-    int accumulate, qzp = 0;
+    int accumulate, qzp = 0, quantize_lhs = 0;
     rd_arg_t lhs, packed, out;
     rd_plan_t plan;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOssnnnnnOOp|np", &olhs, &opacked, &dtname, &ctname, &ng, &k, &n, &kc, &nr,
-                          &obounds, &oout, &accumulate, &qtile, &qzp))
+    if (!PyArg_ParseTuple(args, "OOssnnnnnOOp|npp", &olhs, &opacked, &dtname, &ctname, &ng, &k, &n, &kc, &nr,
+                          &obounds, &oout, &accumulate, &qtile, &qzp, &quantize_lhs))
         return NULL;
     int dt = rd_dtype_named(dtname);
     rd_scales_t lq;
     memset(&lq, 0, sizeof lq);
     if (dt < 0 || rd_prepack_plan(ctname, kc, nr, &plan) != 0)
         return NULL;
-    /* int8-dot weights take an int8 quantized lhs, the others a float one */
-    const int qlhs = plan.ct == RD_CT_U8S8;
+    /* int8-dot weights take an int8 quantized lhs (or a float one quantized
+     * per row while packed), the others a float one */
+    if (quantize_lhs && plan.ct != RD_CT_U8S8) {
+        PyErr_SetString(PyExc_TypeError, "only weights prepacked for int8 dot products quantize 'lhs'");
+        return NULL;
+    }
+    const int qlhs = plan.ct == RD_CT_U8S8 && !quantize_lhs;
     if ((qlhs ? rd_arg_operand(olhs, "lhs", 2, plan.ct, 0, &lhs, &lq)
               : rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs)) != 0 ||
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||
@@ -483,7 +534,8 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
         return NULL;
     }
     if (rd_ctypes[plan.ct].c_size != rd_ctypes[rd_arg_ctype(&out)].c_size ||
-        (!qlhs && rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL)) {
+        (quantize_lhs ? lhs.dtype != RD_F32 && lhs.dtype != RD_BF16
+                      : !qlhs && rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL)) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or write 'out' (%s)", ctname,
                      PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(out.arr)->typeobj->tp_name);
         return NULL;
@@ -507,10 +559,16 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels,
                  .qtile = qtile, .qzp = qzp};
     rd_out_t c = {out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
+    float *scales = NULL;
+    if (quantize_lhs && rd_dynamic_scales(&a, m, k, &scales) != 0)
+        return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
+    if (scales != NULL)
+        rd_row_scales(a.p, a.dtype, m, k, a.rs, a.cs, scales);
     rc = rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
     Py_END_ALLOW_THREADS
+    free(scales);
     return rd_gemm_result(rc);
 }
 

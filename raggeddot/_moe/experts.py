@@ -115,7 +115,9 @@ class ExpertsResiduals(NamedTuple):
     the held experts, ``[first, first + len(h0))`` of xs; ``bounds [n + 1]``
     are their group bounds counted from ``first``. With activation
     quantization, xs_q and a_q are the quantized rows the products read
-    (QArrays of the held rows), for the weight gradients; else None."""
+    (QArrays of the held rows, or the _Deferred quantization the kernels
+    made while packing, made again when read), for the weight gradients;
+    else None."""
     xs: np.ndarray      # [N, d]
     h0: np.ndarray      # [rows, f]
     h1: np.ndarray      # [rows, f]
@@ -178,7 +180,13 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
 def _rows(x, w, bounds, out, accumulate=False):
     """gw.rows, or gw.rows_packed for prepacked weights (which take float
     rows: quantized ones are dequantized for them, but for weights laid out
-    for the int8 dot products, which take them as they are)."""
+    for the int8 dot products, which take them as they are). ``x`` may be a
+    :class:`_Deferred` quantization, done by the kernels while they pack
+    it."""
+    if isinstance(x, _Deferred):
+        if isinstance(w, PackedRhs):
+            return gw.rows_packed(x.rows, w, bounds, out, accumulate, quantize_lhs=True)
+        return gw.rows(x.rows, w, bounds, out, accumulate, quantize_lhs=True)
     if isinstance(w, PackedRhs):
         if isinstance(x, QArray) and w.ctype != "int8-dot":
             x = dequantize(x)
@@ -190,12 +198,32 @@ def _rows(x, w, bounds, out, accumulate=False):
     return gw.rows(x, w, bounds, out, accumulate)
 
 
-def _quantized_rows(rows, qtype):
+class _Deferred(NamedTuple):
+    """Rows quantized per row to int8 by the kernels while they pack them
+    (gw.rows(..., quantize_lhs=True)): no NumPy pass, no int8 copy. Its
+    :meth:`get` makes the same QArray (bit for bit) when the backward or the
+    jvp needs the values the products read."""
+    rows: np.ndarray
+    qtype: str
+
+    def get(self):
+        return quantize(self.rows, self.qtype, channelwise_axes=(0,))
+
+
+def _quantized_rows(rows, qtype, *weights):
     """``rows [r, d]`` quantized per row (one absmax scale a row), or None
-    without activation quantization."""
+    without activation quantization; a :class:`_Deferred` when the kernels
+    can quantize them while packing for every product with ``weights``."""
     if qtype is None:
         return None
+    if weights and all(gw.quantizes_in_kernel(rows, w, qtype) for w in weights):
+        return _Deferred(rows, qtype)
     return quantize(rows, qtype, channelwise_axes=(0,))
+
+
+def _values(q):
+    """The QArray a product read (a deferred quantization made now)."""
+    return q.get() if isinstance(q, _Deferred) else q
 
 
 def _transposed(w):
@@ -241,12 +269,12 @@ def forward(experts, xs, group_sizes, group_offset=0):
         return out if out.dtype == hd else gw.narrow(out, hd)
 
     rows = xs[first:last]
-    rows_q = _quantized_rows(rows, experts.act_qtype)
+    rows_q = _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
     h0 = product(lhs, experts.w0, experts.b0, last - first)
     h1 = product(lhs, experts.w1, experts.b1, last - first)
     a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
-    a_q = _quantized_rows(a, experts.act_qtype)
+    a_q = _quantized_rows(a, experts.act_qtype, experts.wo)
     y = product(a if a_q is None else a_q, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
     return y, ExpertsResiduals(xs, h0, h1, a, bounds, first, rows_q, a_q)
 
@@ -269,7 +297,7 @@ def backward(experts, res, d_y):
     da = _buffer((count, f), hd)
     if count and f:
         gw.rows(dy, _transposed(experts.wo), bounds, da)
-    a_read = res.a if res.a_q is None else res.a_q     # what the forward multiplied
+    a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
     dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
@@ -278,7 +306,7 @@ def backward(experts, res, d_y):
     if count and f:
         gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
         gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)
-    xs = res.xs[first:last] if res.xs_q is None else res.xs_q
+    xs = res.xs[first:last] if res.xs_q is None else _values(res.xs_q)
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
     if experts.gate_up is None:
@@ -315,7 +343,7 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
     t_y = np.zeros((res.xs.shape[0], d), dtype=ct)
     if not count:
         return t_y
-    xs = res.xs[first:last] if res.xs_q is None else res.xs_q      # what the forward multiplied
+    xs = res.xs[first:last] if res.xs_q is None else _values(res.xs_q)      # what the forward multiplied
     t_rows = None if t_xs is None else t_xs[first:last]
 
     def product(lhs, w, t_lhs, t_w, cols):
@@ -333,6 +361,6 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
     da_dh0, da_dh1 = gw.gated_act_grad(h0, h1, np.ones_like(h0), experts.activation, experts.limit,
                                        experts.alpha)
     t_a = da_dh0 * t_h0 + da_dh1 * t_h1
-    a = res.a if res.a_q is None else res.a_q
+    a = res.a if res.a_q is None else _values(res.a_q)
     t_y[first:last] = product(a, experts.wo, t_a, t_wo, d)
     return t_y

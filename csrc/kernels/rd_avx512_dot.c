@@ -65,10 +65,14 @@ rd_dpbf16_twin(__m512 acc, __m512i a, __m512i b)
                            _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
 }
 
+/* vpdpbusd written as an instruction with its accumulator tied: gcc 12
+ * gives the intrinsic's accumulator a register of its own, copies it every
+ * step and spills the 24 accumulators of the loop to the stack. */
 RD_VNNI_TARGET static inline __m512i
 rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
 {
-    return _mm512_dpbusd_epi32(acc, a, b);
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
 }
 
 RD_BW_TARGET static inline __m512i

@@ -22,10 +22,13 @@
 #define RD_AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
 #define RD_AVX2_TARGET __attribute__((target("avx2,fma")))
 
+/* With its accumulator tied (as in kernels/rd_avx512_dot.c), in the VEX
+ * encoding AVX-VNNI CPUs without AVX-512 run. */
 RD_AVXVNNI_TARGET static inline __m256i
 rd_dpbusd256_native(__m256i acc, __m256i a, __m256i b)
 {
-    return _mm256_dpbusd_avx_epi32(acc, a, b);
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
 }
 
 RD_AVX2_TARGET static inline __m256i

@@ -205,7 +205,8 @@ def test_opcheck_backward_operators(rng):
     torch.library.opcheck(OPS.ragged_gather_backward, (ct, x, idx, None, False))
     torch.library.opcheck(OPS.ragged_gather_reduce_backward,
                           (_t(rng, 4, 3), _t(rng, 8, 3), slots, _t(rng, 4, 2), True))
-    torch.library.opcheck(OPS.gated_activation_backward, (_t(rng, 5, 4), _t(rng, 5, 8), "gelu", "interleaved", 7.0, 1.0))
+    torch.library.opcheck(OPS.gated_activation_backward,
+                          (_t(rng, 5, 4), _t(rng, 5, 8), "gelu", "interleaved", 7.0, 1.0))
     lhs, rhs = _t(rng, 2, 7, 3), _t(rng, 4, 2, 3, 5)
     torch.library.opcheck(OPS.ragged_dot_general_backward,
                           (_t(rng, 2, 7, 5), lhs, rhs, _gs(), [2], [2], [0], [1], 1, [0]))

@@ -54,14 +54,18 @@ def median_time(fn, repeats, warmup=1):
 
 
 def cpu_name():
+    """The model name, family/model numbers and whether the CPU has AVX512_BF16."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    bf16 = "avx512_bf16" in info.get("flags", "").split()
+    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}"
+            f"{', AVX512_BF16' if bf16 else ''})")
 
 
 def build(impl, dtype, seed=0):
@@ -81,8 +85,13 @@ def experts_modules(model):
     return [m for m in model.modules() if hasattr(m, "has_gate")]
 
 
-def prefill_and_decode(model, ids, repeats):
-    """(prefill seconds, experts share of it, decode seconds)."""
+def prefill_and_decode(model, ids, repeats, prefill_impl=None):
+    """(prefill seconds, experts share of it, decode seconds); with
+    ``prefill_impl`` the cache is filled by that implementation and only the
+    decode steps are timed (prefill and share are then None)."""
+    decode_impl = model.config._experts_implementation
+    if prefill_impl is not None:
+        model.set_experts_implementation(prefill_impl)
     spent = []
 
     def pre(mod, args):
@@ -93,13 +102,17 @@ def prefill_and_decode(model, ids, repeats):
     hooks = [h for m in experts_modules(model) for h in (m.register_forward_pre_hook(pre),
                                                           m.register_forward_hook(post))]
     with torch.no_grad():
-        prefill = median_time(lambda: model(ids, use_cache=True, logits_to_keep=1), repeats)
-        spent.clear()
+        prefill = share = None
+        if prefill_impl is None:
+            prefill = median_time(lambda: model(ids, use_cache=True, logits_to_keep=1), repeats)
+            spent.clear()
         t0 = time.perf_counter()
         out = model(ids, use_cache=True, logits_to_keep=1)
-        share = sum(spent) / (time.perf_counter() - t0)
+        if prefill_impl is None:
+            share = sum(spent) / (time.perf_counter() - t0)
         for h in hooks:
             h.remove()
+        model.set_experts_implementation(decode_impl)
         cache = out.past_key_values
         token = out.logits[:, -1:].argmax(-1)
 
@@ -197,9 +210,9 @@ def main():
             model.load_state_dict(base)
             r = {"dtype": dn, "impl": impl}
             if impl == "batched_mm" and not batched_fits(a.seq, dtype, a.batched_limit):
-                r["prefill"] = r["experts_fwd"] = "skipped (weights copy per token > %.0f GiB)" % a.batched_limit
-                r["decode"] = prefill_and_decode(model, ids[:, :8], a.repeats)[2]
-                r["decode_note"] = "KV cache of 8 tokens"
+                r["prefill"] = r["experts_fwd"] = f"skipped (weights copy per token > {a.batched_limit:g} GiB)"
+                r["decode"] = prefill_and_decode(model, ids, a.repeats, prefill_impl="grouped_mm")[2]
+                r["decode_note"] = "cache filled by grouped_mm"
             else:
                 r["prefill"], r["experts_share"], r["decode"] = prefill_and_decode(model, ids, a.repeats)
                 r["experts_fwd"] = experts_alone(model, a.seq, dtype, a.repeats, backward=False)

@@ -239,6 +239,26 @@ def test_activations(act):
     _check_module(eager, rd, x, idx, w)
 
 
+def test_interleaved_gate_up():
+    """is_concatenated=False: gate and up interleaved along the fused axis;
+    the same as the concatenated module with the rows regrouped."""
+    eager, rd = _experts("mixtral")
+    with torch.no_grad():
+        w = rd.gate_up_proj.detach().clone()
+        rd.gate_up_proj.copy_(torch.stack([w[:, :w.shape[1] // 2], w[:, w.shape[1] // 2:]], 2).flatten(1, 2))
+    rd.is_concatenated = False
+    assert rt._experts.fused_gate(rd)[1] == "interleaved"
+    x, idx, w = _routing(10, 2, eager.num_experts, x_dim(eager))
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    outs = [eager(xs[0], idx, w), rd(xs[1], idx, w)]
+    assert _rel(outs[1], outs[0]) <= 2e-6
+    for o in outs:
+        o.square().sum().backward()
+    assert _rel(xs[1].grad, xs[0].grad) <= 2e-5
+    g = rd.gate_up_proj.grad
+    assert _rel(torch.cat([g[:, 0::2], g[:, 1::2]], 1), eager.gate_up_proj.grad) <= 2e-5
+
+
 def test_module_defined_gate():
     """A gate the module defines itself runs as the module defines it
     (against transformers' "grouped_mm", which calls it too: the eager

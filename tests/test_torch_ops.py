@@ -196,6 +196,32 @@ def test_compile_fullgraph_and_export(rng):
     torch.testing.assert_close(ep.module()(x, w, w2, _gs()), want, rtol=0, atol=0)
 
 
+def test_opcheck_backward_operators(rng):
+    """The operators the autograd rules call (no autograd of their own)."""
+    x, w, ct = _t(rng, 5, 4), _t(rng, 8), _t(rng, 8, 4)
+    idx = torch.tensor([0, 2, 2, 1, 4, 3, 0, 1])
+    slots = torch.tensor([[0, 3], [5, -1], [1, 2], [7, 6]])
+    torch.library.opcheck(OPS.ragged_gather_backward, (ct, x, idx, w, True))
+    torch.library.opcheck(OPS.ragged_gather_backward, (ct, x, idx, None, False))
+    torch.library.opcheck(OPS.ragged_gather_reduce_backward,
+                          (_t(rng, 4, 3), _t(rng, 8, 3), slots, _t(rng, 4, 2), True))
+    torch.library.opcheck(OPS.gated_activation_backward,
+                          (_t(rng, 5, 4), _t(rng, 5, 8), "gelu", "interleaved", 7.0, 1.0))
+    lhs, rhs = _t(rng, 2, 7, 3), _t(rng, 4, 2, 3, 5)
+    torch.library.opcheck(OPS.ragged_dot_general_backward,
+                          (_t(rng, 2, 7, 5), lhs, rhs, _gs(), [2], [2], [0], [1], 1, [0]))
+
+
+def test_cuda_tensors_are_refused():
+    """A CUDA tensor (a fake one: this torch is a CPU build) is refused by
+    name, in a fake trace as it would be at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x, w = torch.empty(5, 3, device="cuda"), torch.empty(2, 3, 4, device="cuda")
+        _raises(ValueError, "'lhs' is a cuda:0 tensor; raggeddot computes on the CPU", rt.ragged_dot, x, w,
+                torch.tensor([2, 3], device="cuda"))
+
+
 def _raises(exc, match, fn, *args, **kwargs):
     with pytest.raises(exc, match=match):
         fn(*args, **kwargs)

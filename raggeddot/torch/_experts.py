@@ -42,8 +42,8 @@ makes a new one. It costs one more copy of the expert weights in memory:
 ``clear_weight_cache(model)`` does).
 
 Known gates run in C (:func:`gated_activation`): the default
-``act_fn(gate) * up`` on concatenated gate/up for SiLU, GELU (erf), tanh
-GELU and ReLU, and gpt-oss's clamped swiglu on interleaved gate/up (its
+``act_fn(gate) * up`` for SiLU, GELU (erf), tanh GELU and ReLU, with gate
+and up concatenated or interleaved as the module's ``is_concatenated`` says, and gpt-oss's clamped swiglu on interleaved gate/up (its
 ``alpha`` and ``limit``). Any other ``_apply_gate`` runs as the module
 defines it, between two raggeddot products.
 """
@@ -130,9 +130,10 @@ def fused_gate(module):
     """``(activation, layout, limit, alpha)`` when the module's gate is one
     the C kernels compute, else None (then ``module._apply_gate`` runs)."""
     apply_gate = type(module)._apply_gate
-    if apply_gate is _default_gate():       # act_fn(gate) * up, gate/up concatenated (chunk)
+    if apply_gate is _default_gate():       # act_fn(gate) * up, gate/up as the module's flag lays them out
         act = _activation_name(getattr(module, "act_fn", None))
-        return None if act is None else (act, "concat", 0.0, 1.0)
+        layout = "concat" if getattr(module, "is_concatenated", True) else "interleaved"
+        return None if act is None else (act, layout, 0.0, 1.0)
     if apply_gate is _gpt_oss_gate():
         return ("swiglu_oai", "interleaved", float(module.limit), float(module.alpha))
     return None

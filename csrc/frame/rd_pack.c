@@ -250,49 +250,97 @@ rd_pack_i8_i16_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_
  * block lies within one tile along the depth: the driver cuts its blocks
  * there).  Padding rows get 0 values, sums, scales and zero points.
  */
+/* One panel's trailer: the sums, scales and zero points of its `have`
+ * rows (scales and zero points of the block's tile t), zeros past them. */
+static void
+rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, const int32_t *sums,
+                 const rd_qblock_t *qb)
+{
+    const float *scale = (const float *)qb->s, *zero = (const float *)qb->z;
+    const rd_int t = qb->p0 / qb->tp;          /* the block's tile along the depth */
+    char *tr = (char *)panel + (rd_int)r * kq;
+    int32_t *sum = (int32_t *)(void *)tr;
+    float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
+    int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+    for (rd_int i = 0; i < r; i++) {
+        const rd_int at = (qb->i0 + row0 + i) / qb->tr * qb->rs + t * qb->ps;
+        sum[i] = i < have ? sums[i] : 0;
+        sc[i] = i < have ? scale[at] : 0.0f;
+        zp[i] = i < have && zero != NULL ? (int32_t)zero[at] : 0;
+    }
+}
+
 RD_PACK_CLONES static void
 rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int cs,
                  int r, uint8_t *dst, const rd_qblock_t *qb, uint8_t shift)
 {
-    const float *scale = (const float *)qb->s;
-    const float *zero = (const float *)qb->z;
-    const rd_int kq = (depth + 3) / 4 * 4;
-    const rd_int t = qb->p0 / qb->tp;          /* the block's tile along the depth */
-    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+    const rd_int kq = (depth + 3) / 4 * 4, full = depth / 4 * 4;
+    const rd_int panel = (rd_int)r * kq + 12 * (rd_int)r;   /* values, then the trailer */
+    const uint32_t flip = shift ? 0x80808080u : 0u;
+    int32_t sums[128];   /* r <= 128: every register block here is far smaller */
+    rd_int i0 = 0;
+    if (rs == 1) {
+        /* the values of one step lie contiguous across the rows (a
+         * row-major B, a transposed A): four steps at a time, read in
+         * memory order, each row's four bytes joined into one word */
+        for (; i0 + r <= rows; i0 += r) {
+            uint32_t *d = (uint32_t *)(void *)dst;
+            for (int i = 0; i < r; i++)
+                sums[i] = 0;
+            for (rd_int p = 0; p < kq; p += 4) {
+                const int8_t *x0 = src + i0 + p * cs;
+                const int8_t *x1 = p + 1 < depth ? x0 + cs : NULL, *x2 = p + 2 < depth ? x0 + 2 * cs : NULL;
+                const int8_t *x3 = p + 3 < depth ? x0 + 3 * cs : NULL;
+                if (p + 3 < depth)
+                    for (int i = 0; i < r; i++) {
+                        const int32_t a = x0[i], b = x1[i], c = x2[i], e = x3[i];
+                        sums[i] += a + b + c + e;
+                        d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16
+                                | (uint32_t)(uint8_t)e << 24) ^ flip;
+                    }
+                else   /* the last, partial quad: padding steps 0 (A's any: B's are 0) */
+                    for (int i = 0; i < r; i++) {
+                        const int32_t a = x0[i], b = x1 ? x1[i] : 0, c = x2 ? x2[i] : 0;
+                        sums[i] += a + b + c;
+                        d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16)
+                               ^ (flip & 0x00ffffffu);
+                    }
+                d += r;
+            }
+            rd_quads_trailer(dst, kq, r, r, i0, sums, qb);
+            dst += panel;
+        }
+    }
+    for (; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
-        char *tr = (char *)dst + (rd_int)r * kq;
-        int32_t *sum = (int32_t *)(void *)tr;
-        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
-        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+        uint32_t *d = (uint32_t *)(void *)dst;
         for (rd_int i = 0; i < have; i++) {
             const int8_t *x = src + (i0 + i) * rs;
-            uint8_t *d = dst + 4 * i;
             int32_t acc = 0;
             rd_int p = 0;
-            if (cs == 1)
-                for (; p < depth; p++) {
-                    d[p / 4 * 4 * r + p % 4] = (uint8_t)((uint8_t)x[p] + shift);
-                    acc += x[p];
+            if (cs == 1)   /* a row's steps contiguous (a row-major A): a word a quad */
+                for (; p < full; p += 4) {
+                    uint32_t w;
+                    memcpy(&w, x + p, 4);
+                    acc += x[p] + x[p + 1] + x[p + 2] + x[p + 3];
+                    d[p / 4 * r + i] = w ^ flip;
                 }
-            for (; p < depth; p++) {
-                d[p / 4 * 4 * r + p % 4] = (uint8_t)((uint8_t)x[p * cs] + shift);
-                acc += x[p * cs];
+            for (; p < kq; p += 4) {
+                uint32_t w = 0;
+                for (rd_int t = 0; t < 4 && p + t < depth; t++) {
+                    const int8_t v = x[(p + t) * cs];
+                    acc += v;
+                    w |= (uint32_t)(uint8_t)v << (8 * t);
+                }
+                d[p / 4 * r + i] = p + 4 <= depth ? w ^ flip : w ^ (flip & ((1u << (8 * (depth - p))) - 1u));
             }
-            for (; p < kq; p++)
-                d[p / 4 * 4 * r + p % 4] = 0;
-            const rd_int at = (qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps;
-            sum[i] = acc;
-            sc[i] = scale[at];
-            zp[i] = zero != NULL ? (int32_t)zero[at] : 0;
+            sums[i] = acc;
         }
-        for (rd_int i = have; i < r; i++) {
-            for (rd_int p = 0; p < kq; p++)
-                dst[p / 4 * 4 * r + 4 * i + p % 4] = 0;
-            sum[i] = 0;
-            sc[i] = 0.0f;
-            zp[i] = 0;
-        }
-        dst += (rd_int)r * kq + 12 * (rd_int)r;   /* values, then the trailer */
+        for (rd_int i = have; i < r; i++)
+            for (rd_int q = 0; q < kq / 4; q++)
+                d[q * r + i] = 0;
+        rd_quads_trailer(dst, kq, r, have, i0, sums, qb);
+        dst += panel;
     }
 }
 
@@ -322,103 +370,207 @@ rd_pack_i8_s8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_in
 static inline int32_t
 rd_quantize_q8(float x, float s)
 {
-    float y = rintf(x / s);
-    if (!(y >= -128.0f))   /* NaN too */
-        y = -128.0f;
-    if (y > 127.0f)
-        y = 127.0f;
-    return (int32_t)y;
+    float y = x / s;
+    y = y >= -128.0f ? y : -128.0f;   /* NaN too: clipped first (the bounds */
+    y = y <= 127.0f ? y : 127.0f;     /* are integers: clip and rint commute) */
+    return (int32_t)rintf(y);
 }
 
-#define RD_Q8_PACK(NAME, SRC, WIDEN)                                        \
-RD_PACK_CLONES static void                                                  \
-NAME(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,     \
-     int r, void *dst_, const rd_qblock_t *qb)                              \
-{                                                                           \
-    const SRC *src = (const SRC *)src_;                                     \
-    uint8_t *dst = (uint8_t *)dst_;                                         \
-    const float *scale = (const float *)qb->s;                              \
-    const rd_int kq = (depth + 3) / 4 * 4;                                  \
-    const rd_int t = qb->p0 / qb->tp;                                       \
-    for (rd_int i0 = 0; i0 < rows; i0 += r) {                               \
-        const rd_int have = rows - i0 < r ? rows - i0 : r;                  \
-        char *tr = (char *)dst + (rd_int)r * kq;                            \
-        int32_t *sum = (int32_t *)(void *)tr;                               \
-        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);                  \
-        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);              \
-        for (rd_int i = 0; i < have; i++) {                                 \
-            const SRC *x = src + (i0 + i) * rs;                             \
-            const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps]; \
-            uint8_t *d = dst + 4 * i;                                       \
-            int32_t acc = 0;                                                \
-            rd_int p = 0;                                                   \
-            for (; p < depth; p++) {                                        \
-                const int32_t q = rd_quantize_q8(WIDEN(x[p * cs]), s);      \
-                d[p / 4 * 4 * r + p % 4] = (uint8_t)(q + 128);              \
-                acc += q;                                                   \
-            }                                                               \
-            for (; p < kq; p++)                                             \
-                d[p / 4 * 4 * r + p % 4] = 0;                               \
-            sum[i] = acc;                                                   \
-            sc[i] = s;                                                      \
-            zp[i] = 0;                                                      \
-        }                                                                   \
-        for (rd_int i = have; i < r; i++) {                                 \
-            for (rd_int p = 0; p < kq; p++)                                 \
-                dst[p / 4 * 4 * r + 4 * i + p % 4] = 0;                     \
-            sum[i] = 0;                                                     \
-            sc[i] = 0.0f;                                                   \
-            zp[i] = 0;                                                      \
-        }                                                                   \
-        dst += (rd_int)r * kq + 12 * (rd_int)r;                             \
-    }                                                                       \
+static inline float
+rd_widen_any(const void *x, int bf16, rd_int i)
+{
+    return bf16 ? rd_bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
-#define RD_SAME_FLOAT(v) (v)
-RD_Q8_PACK(rd_pack_s_q8_qpack, float, RD_SAME_FLOAT)
-RD_Q8_PACK(rd_pack_b_q8_qpack, uint16_t, rd_bf16_to_float)
+
+/* q[p] = rd_quantize_q8(x[p * cs], s) for p < n: x float32, or bfloat16
+ * bits when bf16.  Contiguous rows take eight values an instruction where
+ * the CPU has AVX2 (every CPU whose kernels take int8 dot products does):
+ * the same division, clip and nearest-even rounding. */
+static void
+rd_q8_row_scalar(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)
+{
+    for (rd_int p = 0; p < n; p++)
+        q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p * cs), s);
+}
+
+/* max |x[p * cs]| over p < n, NaN when one is NaN. */
+static float
+rd_absmax_scalar(const void *x, int bf16, rd_int n, rd_int cs)
+{
+    float amax = 0.0f;
+    int nan = 0;
+    for (rd_int p = 0; p < n; p++) {
+        const float a = fabsf(rd_widen_any(x, bf16, p * cs));
+        amax = a > amax ? a : amax;
+        nan |= a != a;
+    }
+    return nan ? (float)NAN : amax;
+}
+
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static inline __m256
+rd_load8(const void *x, int bf16, rd_int p)
+{
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)x + p))), 16));
+    return _mm256_loadu_ps((const float *)x + p);
+}
+
+__attribute__((target("avx2"))) static void
+rd_q8_row_avx2(const void *x, int bf16, rd_int n, float s, int8_t *q)
+{
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    rd_int p = 0;
+    for (; p + 8 <= n; p += 8) {
+        /* max(y, lo) gives lo for a NaN y (its second operand); then the
+         * conversion rounds to nearest even (MXCSR's default) */
+        const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi);
+        const __m256i v = _mm256_cvtps_epi32(y);
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(void *)(q + p), _mm_packs_epi16(w, w));
+    }
+    for (; p < n; p++)
+        q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p), s);
+}
+
+__attribute__((target("avx2"))) static float
+rd_absmax_avx2(const void *x, int bf16, rd_int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    rd_int p = 0;
+    for (; p + 8 <= n; p += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, rd_load8(x, bf16, p));
+        m = _mm256_max_ps(m, a);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float amax = rd_absmax_scalar((const char *)x + p * (bf16 ? 2 : 4), bf16, n - p, 1);
+    if (amax != amax || _mm256_movemask_ps(nan))
+        return (float)NAN;
+    for (int i = 0; i < 8; i++)
+        amax = lanes[i] > amax ? lanes[i] : amax;
+    return amax;
+}
+#endif
+
+static int
+rd_have_avx2(void)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+static void
+rd_q8_row(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    if (cs == 1 && rd_have_avx2()) {
+        rd_q8_row_avx2(x, bf16, n, s, q);
+        return;
+    }
+#endif
+    rd_q8_row_scalar(x, bf16, n, cs, s, q);
+}
+
+static float
+rd_absmax(const void *x, int bf16, rd_int n, rd_int cs)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    if (cs == 1 && rd_have_avx2())
+        return rd_absmax_avx2(x, bf16, n);
+#endif
+    return rd_absmax_scalar(x, bf16, n, cs);
+}
+
+static void
+rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_int cs,
+           int r, void *dst_, const rd_qblock_t *qb)
+{
+    uint8_t *dst = (uint8_t *)dst_;
+    const float *scale = (const float *)qb->s;
+    const rd_int kq = (depth + 3) / 4 * 4;
+    const rd_int t = qb->p0 / qb->tp;
+    const size_t esize = bf16 ? 2 : 4;
+    int8_t q[256] __attribute__((aligned(64)));
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        uint32_t *d = (uint32_t *)(void *)dst;
+        char *tr = (char *)dst + (rd_int)r * kq;
+        int32_t *sum = (int32_t *)(void *)tr;
+        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
+        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+        for (rd_int i = 0; i < have; i++) {
+            const char *x = (const char *)src + (i0 + i) * rs * (rd_int)esize;
+            const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
+            int32_t acc = 0;
+            /* a stretch of the row quantized, then dealt into the panel a
+             * quad (one word) at a time */
+            for (rd_int p0 = 0; p0 < kq; p0 += 256) {
+                const rd_int w = kq - p0 < 256 ? kq - p0 : 256;
+                const rd_int real = depth - p0 < w ? depth - p0 : w;
+                rd_q8_row(x + p0 * cs * (rd_int)esize, bf16, real, cs, s, q);
+                for (rd_int p = real; p < w; p++)
+                    q[p] = -128;   /* padding: stored as 0 */
+                for (rd_int p = 0; p < real; p++)
+                    acc += q[p];
+                for (rd_int p = 0; p < w; p += 4) {
+                    uint32_t word;
+                    memcpy(&word, q + p, 4);
+                    d[(p0 + p) / 4 * r + i] = word ^ 0x80808080u;
+                }
+            }
+            sum[i] = acc;
+            sc[i] = s;
+            zp[i] = 0;
+        }
+        for (rd_int i = have; i < r; i++) {
+            for (rd_int p = 0; p < kq / 4; p++)
+                d[p * r + i] = 0;
+            sum[i] = 0;
+            sc[i] = 0.0f;
+            zp[i] = 0;
+        }
+        dst += (rd_int)r * kq + 12 * (rd_int)r;
+    }
+}
+
+static void
+rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 0, rs, cs, r, dst, qb);
+}
+
+static void
+rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 1, rs, cs, r, dst, qb);
+}
 
 /* Per-row scales of dynamic int8 quantization: s_i = max_p |x[i][p]| / 127.5
  * in float32 (1 for a row of zeros; NaN when the row holds one), as
  * raggeddot.quantize(x, "int8", channelwise_axes=(0,)) computes them. */
-RD_PACK_CLONES static void
-rd_row_scales_s(const float *x, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
-{
-    for (rd_int i = 0; i < m; i++) {
-        const float *row = x + i * rs;
-        float amax = 0.0f;
-        for (rd_int p = 0; p < k; p++) {
-            const float a = fabsf(row[p * cs]);
-            amax = a > amax || a != a ? a : amax;
-        }
-        const float s = amax / 127.5f;
-        out[i] = s == 0.0f ? 1.0f : s;
-    }
-}
-
-RD_PACK_CLONES static void
-rd_row_scales_b(const uint16_t *x, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
-{
-    for (rd_int i = 0; i < m; i++) {
-        const uint16_t *row = x + i * rs;
-        float amax = 0.0f;
-        for (rd_int p = 0; p < k; p++) {
-            const float a = fabsf(rd_bf16_to_float(row[p * cs]));
-            amax = a > amax || a != a ? a : amax;
-        }
-        const float s = amax / 127.5f;
-        out[i] = s == 0.0f ? 1.0f : s;
-    }
-}
-
 int
 rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
 {
-    if (dtype == RD_F32)
-        rd_row_scales_s((const float *)x, m, k, rs, cs, out);
-    else if (dtype == RD_BF16)
-        rd_row_scales_b((const uint16_t *)x, m, k, rs, cs, out);
-    else
+    if (dtype != RD_F32 && dtype != RD_BF16)
         return -1;
+    const int bf16 = dtype == RD_BF16;
+    for (rd_int i = 0; i < m; i++) {
+        const float amax = rd_absmax((const char *)x + i * rs * (bf16 ? 2 : 4), bf16, k, cs);
+        const float s = amax / 127.5f;
+        out[i] = s == 0.0f ? 1.0f : s;
+    }
     return 0;
 }
 

@@ -230,6 +230,33 @@ rd_pack_i8_i16_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_
 
 /* bfloat16 k-pairs (RD_CT_BF16DP): bfloat16 operands as they are, float32
  * ones rounded to nearest even */
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+/* One pair step of 32 bfloat16 rows: d[2i] = x0[i], d[2i+1] = x1[i] (0 when
+ * x1 is NULL), two vpermt2w; the dot-product kernels that read these
+ * panels need AVX-512BW, so every CPU that packs them has it. */
+__attribute__((target("avx512f,avx512bw"))) static void
+rd_pairs32_avx512(uint16_t *d, const uint16_t *x0, const uint16_t *x1)
+{
+    static const uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i a = _mm512_loadu_si512((const void *)x0);
+    const __m512i b = x1 != NULL ? _mm512_loadu_si512((const void *)x1) : _mm512_setzero_si512();
+    const __m512i ilo = _mm512_loadu_si512((const void *)lo);
+    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    _mm512_storeu_si512((void *)d, _mm512_permutex2var_epi16(a, ilo, b));
+    _mm512_storeu_si512((void *)(d + 32), _mm512_permutex2var_epi16(a, ihi, b));
+}
+
+static int
+rd_pairs32_ok(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+#define RD_PAIRS32 rd_pairs32_avx512
+#define RD_PAIRS32_OK rd_pairs32_ok
+#endif
 #define RD_SRC uint16_t
 #define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_b_p_##x

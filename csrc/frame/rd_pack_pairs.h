@@ -4,6 +4,9 @@
  *   RD_SRC      storage element type (uint16_t bfloat16 bits, float)
  *   RD_CVT(v)   the bfloat16 bits of a stored value
  *   RD_FN(x)    name mangler
+ *   RD_PAIRS32(d, x0, x1), RD_PAIRS32_OK()  optional: one pair step of 32
+ *               rows contiguous in x0, x1 (NULL: zeros) written to d, and
+ *               whether the CPU runs it
  *
  * pack(rows, depth, src, rs, cs, r, dst): the rows x depth block
  * X[i][p] = src[i*rs + p*cs] into r-row micro-panels of depth kp = depth
@@ -42,6 +45,19 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, i
          * row-major B, a transposed A): two steps at a time, each line of
          * the source read once, dealt to the panels */
         const rd_int full = rows / r;
+#ifdef RD_PAIRS32
+        /* 32 bfloat16 columns a panel, two steps interleaved by vpermt2w */
+        if (r == 32 && RD_PAIRS32_OK()) {
+            for (rd_int p = 0; p < depth; p += 2) {
+                const RD_SRC *x0 = src + p * cs, *x1 = p + 1 < depth ? x0 + cs : NULL;
+                for (rd_int q = 0; q < full; q++)
+                    RD_PAIRS32(dst + q * panel + p * r, x0 + q * r, x1 != NULL ? x1 + q * r : NULL);
+            }
+            i0 = full * r;
+            dst += full * panel;
+            goto rest;
+        }
+#endif
         for (rd_int p = 0; p < depth; p += 2) {
             const RD_SRC *x0 = src + p * cs, *x1 = p + 1 < depth ? x0 + cs : NULL;
             for (rd_int q = 0; q < full; q++)
@@ -50,6 +66,9 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, i
         i0 = full * r;
         dst += full * panel;
     }
+#ifdef RD_PAIRS32
+rest:
+#endif
     for (; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
         for (rd_int i = 0; i < have; i++) {
@@ -82,3 +101,5 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, i
 #undef RD_SRC
 #undef RD_CVT
 #undef RD_FN
+#undef RD_PAIRS32
+#undef RD_PAIRS32_OK

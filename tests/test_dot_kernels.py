@@ -296,7 +296,7 @@ def test_int8_equals_the_vpmaddwd_kernel(rng, family, zero_points, bk):
         kc = runtime.build_info()["blocking"]["int8-dot"]["KC"]
     base = "avx512" if family.startswith("avx512") else "avx2"
     with runtime.configured(kernel=base):
-        assert runtime.build_info()["blocking"]["int8-int32"]["KC"] == kc
+        runtime.set_blocking("int8-int32", 144, kc, 4080)   # the same blocks: the same sums
         want = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
     assert np.array_equal(_bits(got), _bits(want))
     ref = reference.ragged_dot(raggeddot.dequantize(lhs).astype(np.float64),
@@ -315,7 +315,9 @@ def test_int8_tgmm_with_subchannel_scales_along_m(rng, family):
     dy = QArray(_int8(rng, (m, n)), rng.uniform(0.01, 0.1, (m // 8, n)).astype(np.float32))
     with runtime.configured(kernel=family):
         got = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
+        kc = runtime.build_info()["blocking"]["int8-dot"]["KC"]
     with runtime.configured(kernel="avx512" if family.startswith("avx512") else "avx2"):
+        runtime.set_blocking("int8-int32", 144, kc, 4080)
         want = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
     assert np.array_equal(_bits(got), _bits(want))
     ref = reference.tgmm(raggeddot.dequantize(x).astype(np.float64), raggeddot.dequantize(dy).astype(np.float64),
@@ -444,7 +446,9 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
     ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
           for s in ((E, d, f), (E, d, f), (E, f, d))]
     ct = rng.standard_normal((T, d)).astype(np.float32)
-    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "ref"):
+    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "avx2"):
+        # the vpmaddwd kernels with the int8-dot kernels' blocking: the same sums
+        runtime.set_blocking("int8-int32", 144, 2048, 4080)
         want, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")
         want_g = want_fn(ct)
     calls = []
@@ -453,6 +457,7 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
     for family in INT8_FAMILIES:
         calls.clear()
         with runtime.configured(kernel=family):
+            runtime.set_blocking("int8-dot", 144, 2048, 4080)
             out = raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
             assert calls == [] and np.array_equal(_bits(out), _bits(want))
             out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")

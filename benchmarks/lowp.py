@@ -15,8 +15,12 @@ timed (bfloat16: 2e-2 relative, int8: the dequantized product, 1e-4). Rows:
   qwen3 m4096 k2048 n768 g64 (skewed): bfloat16, widening, float32, torch bfloat16 per-group
     loop and torch._grouped_mm
   moe_block T=2048 d=2048 f=768 E=32 top 4 (Mixtral/Qwen3-MoE shaped) forward: float32,
-    bfloat16, bfloat16 widening, w8a8 (int8 weights per channel, activation_qtype="int8"),
-    and a torch bfloat16 expert loop (transformers' eager style)
+    bfloat16, bfloat16 widening, w8a8 (int8 weights per channel, activation_qtype="int8"; plain
+    QArrays, and prepacked for int8 activations), a torch bfloat16 expert loop (transformers'
+    eager style)
+
+Variants are timed in rounds (each round calls each once), so that a shared machine's drifting
+load weighs on all alike.
 """
 import argparse
 import statistics
@@ -32,15 +36,21 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT_FAMILY = next(k["name"] for k in raggeddot.build_info()["kernels"] if k["runnable"] and "float32" in k["types"])
 
 
-def timed(fn, repeat):
-    time.sleep(0.5)   # let the worker threads of the previous variant (torch's spin) go idle
-    fn(), fn()
-    ts = []
+def timed(variants, repeat):
+    """[(name, kind, median seconds)] of ``variants`` [(name, kind, fn)], timed in rounds (each
+    round calls every variant once, after two warm-up calls each), so that the load of a shared
+    machine drifting over the run weighs on all of them alike; a pause before each call lets the
+    previous one's worker threads (torch's spin) go idle."""
+    for _, _, fn in variants:
+        fn(), fn()
+    times = [[] for _ in variants]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        for ts, (_, _, fn) in zip(times, variants):
+            time.sleep(0.2)
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [(name, kind, statistics.median(ts)) for (name, kind, _), ts in zip(variants, times)]
 
 
 def widened(fn):
@@ -102,26 +112,25 @@ def main():
     w32 = rng.standard_normal((1, k, n), dtype=np.float32)
     x16, w16, gs = x32.astype(BF16), w32.astype(BF16), np.array([m])
     ref = raggeddot.ragged_dot(x16.astype(np.float32), w16.astype(np.float32), gs)
-    rows = []
-    for name, kind, fn in [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, gs)),
-                           ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, gs)),
-                           ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, gs)))]:
-        if kind != "float32":
-            check(name, fn(), ref, 2e-2)
-        rows.append((name, kind, timed(fn, a.repeat)))
+    variants = [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, gs)),
+                ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, gs)),
+                ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, gs)))]
+    for name, kind, fn in variants[1:]:
+        check(name, fn(), ref, 2e-2)
     q_per = [raggeddot.quantize(x32, "int8", channelwise_axes=(0,)), raggeddot.quantize(w32, "int8", channelwise_axes=(0, 2))]
     q_sub = [raggeddot.quantize(x32, "int8", channelwise_axes=(0,), tiled_axes={1: 128}),
              raggeddot.quantize(w32, "int8", channelwise_axes=(0, 2), tiled_axes={1: 128})]
     for name, (ql, qr) in (("rd int8 per-channel", q_per), ("rd int8 block-128", q_sub)):
         fn = lambda ql=ql, qr=qr: raggeddot.ragged_dot(ql, qr, gs, preferred_element_type=np.float32)  # noqa: E731
         check(name, fn(), raggeddot.ragged_dot(raggeddot.dequantize(ql), raggeddot.dequantize(qr), gs), 1e-4)
-        rows.append((name, "int8", timed(fn, a.repeat)))
+        variants.append((name, "int8", fn))
     tx, tw = torch.from_numpy(x32), torch.from_numpy(w32[0])
     for dt, kind in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32")):
         tx_, tw_ = tx.to(dt), tw.to(dt)
-        rows.append((f"torch {kind} matmul", kind, timed(lambda: tx_ @ tw_, a.repeat)))
+        variants.append((f"torch {kind} matmul", kind, lambda tx_=tx_, tw_=tw_: tx_ @ tw_))
     ti, tj = torch.from_numpy(q_per[0].qvalue), torch.from_numpy(np.ascontiguousarray(q_per[1].qvalue[0]))
-    rows.append(("torch int8 _int_mm", "int8", timed(lambda: torch._int_mm(ti, tj), a.repeat)))
+    variants.append(("torch int8 _int_mm", "int8", lambda: torch._int_mm(ti, tj)))
+    rows = timed(variants, a.repeat)
     table(f"dense {m}x{k}x{n}", rows, 2.0 * m * k * n, pk)
 
     # grouped (Qwen3-MoE shaped, 64 groups, skewed)
@@ -131,21 +140,20 @@ def main():
     w32 = rng.standard_normal((g, k, n), dtype=np.float32)
     x16, w16 = x32.astype(BF16), w32.astype(BF16)
     ref = raggeddot.ragged_dot(x16.astype(np.float32), w16.astype(np.float32), sizes)
-    rows = []
-    for name, kind, fn in [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, sizes)),
-                           ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, sizes)),
-                           ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, sizes)))]:
-        if kind != "float32":
-            check(name, fn(), ref, 2e-2)
-        rows.append((name, kind, timed(fn, a.repeat)))
+    variants = [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, sizes)),
+                ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, sizes)),
+                ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, sizes)))]
+    for name, kind, fn in variants[1:]:
+        check(name, fn(), ref, 2e-2)
     tx, tw = torch.from_numpy(x32).to(torch.bfloat16), torch.from_numpy(w32).to(torch.bfloat16)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
 
     def loop():
         return [tx[bounds[i]:bounds[i + 1]] @ tw[i] for i in range(g) if sizes[i]]
-    rows.append(("torch bfloat16 loop", "bfloat16", timed(loop, a.repeat)))
     offs = torch.from_numpy(bounds[1:].astype(np.int32))
-    rows.append(("torch bfloat16 _grouped_mm", "bfloat16", timed(lambda: torch._grouped_mm(tx, tw, offs=offs), a.repeat)))
+    variants += [("torch bfloat16 loop", "bfloat16", loop),
+                 ("torch bfloat16 _grouped_mm", "bfloat16", lambda: torch._grouped_mm(tx, tw, offs=offs))]
+    rows = timed(variants, a.repeat)
     table(f"qwen3 m{m} k{k} n{n} g{g} skewed", rows, 2.0 * m * k * n, pk)
 
     # moe_block forward
@@ -157,19 +165,21 @@ def main():
     f32 = (x, router, w0, w1, wo)
     b16 = tuple(v.astype(BF16) for v in f32)
     q = (x, router) + tuple(raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
+    qp = (x, router) + tuple(raggeddot.prepack(w, lhs_dtype=np.int8) for w in q[2:])
     # oracles: float32 layers on the same values (bfloat16 ones widened, int8 weights dequantized)
     ref16 = raggeddot.moe_block(*(v.astype(np.float32) for v in b16), top_k=top, norm_topk_prob=True)
     ref8 = raggeddot.moe_block(x, router, *(raggeddot.dequantize(w) for w in q[2:]), top_k=top, norm_topk_prob=True)
-    rows = []
+    variants = []
     for name, kind, args, kw, ref in [("rd float32", "float32", f32, {}, None),
                                       ("rd bfloat16", "bfloat16", b16, {}, ref16),
-                                      ("rd w8a8 int8", "int8", q, {"activation_qtype": "int8"}, ref8)]:
+                                      ("rd w8a8 int8", "int8", q, {"activation_qtype": "int8"}, ref8),
+                                      ("rd w8a8 int8 prepacked", "int8", qp, {"activation_qtype": "int8"}, ref8)]:
         fn = lambda args=args, kw=kw: raggeddot.moe_block(*args, top_k=top, norm_topk_prob=True, **kw)  # noqa: E731
         if ref is not None:
             check(name, fn(), ref, 5e-2)
-        rows.append((name, kind, timed(fn, a.repeat)))
+        variants.append((name, kind, fn))
         if kind == "bfloat16":
-            rows.append(("rd bfloat16 widening", "widen", timed(widened(fn), a.repeat)))
+            variants.append(("rd bfloat16 widening", "widen", widened(fn)))
     tb = [torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16) for v in (x, w0, w1, wo)]
     tx32, tr = (torch.from_numpy(v.astype(np.float32)) for v in b16[:2])
 
@@ -186,7 +196,8 @@ def main():
                 out.index_add_(0, tok, (a_ @ tb[3][e]).float() * wts[tok, slot, None])
         return out
     check("torch bfloat16 loop", torch_loop().numpy(), ref16, 5e-2)
-    rows.append(("torch bfloat16 expert loop", "bfloat16", timed(torch_loop, a.repeat)))
+    variants.append(("torch bfloat16 expert loop", "bfloat16", torch_loop))
+    rows = timed(variants, a.repeat)
     table(f"moe_block forward T={T} d={d} f={f} E={E} top {top}", rows, 6.0 * T * top * d * f + 2.0 * T * d * E, pk)
 
 

@@ -6,6 +6,7 @@ These tests call ``raggeddot._core`` on purpose: they test the binding itself.
 import numpy as np
 import pytest
 
+import raggeddot
 from raggeddot import _core, reference, runtime
 
 from helpers import KERNELS
@@ -164,3 +165,23 @@ def test_blocking_changes_the_reduction_order_only(rng, dtype):
     assert np.max(np.abs(tuned - base)) <= tol * np.max(np.abs(base))
     with pytest.raises(ValueError, match="set_blocking"):
         _core.set_blocking("bfloat16", 1, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("k", [1, 2, 7, 8, 9, 17, 64, 301])
+def test_transposed_operands_pack_to_the_same_panels(rng, dtype, k):
+    """Packing a transposed operand (rows contiguous along the contraction:
+    gmm's transpose_rhs weights, a row-major lhs) transposes blocks of eight
+    rows in registers; the results equal those of the same values laid out
+    the other way, bit for bit, on every family that serves the product."""
+    sizes = np.array([13, 0, 40, 27])
+    lhs = rng.standard_normal((80, k)).astype(dtype)
+    w_t = rng.standard_normal((4, 70, k)).astype(dtype)            # [g, n, k]
+    w = np.ascontiguousarray(w_t.transpose(0, 2, 1))               # [g, k, n]
+    lhs_t = np.ascontiguousarray(lhs.T).T                          # column-major lhs
+    families = KERNELS + [f for f in runtime.runnable_kernels() if f not in KERNELS]
+    for family in families:
+        with runtime.configured(kernel=family):
+            want = raggeddot.gmm(lhs_t, w, sizes, preferred_element_type=np.float32)
+            got = raggeddot.gmm(lhs, w_t, sizes, preferred_element_type=np.float32, transpose_rhs=True)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), family

@@ -43,11 +43,84 @@ rd_f8e4m3_to_float(uint8_t b)
     return sign ? -v : v;
 }
 
+/*
+ * Eight rows of 4-byte values transposed into a panel: dst[p*ld + i] =
+ * row i's value p (rows rs_bytes apart), eight steps at a time by the
+ * unpack / shuffle / lane-swap transpose of an 8 x 8 block in AVX2
+ * registers (bit moves only), where the CPU has AVX2; one value at a time
+ * otherwise.  Packing a transposed operand (transformers' [E, out, in]
+ * weights read as B, bfloat16 k-pairs of a row-major A) is a transpose.
+ */
+static void
+rd_words8_scalar(const char *src, rd_int rs_bytes, rd_int p0, rd_int depth, uint32_t *dst, int ld)
+{
+    for (rd_int p = p0; p < depth; p++)
+        for (int i = 0; i < 8; i++)
+            memcpy(dst + p * ld + i, src + i * rs_bytes + 4 * p, 4);
+}
+
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void
+rd_words8_avx2(const char *src, rd_int rs_bytes, rd_int depth, uint32_t *dst, int ld)
+{
+    rd_int p = 0;
+    for (; p + 8 <= depth; p += 8) {
+        const char *s = src + 4 * p;
+        const __m256 r0 = _mm256_loadu_ps((const float *)(const void *)s);
+        const __m256 r1 = _mm256_loadu_ps((const float *)(const void *)(s + rs_bytes));
+        const __m256 r2 = _mm256_loadu_ps((const float *)(const void *)(s + 2 * rs_bytes));
+        const __m256 r3 = _mm256_loadu_ps((const float *)(const void *)(s + 3 * rs_bytes));
+        const __m256 r4 = _mm256_loadu_ps((const float *)(const void *)(s + 4 * rs_bytes));
+        const __m256 r5 = _mm256_loadu_ps((const float *)(const void *)(s + 5 * rs_bytes));
+        const __m256 r6 = _mm256_loadu_ps((const float *)(const void *)(s + 6 * rs_bytes));
+        const __m256 r7 = _mm256_loadu_ps((const float *)(const void *)(s + 7 * rs_bytes));
+        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+        const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+        const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        /* columns j and j + 4 of rows 0-3 (s0-s3) and of rows 4-7 (s4-s7) */
+        const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+        float *d = (float *)(void *)(dst + p * ld);
+        _mm256_storeu_ps(d, _mm256_permute2f128_ps(s0, s4, 0x20));
+        _mm256_storeu_ps(d + ld, _mm256_permute2f128_ps(s1, s5, 0x20));
+        _mm256_storeu_ps(d + 2 * ld, _mm256_permute2f128_ps(s2, s6, 0x20));
+        _mm256_storeu_ps(d + 3 * ld, _mm256_permute2f128_ps(s3, s7, 0x20));
+        _mm256_storeu_ps(d + 4 * ld, _mm256_permute2f128_ps(s0, s4, 0x31));
+        _mm256_storeu_ps(d + 5 * ld, _mm256_permute2f128_ps(s1, s5, 0x31));
+        _mm256_storeu_ps(d + 6 * ld, _mm256_permute2f128_ps(s2, s6, 0x31));
+        _mm256_storeu_ps(d + 7 * ld, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+    rd_words8_scalar(src, rs_bytes, p, depth, dst, ld);
+}
+#endif
+
+static void
+rd_words8(const char *src, rd_int rs_bytes, rd_int depth, char *dst, int ld)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") != 0;
+    }
+    if (avx2) {
+        rd_words8_avx2(src, rs_bytes, depth, (uint32_t *)(void *)dst, ld);
+        return;
+    }
+#endif
+    rd_words8_scalar(src, rs_bytes, 0, depth, (uint32_t *)(void *)dst, ld);
+}
+
 #define RD_SRC float
 #define RD_DST float
 #define RD_CVT(v) (v)
 #define RD_SAME 1
 #define RD_FN(x) rd_pack_s_s_##x
+#define RD_WORDS8 rd_words8
 #include "rd_pack_impl.h"
 
 #define RD_SRC double
@@ -260,6 +333,7 @@ rd_pairs32_ok(void)
 #define RD_SRC uint16_t
 #define RD_CVT(v) (v)
 #define RD_FN(x) rd_pack_b_p_##x
+#define RD_PAIR_WORDS8 rd_words8
 #include "rd_pack_pairs.h"
 
 #define RD_SRC float

@@ -9,6 +9,9 @@
  *   RD_ATTR     attributes of the routine (target ISA; optional)
  *   RD_RUN8(d, s)  converts 8 contiguous values at once (optional; an
  *               instruction the compiler does not find by itself)
+ *   RD_WORDS8(src, rs_bytes, depth, dst, r)  optional: for 4-byte values kept
+ *               as they are, eight rows of `depth` contiguous values, rs_bytes
+ *               apart, written to dst[p*r + i] (i < 8)
  *   RD_HALVES   defined: each r-wide row of a panel holds its two halves
  *               interleaved, column i at position RD_AT(i, r) (2i in the
  *               first half, 2(i - r/2) + 1 in the second; r even)
@@ -99,7 +102,16 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
         if (full && cs == 1) {
             /* each row is contiguous along p: read rows sequentially and
              * scatter into the panel */
-            for (int i = 0; i < r; i++) {
+            int i = 0;
+#ifdef RD_WORDS8
+            /* 4-byte values as they are: eight rows at a time transposed
+             * in registers (rd_words8), the rest one by one */
+            if (r % 8 == 0 || r > 8)
+                for (; i + 8 <= r; i += 8)
+                    RD_WORDS8((const char *)(x + i * rs), (rd_int)sizeof(RD_SRC) * rs, depth,
+                              (char *)(dst + i), r);
+#endif
+            for (; i < r; i++) {
                 const RD_SRC *row = x + i * rs;
                 RD_DST *col = dst + RD_AT(i, r);
 #if RD_SAME || defined(RD_HALVES)
@@ -141,3 +153,4 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
 #undef RD_HALVES
 #undef RD_AT
 #undef RD_RUN8
+#undef RD_WORDS8

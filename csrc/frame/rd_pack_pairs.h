@@ -4,6 +4,8 @@
  *   RD_SRC      storage element type (uint16_t bfloat16 bits, float)
  *   RD_CVT(v)   the bfloat16 bits of a stored value
  *   RD_FN(x)    name mangler
+ *   RD_PAIR_WORDS8  optional (values kept as they are): rd_words8, the pairs
+ *               of eight rows as 32-bit words
  *   RD_PAIRS32(d, x0, x1), RD_PAIRS32_OK()  optional: one pair step of 32
  *               rows contiguous in x0, x1 (NULL: zeros) written to d, and
  *               whether the CPU runs it
@@ -71,7 +73,22 @@ rest:
 #endif
     for (; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
-        for (rd_int i = 0; i < have; i++) {
+        rd_int i = 0;
+#ifdef RD_PAIR_WORDS8
+        /* a pair is a 32-bit word of a row (values as they are): eight rows
+         * at a time transposed in registers, the odd last step below */
+        if (cs == 1 && depth >= 2)
+            for (; i + 8 <= have; i += 8) {
+                const RD_SRC *x = src + (i0 + i) * rs;
+                RD_PAIR_WORDS8((const char *)x, (rd_int)sizeof(RD_SRC) * rs, depth / 2, (char *)(dst + 2 * i), r);
+                if (depth % 2)
+                    for (int t = 0; t < 8; t++) {
+                        dst[(depth - 1) * r + 2 * (i + t)] = RD_CVT(x[t * rs + depth - 1]);
+                        dst[(depth - 1) * r + 2 * (i + t) + 1] = 0;
+                    }
+            }
+#endif
+        for (; i < have; i++) {
             const RD_SRC *x = src + (i0 + i) * rs;
             uint16_t *d = dst + 2 * i;
             rd_int p = 0;
@@ -103,3 +120,4 @@ rest:
 #undef RD_FN
 #undef RD_PAIRS32
 #undef RD_PAIRS32_OK
+#undef RD_PAIR_WORDS8

@@ -21,6 +21,7 @@ Modes:
 import math
 import sys
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -30,7 +31,8 @@ from raggeddot import distributed as dist
 COMM = MPI.COMM_WORLD
 P, RANK = COMM.size, COMM.rank
 #: max|a - e| / max(1, max|e|) for the sums over tokens (router, shared experts, load balance)
-TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12,
+       np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1e-2}
 
 
 # ------------------------------------------------------------- ragged_all_to_all
@@ -278,6 +280,12 @@ def moe_cases():
         dict(seed=7, dtype=np.float64, E=2 * E, T_per_rank=[9, 1, 4, 2][:P], capacity_factor=0.25,
              activation="gelu", dead_experts=(1,)),
         dict(seed=8, dtype=np.float32, E=E, T_per_rank=[0] * P),
+        # 16-bit hidden activations moved between ranks as they are (the
+        # bfloat16 dot-product kernels where the CPU has them), bit for bit
+        # those of the single-process layer
+        dict(seed=10, dtype=ml_dtypes.bfloat16, E=E, T_per_rank=[5 + r for r in range(P)], norm_topk_prob=True,
+             biases=True, shared=True),
+        dict(seed=11, dtype=np.float16, E=E, T_per_rank=uneven, norm_topk_prob=True),
     ]
     n = 0
     for c in cases:

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _gateway as gw
 from .. import _validate as v
 from .._moe import block, combine, dispatch, experts, route, shared
 from .._moe.config import LOAD_BALANCE, ROUTER_WEIGHTS_ON, capacity_of, prepare
@@ -146,8 +147,11 @@ def _forward(comm, layer, tokens, capacity_factor):
     capacity = capacity_of(int(tokens.sum()), layer.router.top_k, E, capacity_factor)
     kept = kept_counts(counts, capacity)
     on_input = layer.weights_on == "input"
-    xs, dplan = dispatch.forward(layer.x, topk_idx, E, kept[r] if capacity >= 0 else -1,
+    rows = layer.x if layer.x_hidden is None else layer.x_hidden   # the experts' dtype, as moe_block's
+    xs, dplan = dispatch.forward(rows, topk_idx, E, kept[r] if capacity >= 0 else -1,
                                  weights=topk_weights if on_input else None)
+    if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
+        xs = gw.narrow(xs, rows.dtype)
     ex = plan(kept, r)
     y_here, r_experts = experts.forward(layer.experts, move(comm, xs, ex.to_experts), ex.sizes_here,
                                         ex.first_expert)

@@ -1,10 +1,10 @@
 /*
  * One packing routine into bfloat16 k-pairs (RD_CT_BF16DP), for one storage
- * type.  Included by frame/rd_pack.c with these macros defined:
+ * type.  Included by frame/rd_pack_dot.c with these macros defined:
  *   RD_SRC      storage element type (uint16_t bfloat16 bits, float)
  *   RD_CVT(v)   the bfloat16 bits of a stored value
  *   RD_FN(x)    name mangler
- *   RD_PAIR_WORDS8  optional (values kept as they are): rd_words8, the pairs
+ *   RD_PAIR_WORDS8  optional (values kept as they are): rd_pack_words8, the pairs
  *               of eight rows as 32-bit words
  *   RD_PAIRS32(d, x0, x1), RD_PAIRS32_OK()  optional: one pair step of 32
  *               rows contiguous in x0, x1 (NULL: zeros) written to d, and
@@ -15,7 +15,8 @@
  * rounded up to even, panel q holding rows q*r .. q*r+r-1 with
  * X[i][p] at dst[(p/2)*2r + 2i + p%2] (the two elements of a pair side by
  * side, a 32-bit word a row), padding (odd depth, rows past `rows`) zero.
- * It serves A (r = MR) and B read as its transpose (r = NR).
+ * It serves A (r = MR) and B read as its transpose (r = NR); extern, for
+ * the tables of frame/rd_pack.c (rd_pack_int.h declares it).
  */
 static inline __attribute__((always_inline)) void
 RD_FN(pairs)(uint16_t *restrict d, const RD_SRC *restrict x0, const RD_SRC *restrict x1, int r)
@@ -34,7 +35,7 @@ RD_FN(pairs)(uint16_t *restrict d, const RD_SRC *restrict x0, const RD_SRC *rest
         }
 }
 
-RD_PACK_CLONES static void
+RD_PACK_CLONES void
 RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, int r, void *dst_)
 {
     const RD_SRC *src = (const RD_SRC *)src_;

@@ -1,0 +1,464 @@
+/*
+ * Packing for the dot-product compute types (rd_kernel.h): bfloat16
+ * k-pairs (RD_CT_BF16DP), int8 k-quads with their row and column sums
+ * (RD_CT_U8S8), float rows quantized to int8 while packed, the per-row
+ * scales of that quantization, and the register transpose of 4-byte
+ * values that these and the float32 packing use for rows contiguous along
+ * the contraction.  frame/rd_pack.c binds them in its tables.
+ */
+#include "rd_pack_int.h"
+#include "rd_half.h"
+
+/* Keep gcc from turning the short fixed-width copies into calls to memmove. */
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/*
+ * Eight rows of 4-byte values transposed into a panel: dst[p*ld + i] =
+ * row i's value p (rows rs_bytes apart), eight steps at a time by the
+ * unpack / shuffle / lane-swap transpose of an 8 x 8 block in AVX2
+ * registers (bit moves only), where the CPU has AVX2; one value at a time
+ * otherwise.  Packing a transposed operand (transformers' [E, out, in]
+ * weights read as B, bfloat16 k-pairs of a row-major A) is a transpose.
+ */
+static void
+rd_words8_scalar(const char *src, rd_int rs_bytes, rd_int p0, rd_int depth, uint32_t *dst, int ld)
+{
+    for (rd_int p = p0; p < depth; p++)
+        for (int i = 0; i < 8; i++)
+            memcpy(dst + p * ld + i, src + i * rs_bytes + 4 * p, 4);
+}
+
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void
+rd_words8_avx2(const char *src, rd_int rs_bytes, rd_int depth, uint32_t *dst, int ld)
+{
+    rd_int p = 0;
+    for (; p + 8 <= depth; p += 8) {
+        const char *s = src + 4 * p;
+        const __m256 r0 = _mm256_loadu_ps((const float *)(const void *)s);
+        const __m256 r1 = _mm256_loadu_ps((const float *)(const void *)(s + rs_bytes));
+        const __m256 r2 = _mm256_loadu_ps((const float *)(const void *)(s + 2 * rs_bytes));
+        const __m256 r3 = _mm256_loadu_ps((const float *)(const void *)(s + 3 * rs_bytes));
+        const __m256 r4 = _mm256_loadu_ps((const float *)(const void *)(s + 4 * rs_bytes));
+        const __m256 r5 = _mm256_loadu_ps((const float *)(const void *)(s + 5 * rs_bytes));
+        const __m256 r6 = _mm256_loadu_ps((const float *)(const void *)(s + 6 * rs_bytes));
+        const __m256 r7 = _mm256_loadu_ps((const float *)(const void *)(s + 7 * rs_bytes));
+        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+        const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+        const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        /* columns j and j + 4 of rows 0-3 (s0-s3) and of rows 4-7 (s4-s7) */
+        const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+        float *d = (float *)(void *)(dst + p * ld);
+        _mm256_storeu_ps(d, _mm256_permute2f128_ps(s0, s4, 0x20));
+        _mm256_storeu_ps(d + ld, _mm256_permute2f128_ps(s1, s5, 0x20));
+        _mm256_storeu_ps(d + 2 * ld, _mm256_permute2f128_ps(s2, s6, 0x20));
+        _mm256_storeu_ps(d + 3 * ld, _mm256_permute2f128_ps(s3, s7, 0x20));
+        _mm256_storeu_ps(d + 4 * ld, _mm256_permute2f128_ps(s0, s4, 0x31));
+        _mm256_storeu_ps(d + 5 * ld, _mm256_permute2f128_ps(s1, s5, 0x31));
+        _mm256_storeu_ps(d + 6 * ld, _mm256_permute2f128_ps(s2, s6, 0x31));
+        _mm256_storeu_ps(d + 7 * ld, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+    rd_words8_scalar(src, rs_bytes, p, depth, dst, ld);
+}
+#endif
+
+void
+rd_pack_words8(const char *src, rd_int rs_bytes, rd_int depth, char *dst, int ld)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") != 0;
+    }
+    if (avx2) {
+        rd_words8_avx2(src, rs_bytes, depth, (uint32_t *)(void *)dst, ld);
+        return;
+    }
+#endif
+    rd_words8_scalar(src, rs_bytes, 0, depth, (uint32_t *)(void *)dst, ld);
+}
+
+/* bfloat16 k-pairs (RD_CT_BF16DP): bfloat16 operands as they are, float32
+ * ones rounded to nearest even */
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+/* One pair step of 32 bfloat16 rows: d[2i] = x0[i], d[2i+1] = x1[i] (0 when
+ * x1 is NULL), two vpermt2w; the dot-product kernels that read these
+ * panels need AVX-512BW, so every CPU that packs them has it. */
+__attribute__((target("avx512f,avx512bw"))) static void
+rd_pairs32_avx512(uint16_t *d, const uint16_t *x0, const uint16_t *x1)
+{
+    static const uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i a = _mm512_loadu_si512((const void *)x0);
+    const __m512i b = x1 != NULL ? _mm512_loadu_si512((const void *)x1) : _mm512_setzero_si512();
+    const __m512i ilo = _mm512_loadu_si512((const void *)lo);
+    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    _mm512_storeu_si512((void *)d, _mm512_permutex2var_epi16(a, ilo, b));
+    _mm512_storeu_si512((void *)(d + 32), _mm512_permutex2var_epi16(a, ihi, b));
+}
+
+static int
+rd_pairs32_ok(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+#define RD_PAIRS32 rd_pairs32_avx512
+#define RD_PAIRS32_OK rd_pairs32_ok
+#endif
+#define RD_SRC uint16_t
+#define RD_CVT(v) (v)
+#define RD_FN(x) rd_pack_b_p_##x
+#define RD_PAIR_WORDS8 rd_pack_words8
+#include "rd_pack_pairs.h"
+
+#define RD_SRC float
+#define RD_CVT(v) rd_float_to_bf16(v)
+#define RD_FN(x) rd_pack_r_p_##x
+#include "rd_pack_pairs.h"
+
+/*
+ * int8 values for the int8 dot products (RD_CT_U8S8): k-quads,
+ * X[i][p] at panel[(p/4)*4r + 4i + p%4] as a byte, plus `shift` (128 for
+ * A, whose bytes the instruction reads unsigned; 0 for B), depth padded to
+ * a multiple of 4 (B's padding 0, so that every padding product is 0);
+ * after the r*kq bytes of each panel, r int32 sums of the row's values over
+ * the block, r float scales and r int32 zero points of the row's tile (the
+ * block lies within one tile along the depth: the driver cuts its blocks
+ * there).  Padding rows get 0 values, sums, scales and zero points.
+ */
+/* One panel's trailer: the sums, scales and zero points of its `have`
+ * rows (scales and zero points of the block's tile t), zeros past them. */
+static void
+rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, const int32_t *sums,
+                 const rd_qblock_t *qb)
+{
+    const float *scale = (const float *)qb->s, *zero = (const float *)qb->z;
+    const rd_int t = qb->p0 / qb->tp;          /* the block's tile along the depth */
+    char *tr = (char *)panel + (rd_int)r * kq;
+    int32_t *sum = (int32_t *)(void *)tr;
+    float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
+    int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+    for (rd_int i = 0; i < r; i++) {
+        const rd_int at = (qb->i0 + row0 + i) / qb->tr * qb->rs + t * qb->ps;
+        sum[i] = i < have ? sums[i] : 0;
+        sc[i] = i < have ? scale[at] : 0.0f;
+        zp[i] = i < have && zero != NULL ? (int32_t)zero[at] : 0;
+    }
+}
+
+RD_PACK_CLONES static void
+rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int cs,
+                 int r, uint8_t *dst, const rd_qblock_t *qb, uint8_t shift)
+{
+    const rd_int kq = (depth + 3) / 4 * 4, full = depth / 4 * 4;
+    const rd_int panel = (rd_int)r * kq + 12 * (rd_int)r;   /* values, then the trailer */
+    const uint32_t flip = shift ? 0x80808080u : 0u;
+    int32_t sums[128];   /* r <= 128: every register block here is far smaller */
+    rd_int i0 = 0;
+    if (rs == 1) {
+        /* the values of one step lie contiguous across the rows (a
+         * row-major B, a transposed A): four steps at a time, read in
+         * memory order, each row's four bytes joined into one word */
+        for (; i0 + r <= rows; i0 += r) {
+            uint32_t *d = (uint32_t *)(void *)dst;
+            for (int i = 0; i < r; i++)
+                sums[i] = 0;
+            for (rd_int p = 0; p < kq; p += 4) {
+                const int8_t *x0 = src + i0 + p * cs;
+                const int8_t *x1 = p + 1 < depth ? x0 + cs : NULL, *x2 = p + 2 < depth ? x0 + 2 * cs : NULL;
+                const int8_t *x3 = p + 3 < depth ? x0 + 3 * cs : NULL;
+                if (p + 3 < depth)
+                    for (int i = 0; i < r; i++) {
+                        const int32_t a = x0[i], b = x1[i], c = x2[i], e = x3[i];
+                        sums[i] += a + b + c + e;
+                        d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16
+                                | (uint32_t)(uint8_t)e << 24) ^ flip;
+                    }
+                else   /* the last, partial quad: padding steps 0 (A's any: B's are 0) */
+                    for (int i = 0; i < r; i++) {
+                        const int32_t a = x0[i], b = x1 ? x1[i] : 0, c = x2 ? x2[i] : 0;
+                        sums[i] += a + b + c;
+                        d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16)
+                               ^ (flip & 0x00ffffffu);
+                    }
+                d += r;
+            }
+            rd_quads_trailer(dst, kq, r, r, i0, sums, qb);
+            dst += panel;
+        }
+    }
+    for (; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        uint32_t *d = (uint32_t *)(void *)dst;
+        for (rd_int i = 0; i < have; i++) {
+            const int8_t *x = src + (i0 + i) * rs;
+            int32_t acc = 0;
+            rd_int p = 0;
+            if (cs == 1)   /* a row's steps contiguous (a row-major A): a word a quad */
+                for (; p < full; p += 4) {
+                    uint32_t w;
+                    memcpy(&w, x + p, 4);
+                    acc += x[p] + x[p + 1] + x[p + 2] + x[p + 3];
+                    d[p / 4 * r + i] = w ^ flip;
+                }
+            for (; p < kq; p += 4) {
+                uint32_t w = 0;
+                for (rd_int t = 0; t < 4 && p + t < depth; t++) {
+                    const int8_t v = x[(p + t) * cs];
+                    acc += v;
+                    w |= (uint32_t)(uint8_t)v << (8 * t);
+                }
+                d[p / 4 * r + i] = p + 4 <= depth ? w ^ flip : w ^ (flip & ((1u << (8 * (depth - p))) - 1u));
+            }
+            sums[i] = acc;
+        }
+        for (rd_int i = have; i < r; i++)
+            for (rd_int q = 0; q < kq / 4; q++)
+                d[q * r + i] = 0;
+        rd_quads_trailer(dst, kq, r, have, i0, sums, qb);
+        dst += panel;
+    }
+}
+
+void
+rd_pack_i8_u8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs,
+                    int r, void *dst, const rd_qblock_t *qb)
+{
+    rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, r, (uint8_t *)dst, qb, 128);
+}
+
+void
+rd_pack_i8_s8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs,
+                    int r, void *dst, const rd_qblock_t *qb)
+{
+    rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, r, (uint8_t *)dst, qb, 0);
+}
+
+/*
+ * float32 / bfloat16 rows quantized to int8 while packed, for the int8 dot
+ * products (RD_CT_U8S8 A, "dynamic" activation quantization): each value
+ * x of row i becomes q = clip(rint(x / s_i), -128, 127) with s_i the row's
+ * scale (rd_row_scales: absmax / 127.5), the value raggeddot.quantize gives
+ * per row (the same float32 division and rounding); stored as q + 128 in
+ * the k-quads of rd_pack_i8_quads, with the row's sum of q, its scale and a
+ * zero point of 0 in the trailer.  A NaN becomes -128 (never undefined).
+ */
+static inline int32_t
+rd_quantize_q8(float x, float s)
+{
+    float y = x / s;
+    y = y >= -128.0f ? y : -128.0f;   /* NaN too: clipped first (the bounds */
+    y = y <= 127.0f ? y : 127.0f;     /* are integers: clip and rint commute) */
+    return (int32_t)rintf(y);
+}
+
+static inline float
+rd_widen_any(const void *x, int bf16, rd_int i)
+{
+    return bf16 ? rd_bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* q[p] = rd_quantize_q8(x[p * cs], s) for p < n: x float32, or bfloat16
+ * bits when bf16.  Contiguous rows take eight values an instruction where
+ * the CPU has AVX2 (every CPU whose kernels take int8 dot products does):
+ * the same division, clip and nearest-even rounding. */
+static void
+rd_q8_row_scalar(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)
+{
+    for (rd_int p = 0; p < n; p++)
+        q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p * cs), s);
+}
+
+/* max |x[p * cs]| over p < n, NaN when one is NaN. */
+static float
+rd_absmax_scalar(const void *x, int bf16, rd_int n, rd_int cs)
+{
+    float amax = 0.0f;
+    int nan = 0;
+    for (rd_int p = 0; p < n; p++) {
+        const float a = fabsf(rd_widen_any(x, bf16, p * cs));
+        amax = a > amax ? a : amax;
+        nan |= a != a;
+    }
+    return nan ? (float)NAN : amax;
+}
+
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static inline __m256
+rd_load8(const void *x, int bf16, rd_int p)
+{
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)x + p))), 16));
+    return _mm256_loadu_ps((const float *)x + p);
+}
+
+__attribute__((target("avx2"))) static void
+rd_q8_row_avx2(const void *x, int bf16, rd_int n, float s, int8_t *q)
+{
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    rd_int p = 0;
+    for (; p + 8 <= n; p += 8) {
+        /* max(y, lo) gives lo for a NaN y (its second operand); then the
+         * conversion rounds to nearest even (MXCSR's default) */
+        const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi);
+        const __m256i v = _mm256_cvtps_epi32(y);
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(void *)(q + p), _mm_packs_epi16(w, w));
+    }
+    for (; p < n; p++)
+        q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p), s);
+}
+
+__attribute__((target("avx2"))) static float
+rd_absmax_avx2(const void *x, int bf16, rd_int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    rd_int p = 0;
+    for (; p + 8 <= n; p += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, rd_load8(x, bf16, p));
+        m = _mm256_max_ps(m, a);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float amax = rd_absmax_scalar((const char *)x + p * (bf16 ? 2 : 4), bf16, n - p, 1);
+    if (amax != amax || _mm256_movemask_ps(nan))
+        return (float)NAN;
+    for (int i = 0; i < 8; i++)
+        amax = lanes[i] > amax ? lanes[i] : amax;
+    return amax;
+}
+#endif
+
+static int
+rd_have_avx2(void)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+static void
+rd_q8_row(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    if (cs == 1 && rd_have_avx2()) {
+        rd_q8_row_avx2(x, bf16, n, s, q);
+        return;
+    }
+#endif
+    rd_q8_row_scalar(x, bf16, n, cs, s, q);
+}
+
+static float
+rd_absmax(const void *x, int bf16, rd_int n, rd_int cs)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    if (cs == 1 && rd_have_avx2())
+        return rd_absmax_avx2(x, bf16, n);
+#endif
+    return rd_absmax_scalar(x, bf16, n, cs);
+}
+
+static void
+rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_int cs,
+           int r, void *dst_, const rd_qblock_t *qb)
+{
+    uint8_t *dst = (uint8_t *)dst_;
+    const float *scale = (const float *)qb->s;
+    const rd_int kq = (depth + 3) / 4 * 4;
+    const rd_int t = qb->p0 / qb->tp;
+    const size_t esize = bf16 ? 2 : 4;
+    int8_t q[256] __attribute__((aligned(64)));
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        uint32_t *d = (uint32_t *)(void *)dst;
+        char *tr = (char *)dst + (rd_int)r * kq;
+        int32_t *sum = (int32_t *)(void *)tr;
+        float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
+        int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+        for (rd_int i = 0; i < have; i++) {
+            const char *x = (const char *)src + (i0 + i) * rs * (rd_int)esize;
+            const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
+            int32_t acc = 0;
+            /* a stretch of the row quantized, then dealt into the panel a
+             * quad (one word) at a time */
+            for (rd_int p0 = 0; p0 < kq; p0 += 256) {
+                const rd_int w = kq - p0 < 256 ? kq - p0 : 256;
+                const rd_int real = depth - p0 < w ? depth - p0 : w;
+                rd_q8_row(x + p0 * cs * (rd_int)esize, bf16, real, cs, s, q);
+                for (rd_int p = real; p < w; p++)
+                    q[p] = -128;   /* padding: stored as 0 */
+                for (rd_int p = 0; p < real; p++)
+                    acc += q[p];
+                for (rd_int p = 0; p < w; p += 4) {
+                    uint32_t word;
+                    memcpy(&word, q + p, 4);
+                    d[(p0 + p) / 4 * r + i] = word ^ 0x80808080u;
+                }
+            }
+            sum[i] = acc;
+            sc[i] = s;
+            zp[i] = 0;
+        }
+        for (rd_int i = have; i < r; i++) {
+            for (rd_int p = 0; p < kq / 4; p++)
+                d[p * r + i] = 0;
+            sum[i] = 0;
+            sc[i] = 0.0f;
+            zp[i] = 0;
+        }
+        dst += (rd_int)r * kq + 12 * (rd_int)r;
+    }
+}
+
+void
+rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 0, rs, cs, r, dst, qb);
+}
+
+void
+rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 1, rs, cs, r, dst, qb);
+}
+
+/* Per-row scales of dynamic int8 quantization: s_i = max_p |x[i][p]| / 127.5
+ * in float32 (1 for a row of zeros; NaN when the row holds one), as
+ * raggeddot.quantize(x, "int8", channelwise_axes=(0,)) computes them. */
+int
+rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd_int cs, float *out)
+{
+    if (dtype != RD_F32 && dtype != RD_BF16)
+        return -1;
+    const int bf16 = dtype == RD_BF16;
+    for (rd_int i = 0; i < m; i++) {
+        const float amax = rd_absmax((const char *)x + i * rs * (bf16 ? 2 : 4), bf16, k, cs);
+        const float s = amax / 127.5f;
+        out[i] = s == 0.0f ? 1.0f : s;
+    }
+    return 0;
+}
+

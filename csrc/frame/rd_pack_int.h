@@ -1,0 +1,43 @@
+/*
+ * What the packing files share (frame/rd_pack.c binds the routines in its
+ * tables; frame/rd_pack_dot.c holds those of the dot-product compute
+ * types and the register transpose both use).  Internal to frame/.
+ */
+#ifndef RD_PACK_INT_H
+#define RD_PACK_INT_H
+
+#include "rd_frame.h"
+
+/* Each packing routine is compiled for the baseline instruction set and
+ * again for AVX2 and AVX-512, and the loader binds the widest the CPU runs:
+ * the conversions (16-bit floats widened, runs copied) then move 8 or 16
+ * values per instruction instead of 4.  Same arithmetic in every clone:
+ * conversions are exact, so the results do not depend on the clone. */
+#if defined(RD_HAVE_X86_KERNELS) && !defined(RD_NO_PACK_CLONES)
+#define RD_PACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define RD_PACK_F16C 1
+#else
+#define RD_PACK_CLONES
+#endif
+
+/* Eight rows of `depth` contiguous 4-byte values (rows rs_bytes apart)
+ * written transposed: dst[p*ld + i] (4-byte elements) = row i's value p. */
+void rd_pack_words8(const char *src, rd_int rs_bytes, rd_int depth, char *dst, int ld);
+
+/* The packing routines of the dot-product compute types (rd_kernel.h):
+ * bfloat16 k-pairs from bfloat16 (b_p) and from float32 rounded (r_p);
+ * int8 k-quads of quantized int8 operands, A shifted by 128 (i8_u8) and B
+ * (i8_s8); float32 / bfloat16 rows quantized to int8 k-quads while packed
+ * (s_q8, b_q8, with the scales of rd_row_scales). */
+void rd_pack_b_p_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+void rd_pack_r_p_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+void rd_pack_i8_u8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_i8_s8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+
+#endif /* RD_PACK_INT_H */

@@ -184,7 +184,7 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
                        const rd_out_t *out, int accumulate);
 
 /* ----------------------------------------------------------- prepacking
- * (frame/rd_driver.c)  Weights laid out once in the micro-kernel's panel
+ * (frame/rd_prepack.c)  Weights laid out once in the micro-kernel's panel
  * order, to be read in place by every later call: rhs [ng, k, n] (strided,
  * any storage dtype the compute type's B packing reads) becomes, per group,
  * the KC blocks of the contraction in order (every block KC deep but the

@@ -12,6 +12,7 @@
  */
 #include "rd_frame.h"
 #include "rd_half.h"
+#include "rd_playout.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,11 +33,6 @@ typedef struct {
     int nthreads;
 } rd_tiling_t;
 
-static rd_int
-rd_round_up(rd_int x, rd_int unit)
-{
-    return (x + unit - 1) / unit * unit;
-}
 
 /*
  * Packing buffers, one pair per thread (and the float32 tile of a 16-bit
@@ -236,12 +232,6 @@ rd_free_tiling(rd_tiling_t *tl)
     free(tl->order);
 }
 
-/* A strided operand moved by (i, j) elements along (rows, columns). */
-static inline const void *
-rd_at(const void *p, size_t size, rd_int i, rd_int rs, rd_int j, rd_int cs)
-{
-    return (const char *)p + (i * rs + j * cs) * (rd_int)size;
-}
 
 /* What every tile of one call shares: the plan and its packing routines. */
 typedef struct {
@@ -312,68 +302,6 @@ rd_scale_room(const rd_block_t *x, int which, rd_int pc)
     return tp - pos % tp;
 }
 
-/* The prepacked layout of one group's weights (rd_prepack): KC blocks of
- * `panels` micro-panels NR wide, each followed, for quantized weights
- * (qtile > 0), by its trailer (rd_kernel.h); for a compute type whose
- * panels carry a row of scales a column (scale_size > 0, RD_CT_U8S8), each
- * block also ends at the next scale tile boundary along k, and each panel
- * is followed by that row, as packing B per call makes it. */
-typedef struct {
-    rd_int KC, NR, panels, k_unit;
-    size_t b_size;
-    rd_int qtile;
-    int qzp;
-    size_t scale_size;
-} rd_playout_t;
-
-/* The trailer of the block at pc, kc deep: the block's runs within the
- * scale tiles along k. */
-static rd_qtrailer_t
-rd_ptrailer(const rd_playout_t *L, rd_int pc, rd_int kc)
-{
-    const rd_int first = L->qtile - pc % L->qtile;
-    rd_qtrailer_t h = {(int)(first < kc ? first : kc), (int)(L->qtile < kc ? L->qtile : kc), L->qzp, 0};
-    return h;
-}
-
-/* Bytes of one micro-panel of the block at pc, kc deep (values, trailer). */
-static size_t
-rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
-{
-    size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
-    if (L->scale_size)
-        bytes += (size_t)L->NR * L->scale_size;
-    else if (L->qtile > 0) {
-        const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
-        bytes += RD_QRUN(rd_qruns(h.first, h.tile, kc), L->NR, L->qzp);
-    }
-    return bytes;
-}
-
-/* The depth of the layout's block at p of a contraction of k: KC, less at
- * the end, and for panels with a row of scales a column (scale_size) also
- * ending at the next scale tile boundary along k. */
-static rd_int
-rd_pblock_depth(const rd_playout_t *L, rd_int p, rd_int k)
-{
-    rd_int kc = k - p < L->KC ? k - p : L->KC;
-    if (L->scale_size && L->qtile > 0 && L->qtile - p % L->qtile < kc)
-        kc = L->qtile - p % L->qtile;
-    return kc;
-}
-
-/* Where the block at pc of a group's layout starts, in bytes.  The one rule
- * by which rd_prepack writes the blocks and rd_gemm_block finds them. */
-static size_t
-rd_pblock_offset(const rd_playout_t *L, rd_int pc)
-{
-    size_t off = 0;
-    for (rd_int p = 0, d; p < pc; p += d) {
-        d = rd_pblock_depth(L, p, pc);
-        off += (size_t)L->panels * rd_ppanel_bytes(L, p, d);
-    }
-    return off;
-}
 
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
@@ -672,125 +600,4 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
                    const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
 {
     return rd_run(plan, RD_MODE_CONTRACT, k, n, ng, bounds, lhs, rhs, out, accumulate);
-}
-
-/* ------------------------------------------------------------- prepacking */
-
-/* The layout rd_prepack gives weights [., k, n] for `plan`. */
-static rd_playout_t
-rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
-{
-    const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
-    const rd_int NR = plan->k.nr;
-    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size};
-    if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
-        L.KC = RD_I32_KC_MAX;
-    return L;
-}
-
-/* Whether compute type ct lays out quantized weights (with trailers, or
- * for RD_CT_U8S8 with a row of sums and scales a column). */
-static int
-rd_quantized_panels(rd_ctype_t ct)
-{
-    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_U8S8;
-}
-
-/* The routine that packs the weights of storage dtype `dtype` into the
- * layout (quantized values with their scales for RD_CT_U8S8: NULL here,
- * see rd_prepack). */
-static int
-rd_prepack_reads(rd_ctype_t ct, rd_dtype_t dtype)
-{
-    return ct == RD_CT_U8S8 ? rd_qpacker(ct, dtype, 1) != NULL : rd_packer(ct, dtype, 1) != NULL;
-}
-
-size_t
-rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n, rd_int qtile, int qzp)
-{
-    if (!rd_prepack_reads(plan->ct, dtype) || k < 0 || n < 0
-        || (rd_quantized_panels(plan->ct) ? qtile < 1 : qtile != 0))
-        return 0;
-    const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
-    return rd_pblock_offset(&L, k);
-}
-
-/* The trailer of one micro-panel of group g's block at pc (kc deep), whose
- * columns start at column j0 of n: the header, then per run the scales
- * (and zero points) of the columns, 0 past n.  q: the weights' scales, of
- * tiles (tg, tr, tc) with element strides (gs, rs, cs). */
-static void
-rd_put_trailer(const rd_playout_t *L, const rd_scales_t *q, rd_int g, rd_int pc, rd_int kc,
-               rd_int j0, rd_int n, char *dst)
-{
-    const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
-    memcpy(dst, &h, sizeof h);
-    const float *s = (const float *)q->s, *z = (const float *)q->z;
-    const rd_int runs = rd_qruns(h.first, h.tile, kc);
-    for (rd_int r = 0; r < runs; r++) {
-        /* the tile along k of the run's first step */
-        const rd_int t = (pc + (r == 0 ? 0 : h.first + (r - 1) * h.tile)) / L->qtile;
-        float *sr = (float *)(void *)(dst + RD_QRUN(r, L->NR, L->qzp));
-        float *zr = sr + L->NR;
-        for (rd_int j = 0; j < L->NR; j++) {
-            const rd_int col = j0 + j;
-            const rd_int at = g / q->tg * q->gs + t * q->rs + col / q->tc * q->cs;
-            sr[j] = col < n ? s[at] : 0.0f;
-            if (L->qzp)
-                zr[j] = col < n ? z[at] : 0.0f;
-        }
-    }
-}
-
-int
-rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst)
-{
-    rd_pack_t pack = rd_packer(plan->ct, rhs->dtype, 1);
-    rd_qpack_t qpack = plan->ct == RD_CT_U8S8 ? rd_qpacker(plan->ct, rhs->dtype, 1) : NULL;
-    const int quantized = rd_quantized_panels(plan->ct);
-    if ((pack == NULL && qpack == NULL) || (rhs->q.s != NULL) != quantized)
-        return -2;
-    const rd_int qtile = quantized ? rhs->q.tr : 0;
-    const int qzp = quantized && rhs->q.z != NULL;
-    const size_t per_group = rd_prepack_bytes(plan, rhs->dtype, k, n, qtile, qzp);
-    const rd_playout_t L = rd_playout(plan, n, qtile, qzp);
-    const size_t src = rd_dtype_size[rhs->dtype];
-    const rd_int NR = L.NR;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads) if (plan->nthreads > 1 && ng > 1)
-#endif
-    for (rd_int g = 0; g < ng; g++) {
-        char *out = (char *)dst + (size_t)g * per_group;
-        for (rd_int pc = 0, kc; pc < k; pc += kc) {
-            kc = rd_pblock_depth(&L, pc, k);
-            const char *blk = (const char *)rd_at(rhs->p, src, g * rhs->gs + pc * rhs->rs, 1, 0, rhs->cs);
-            if (qpack != NULL) {
-                /* B's block as its transpose, its values and their column
-                 * sums and scales, as packing B per call makes them */
-                const rd_scales_t *q = &rhs->q;
-                const rd_int off = g / q->tg * q->gs * (rd_int)sizeof(float);
-                const rd_qblock_t qb = {(const char *)q->s + off,
-                                        q->z != NULL ? (const char *)q->z + off : NULL,
-                                        q->cs, q->rs, q->tc, q->tr, 0, pc};
-                qpack(n, kc, blk, rhs->cs, rhs->rs, (int)NR, out, &qb);
-                out += (size_t)L.panels * rd_ppanel_bytes(&L, pc, kc);
-                continue;
-            }
-            if (!quantized) {
-                /* B's block as its transpose: n rows of depth kc, into panels */
-                pack(n, kc, blk, rhs->cs, rhs->rs, (int)NR, out);
-                out += (size_t)L.panels * rd_ppanel_bytes(&L, pc, kc);
-                continue;
-            }
-            /* panel by panel: its values, then its trailer */
-            const size_t step = rd_ppanel_bytes(&L, pc, kc);
-            for (rd_int j0 = 0; j0 < n; j0 += NR) {
-                pack(n - j0 < NR ? n - j0 : NR, kc, blk + j0 * rhs->cs * (rd_int)src, rhs->cs, rhs->rs,
-                     (int)NR, out);
-                rd_put_trailer(&L, &rhs->q, g, pc, kc, j0, n, out + (size_t)NR * (size_t)kc);
-                out += step;
-            }
-        }
-    }
-    return 0;
 }

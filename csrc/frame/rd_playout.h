@@ -1,0 +1,88 @@
+/*
+ * The layout of prepacked weights, shared by the driver that reads it
+ * (frame/rd_driver.c) and the prepacking that writes it
+ * (frame/rd_prepack.c), and the small helpers both use.  Internal to
+ * frame/.
+ */
+#ifndef RD_PLAYOUT_H
+#define RD_PLAYOUT_H
+
+#include "rd_frame.h"
+
+static inline rd_int
+rd_round_up(rd_int x, rd_int unit)
+{
+    return (x + unit - 1) / unit * unit;
+}
+
+/* A strided operand moved by (i, j) elements along (rows, columns). */
+static inline const void *
+rd_at(const void *p, size_t size, rd_int i, rd_int rs, rd_int j, rd_int cs)
+{
+    return (const char *)p + (i * rs + j * cs) * (rd_int)size;
+}
+
+/* The prepacked layout of one group's weights (rd_prepack): KC blocks of
+ * `panels` micro-panels NR wide, each followed, for quantized weights
+ * (qtile > 0), by its trailer (rd_kernel.h); for a compute type whose
+ * panels carry a row of scales a column (scale_size > 0, RD_CT_U8S8), each
+ * block also ends at the next scale tile boundary along k, and each panel
+ * is followed by that row, as packing B per call makes it. */
+typedef struct {
+    rd_int KC, NR, panels, k_unit;
+    size_t b_size;
+    rd_int qtile;
+    int qzp;
+    size_t scale_size;
+} rd_playout_t;
+
+/* The trailer of the block at pc, kc deep: the block's runs within the
+ * scale tiles along k. */
+static inline rd_qtrailer_t
+rd_ptrailer(const rd_playout_t *L, rd_int pc, rd_int kc)
+{
+    const rd_int first = L->qtile - pc % L->qtile;
+    rd_qtrailer_t h = {(int)(first < kc ? first : kc), (int)(L->qtile < kc ? L->qtile : kc), L->qzp, 0};
+    return h;
+}
+
+/* Bytes of one micro-panel of the block at pc, kc deep (values, trailer). */
+static inline size_t
+rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
+{
+    size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
+    if (L->scale_size)
+        bytes += (size_t)L->NR * L->scale_size;
+    else if (L->qtile > 0) {
+        const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
+        bytes += RD_QRUN(rd_qruns(h.first, h.tile, kc), L->NR, L->qzp);
+    }
+    return bytes;
+}
+
+/* The depth of the layout's block at p of a contraction of k: KC, less at
+ * the end, and for panels with a row of scales a column (scale_size) also
+ * ending at the next scale tile boundary along k. */
+static inline rd_int
+rd_pblock_depth(const rd_playout_t *L, rd_int p, rd_int k)
+{
+    rd_int kc = k - p < L->KC ? k - p : L->KC;
+    if (L->scale_size && L->qtile > 0 && L->qtile - p % L->qtile < kc)
+        kc = L->qtile - p % L->qtile;
+    return kc;
+}
+
+/* Where the block at pc of a group's layout starts, in bytes.  The one rule
+ * by which rd_prepack writes the blocks and rd_gemm_block finds them. */
+static inline size_t
+rd_pblock_offset(const rd_playout_t *L, rd_int pc)
+{
+    size_t off = 0;
+    for (rd_int p = 0, d; p < pc; p += d) {
+        d = rd_pblock_depth(L, p, pc);
+        off += (size_t)L->panels * rd_ppanel_bytes(L, p, d);
+    }
+    return off;
+}
+
+#endif /* RD_PLAYOUT_H */

@@ -193,9 +193,10 @@ RD_KERNEL(rd_bf16dot_twin_12x32, bft_rows4, bft_rows8, bft_rows12)
 
 #define RD_U_BODY(NAME, TARGET, R, ROWS)                                    \
 TARGET static void                                                          \
-NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
-     rd_int cs_c, int m, int n, int accumulate)                             \
+NAME(rd_int kc, const T *a_, const TB *b, T *c, rd_int rs_c, rd_int cs_c,   \
+     int m, int n, int accumulate)                                          \
 {                                                                           \
+    const uint8_t *a = (const uint8_t *)(const void *)a_;                   \
     const rd_int kq = (kc + 3) / 4 * 4;                                     \
     const int32_t *a32 = (const int32_t *)(const void *)a;                  \
     const char *ta = (const char *)a + 12 * kq, *tb = (const char *)b + 32 * kq; \
@@ -227,40 +228,26 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
     rd_s_store_edge(buf, 32, c, rs_c, cs_c, m, n, accumulate);              \
 }
 
-/* Dispatch on the number of valid rows (no streaming stores: RD_STREAM is
- * taken as RD_STORE, as the other integer kernels do). */
-#define RD_U_KERNEL(NAME, BODY4, BODY8, BODY12)                             \
-static void                                                                 \
-NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
-     rd_int cs_c, int m, int n, int accumulate)                             \
-{                                                                           \
-    const uint8_t *a = (const uint8_t *)a_;                                 \
-    const int8_t *b = (const int8_t *)b_;                                   \
-    float *c = (float *)c_;                                                 \
-    if (accumulate == RD_STREAM)                                            \
-        accumulate = RD_STORE;                                              \
-    if (m > 8)                                                              \
-        BODY12(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                  \
-    else if (m > 4)                                                         \
-        BODY8(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
-    else                                                                    \
-        BODY4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
-}
+/* The bodies dispatched on the number of valid rows by RD_KERNEL (A's
+ * bytes reach them as T, B's as TB).  No streaming stores: s_store_row and
+ * rd_s_store_edge add only for RD_ADD, so RD_STREAM stores plainly. */
+#define TB int8_t
 
 #define DOT rd_dpbusd_native
 RD_U_BODY(u_rows4, RD_VNNI_TARGET, 4, ROWS4)
 RD_U_BODY(u_rows8, RD_VNNI_TARGET, 8, ROWS8)
 RD_U_BODY(u_rows12, RD_VNNI_TARGET, 12, ROWS12)
-RD_U_KERNEL(rd_u8s8dot_avx512_12x32, u_rows4, u_rows8, u_rows12)
+RD_KERNEL(rd_u8s8dot_avx512_12x32, u_rows4, u_rows8, u_rows12)
 #undef DOT
 
 #define DOT rd_dpbusd_twin
 RD_U_BODY(ut_rows4, RD_BW_TARGET, 4, ROWS4)
 RD_U_BODY(ut_rows8, RD_BW_TARGET, 8, ROWS8)
 RD_U_BODY(ut_rows12, RD_BW_TARGET, 12, ROWS12)
-RD_U_KERNEL(rd_u8s8dot_twin_12x32, ut_rows4, ut_rows8, ut_rows12)
+RD_KERNEL(rd_u8s8dot_twin_12x32, ut_rows4, ut_rows8, ut_rows12)
 #undef DOT
 
+#undef TB
 #undef T
 #undef W
 #undef STORE_A

@@ -289,10 +289,13 @@ def quantizes_in_kernel(lhs, rhs, qtype):
         return True
     if not (isinstance(rhs, QArray) and rhs.qtype in ("int8", "int4") and rhs.dtype == _FLOAT32):
         return False
-    zp = rhs.zero_point
-    if zp is not None and not np.all((zp == np.round(zp)) & (zp >= -128) & (zp <= 127)):
-        return False
-    return served("int8-dot")
+    return integral_zero_points(rhs.zero_point) and served("int8-dot")
+
+
+def integral_zero_points(zp):
+    """Zero points the exact int8 products fold in: none, or integers in
+    [-128, 127] (the values less them are then exact int16s)."""
+    return zp is None or bool(np.all((zp == np.round(zp)) & (zp >= -128) & (zp <= 127)))
 
 
 def prepack_layout(ctype, dtype, k, n, qtile=0, zero_points=False):
@@ -326,7 +329,7 @@ def served(ctype):
     ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name)."""
-    return ctype in _core.build_info()["blocking"]
+    return _core.kernel_for(ctype) != "none"
 
 
 def check_packed_lhs(lhs, packed, fn):

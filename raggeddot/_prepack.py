@@ -255,7 +255,7 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     g, k, n = w.shape
     ctype = _QLAYOUT[q.qtype]
     if _lhs_dtype(lhs_dtype, dt, fn, quantized=True) == np.int8 and ctype == "float32-int8w" \
-            and gw.served(_INT8_DOT) and _integral_zero_points(w.zero_point):
+            and gw.served(_INT8_DOT) and gw.integral_zero_points(w.zero_point):
         ctype = _INT8_DOT
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
@@ -283,12 +283,6 @@ def _lhs_dtype(lhs_dtype, weights, fn, quantized=False):
         kinds = "a float dtype or int8" if quantized else "a float dtype (float16, bfloat16, float32, float64)"
         raise TypeError(f"{fn}: 'lhs_dtype' must be {kinds}, got {lhs_dtype!r}")
     return dt
-
-
-def _integral_zero_points(zp):
-    """Zero points that the int8 dot products fold in exactly: none, or
-    integers in [-128, 127]."""
-    return zp is None or bool(np.all((zp == np.round(zp)) & (zp >= -128) & (zp <= 127)))
 
 
 def _aligned(nbytes, alignment=64):

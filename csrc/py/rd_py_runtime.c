@@ -219,6 +219,23 @@ rd_ctype_named(const char *name)
     return -1;
 }
 
+/* kernel_for(ctype) -> the family serving compute type `ctype` now, or
+ * "none" (a dot-product type no family here serves). */
+static PyObject *
+rd_py_kernel_for(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    int ct = rd_ctype_named(name);
+    if (ct < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown compute type %R", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(rd_kernel_for((rd_ctype_t)ct));
+}
+
 static PyObject *
 rd_py_set_blocking(PyObject *self, PyObject *args)
 {
@@ -479,6 +496,8 @@ PyMethodDef rd_runtime_methods[] = {
     {"set_kernel", rd_py_set_kernel, METH_O,
      "set_kernel(name) -> previous name; name in build_info()['simd'] or 'auto'"},
     {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
+    {"kernel_for", rd_py_kernel_for, METH_O,
+     "kernel_for(ctype) -> the family serving that compute type now, or 'none'"},
     {"kernel_table", rd_py_kernel_table, METH_NOARGS,
      "kernel_table() -> [{'name', 'runnable', 'types'}] of the compiled families, most preferred first"},
     {"set_blocking", rd_py_set_blocking, METH_VARARGS,

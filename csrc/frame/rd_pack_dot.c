@@ -71,16 +71,24 @@ rd_words8_avx2(const char *src, rd_int rs_bytes, rd_int depth, uint32_t *dst, in
 }
 #endif
 
+/* Whether the CPU runs the AVX2 paths of these routines (every CPU whose
+ * kernels read their panels does; the plain C paths serve the others). */
+static int
+rd_have_avx2(void)
+{
+#ifdef RD_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
 void
 rd_pack_words8(const char *src, rd_int rs_bytes, rd_int depth, char *dst, int ld)
 {
 #ifdef RD_HAVE_X86_KERNELS
-    static int avx2 = -1;
-    if (avx2 < 0) {
-        __builtin_cpu_init();
-        avx2 = __builtin_cpu_supports("avx2") != 0;
-    }
-    if (avx2) {
+    if (rd_have_avx2()) {
         rd_words8_avx2(src, rs_bytes, depth, (uint32_t *)(void *)dst, ld);
         return;
     }
@@ -345,17 +353,6 @@ rd_absmax_avx2(const void *x, int bf16, rd_int n)
     return amax;
 }
 #endif
-
-static int
-rd_have_avx2(void)
-{
-#ifdef RD_HAVE_X86_KERNELS
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-#else
-    return 0;
-#endif
-}
 
 static void
 rd_q8_row(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)

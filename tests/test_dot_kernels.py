@@ -195,17 +195,20 @@ def test_bf16_twin_flushes_denormals_and_leaves_mxcsr_alone():
         assert np.float32(1e-38) * np.float32(1e-3) != 0
 
 
-@pytest.mark.parametrize("family", BF16_FAMILIES)
-def test_bf16_results_do_not_depend_on_threads(rng, family):
-    lhs = rng.standard_normal((300, 130)).astype(BF16)
-    rhs = rng.standard_normal((3, 130, 70)).astype(BF16)
-    sizes = np.array([120, 0, 170])
+def _same_bits_on_every_thread_count(family, lhs, rhs, sizes):
     outs = []
     for t in THREAD_COUNTS:
         with runtime.configured(kernel=family, num_threads=t):
             outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
     for o in outs[1:]:
         assert np.array_equal(_bits(o), _bits(outs[0]))
+
+
+@pytest.mark.parametrize("family", BF16_FAMILIES)
+def test_bf16_results_do_not_depend_on_threads(rng, family):
+    lhs = rng.standard_normal((300, 130)).astype(BF16)
+    rhs = rng.standard_normal((3, 130, 70)).astype(BF16)
+    _same_bits_on_every_thread_count(family, lhs, rhs, np.array([120, 0, 170]))
 
 
 def _preset():
@@ -349,13 +352,7 @@ def test_int8_native_equals_twin(rng):
 def test_int8_results_do_not_depend_on_threads(rng, family):
     lhs = QArray(_int8(rng, (200, 90)), rng.uniform(0.01, 0.1, (200, 1)).astype(np.float32))
     rhs = QArray(_int8(rng, (3, 90, 70)), rng.uniform(0.01, 0.1, (3, 1, 70)).astype(np.float32))
-    sizes = np.array([50, 0, 150])
-    outs = []
-    for t in THREAD_COUNTS:
-        with runtime.configured(kernel=family, num_threads=t):
-            outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
-    for o in outs[1:]:
-        assert np.array_equal(_bits(o), _bits(outs[0]))
+    _same_bits_on_every_thread_count(family, lhs, rhs, np.array([50, 0, 150]))
 
 
 @pytest.mark.parametrize("family", INT8_FAMILIES)

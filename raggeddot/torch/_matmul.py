@@ -53,6 +53,15 @@ def _check_k(lhs_k, rhs_k, lhs, rhs, fn, what="contracting"):
                          f"(shape {tuple(lhs.shape)}) but 'rhs' has {rhs_k} (shape {tuple(rhs.shape)})")
 
 
+def _mm_result(shape, preferred, existing_out, lhs, rhs, fn):
+    """``(shape, dtype)`` of gmm's / tgmm's result, ``existing_out`` (if
+    given) checked to have that shape; the dtype as :func:`_mm_dtype`."""
+    if existing_out is not None and tuple(existing_out.shape) != shape:
+        raise ValueError(f"raggeddot.torch.{fn}: 'existing_out' must have shape {shape}, "
+                         f"got {tuple(existing_out.shape)}")
+    return shape, _mm_dtype(preferred, existing_out, lhs, rhs, fn)
+
+
 def _mm_dtype(preferred, existing_out, lhs, rhs, fn):
     """megablox's result dtype for gmm/tgmm: preferred_element_type (which
     existing_out must then have), else existing_out's, else float32 (float64
@@ -139,10 +148,7 @@ def _gmm_meta(lhs, rhs, group_sizes, preferred_element_type, existing_out, trans
     k_axis, n_axis = (2, 1) if transpose_rhs else (1, 2)
     _check_k(lhs.shape[1], rhs.shape[k_axis], lhs, rhs, fn)
     shape = (lhs.shape[0], rhs.shape[n_axis])
-    if existing_out is not None and tuple(existing_out.shape) != shape:
-        raise ValueError(f"raggeddot.torch.{fn}: 'existing_out' must have shape {shape}, "
-                         f"got {tuple(existing_out.shape)}")
-    return shape, _mm_dtype(preferred_element_type, existing_out, lhs, rhs, fn)
+    return _mm_result(shape, preferred_element_type, existing_out, lhs, rhs, fn)
 
 
 @torch.library.custom_op(_NS + "gmm", mutates_args=())
@@ -221,10 +227,7 @@ def _tgmm_meta(lhs, rhs, group_sizes, preferred_element_type, group_offset, num_
     g = group_sizes.shape[0]
     count = g - (group_offset or 0) if num_actual_groups is None else num_actual_groups
     shape = (count, lhs.shape[0], rhs.shape[1])
-    if existing_out is not None and tuple(existing_out.shape) != shape:
-        raise ValueError(f"raggeddot.torch.{fn}: 'existing_out' must have shape {shape}, "
-                         f"got {tuple(existing_out.shape)}")
-    return shape, _mm_dtype(preferred_element_type, existing_out, lhs, rhs, fn)
+    return _mm_result(shape, preferred_element_type, existing_out, lhs, rhs, fn)
 
 
 @torch.library.custom_op(_NS + "tgmm", mutates_args=())

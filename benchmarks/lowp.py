@@ -67,6 +67,20 @@ def check(name, got, want, tol):
         raise SystemExit(f"{name}: relative error {err:.2e} > {tol:.0e}")
 
 
+def float_variants(x32, w32, sizes):
+    """raggeddot float32 on ``x32 @ w32``, and bfloat16 on the values rounded (dot-product
+    kernels, and the widening path forced), each bfloat16 one checked against float32 on the
+    rounded values."""
+    x16, w16 = x32.astype(BF16), w32.astype(BF16)
+    ref = raggeddot.ragged_dot(x16.astype(np.float32), w16.astype(np.float32), sizes)
+    variants = [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, sizes)),
+                ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, sizes)),
+                ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, sizes)))]
+    for name, _, fn in variants[1:]:
+        check(name, fn(), ref, 2e-2)
+    return variants
+
+
 def peaks(threads):
     out = {isa: runtime.peak_gflops(isa, threads, 0.5) for isa in ("avx512", "avx2", "avx512_bf16", "avx512_vnni",
                                                                     "avx_vnni")}
@@ -110,13 +124,8 @@ def main():
     m, k, n = 4096 // s, 2048 // s, 2048 // s
     x32 = rng.standard_normal((m, k), dtype=np.float32)
     w32 = rng.standard_normal((1, k, n), dtype=np.float32)
-    x16, w16, gs = x32.astype(BF16), w32.astype(BF16), np.array([m])
-    ref = raggeddot.ragged_dot(x16.astype(np.float32), w16.astype(np.float32), gs)
-    variants = [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, gs)),
-                ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, gs)),
-                ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, gs)))]
-    for name, kind, fn in variants[1:]:
-        check(name, fn(), ref, 2e-2)
+    gs = np.array([m])
+    variants = float_variants(x32, w32, gs)
     q_per = [raggeddot.quantize(x32, "int8", channelwise_axes=(0,)), raggeddot.quantize(w32, "int8", channelwise_axes=(0, 2))]
     q_sub = [raggeddot.quantize(x32, "int8", channelwise_axes=(0,), tiled_axes={1: 128}),
              raggeddot.quantize(w32, "int8", channelwise_axes=(0, 2), tiled_axes={1: 128})]
@@ -138,13 +147,7 @@ def main():
     sizes = rng.multinomial(m, rng.dirichlet(np.full(g, 0.5)))
     x32 = rng.standard_normal((m, k), dtype=np.float32)
     w32 = rng.standard_normal((g, k, n), dtype=np.float32)
-    x16, w16 = x32.astype(BF16), w32.astype(BF16)
-    ref = raggeddot.ragged_dot(x16.astype(np.float32), w16.astype(np.float32), sizes)
-    variants = [("rd float32", "float32", lambda: raggeddot.ragged_dot(x32, w32, sizes)),
-                ("rd bfloat16", "bfloat16", lambda: raggeddot.ragged_dot(x16, w16, sizes)),
-                ("rd bfloat16 widening", "widen", widened(lambda: raggeddot.ragged_dot(x16, w16, sizes)))]
-    for name, kind, fn in variants[1:]:
-        check(name, fn(), ref, 2e-2)
+    variants = float_variants(x32, w32, sizes)
     tx, tw = torch.from_numpy(x32).to(torch.bfloat16), torch.from_numpy(w32).to(torch.bfloat16)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
 

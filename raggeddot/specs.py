@@ -57,6 +57,7 @@ TAGS = {
     "compute": "a single group: a dense product, compute-bound",
     "moe": "the expert matmul of a real MoE model, scaled to a 2-core machine",
     "memory-bound": "<= 32 rows per group: reading the weights sets the time",
+    "decode": "1-4 rows an expert, as when generating: matrix-vector products that read each weight once",
 }
 MEMORY_BOUND_ROWS = 32
 
@@ -162,10 +163,14 @@ _RAGGED_DOT = [
     ("qwen3-m16384-g128-empty",         16384, 2048, 768,  128, "empty",    "moe"),
     ("qwen3-m16384-g256-balanced",      16384, 2048, 768,  256, "balanced", "moe primary"),
     ("deepseek-m4096-g256-balanced",    4096,  1792, 512,  256, "balanced", "moe quick primary main"),
+    ("deepseek-m2048-g256-balanced",    2048,  1792, 512,  256, "balanced", "moe quick"),
     ("deepseek-m16384-g64-balanced",    16384, 1792, 512,  64,  "balanced", "moe"),
     ("deepseek-m16384-g256-balanced",   16384, 1792, 512,  256, "balanced", "moe primary"),
     ("deepseek-m16384-g256-skewed",     16384, 1792, 512,  256, "skewed",   "moe"),
     ("deepseek-m16384-g256-partial",    16384, 1792, 512,  256, "partial",  "moe"),
+    # decode: 1-4 rows an expert, a matrix-vector product each; the time is reading the weights
+    ("decode-deepseek-m256-g256",       256,   1792, 512,  256, "balanced", "decode quick"),
+    ("decode-qwen3-m256-g64",           256,   2048, 768,  64,  "balanced", "decode quick"),
     # many tiny experts: the weights, not the FLOPs, set the time
     ("tiny-m4096-g256-k64-n64",         4096,  64,   64,   256, "balanced", "quick primary"),
     ("tiny-m4096-g256-k64-n64-skewed",  4096,  64,   64,   256, "skewed",   "main"),

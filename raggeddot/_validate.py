@@ -2,9 +2,9 @@
 
 Every check raises with the name of the argument and what was received. The
 checks are of plain values (arrays, dtypes, integers, dimension numbers), and
-this module imports no other of the package: the modules above it read
-their own operand types. Nothing here computes or converts an operand: that
-is the gateway's (``_gateway``).
+this module imports no other of the package: the operands of a product
+(QArray, AsQArray, PackedRhs) are brought into shape by ``_operand``, and
+converted for the kernels by the gateway (``_gateway``).
 """
 import enum
 import operator

@@ -17,6 +17,7 @@ from . import _gateway as gw
 from . import _operand
 from . import _validate as v
 from ._prepack import PackedRhs
+from ._ragged_dot import ragged_dot
 from .quant import QArray
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
@@ -210,7 +211,6 @@ def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_
     """A prepacked rhs ``[g, k, n]``: the dimension numbers of ragged_dot
     (lhs ``[m, k]`` ragged along m, rhs group dimension 0, contraction k),
     which is what the layout serves; anything else is refused."""
-    from ._ragged_dot import ragged_dot
     if dn.dot_dimension_numbers != (((1,), (1,)), ((), ())) or tuple(dn.lhs_ragged_dimensions) != (0,) \
             or tuple(dn.rhs_group_dimensions) != (0,):
         raise ValueError(

@@ -56,7 +56,7 @@ def _operands(rng, sizes, k, n, ldb_pad=0):
 def test_stream_equals_packed_rows(kernel, rows):
     """Rows around the streaming block (4) and the packed one (12); n across the strip."""
     rng = np.random.default_rng(rows)
-    for k, n in [(1, 1), (5, 17), (300, 33), (257, 511), (64, 512), (40, 513), (3, 1030)]:
+    for k, n in [(1, 1), (5, 17), (300, 33), (257, 511), (64, 512), (40, 513), (3, 1030), (2, 2100)]:
         x, w, gs = _operands(rng, [rows, 0, rows + 1, 2], k, n, ldb_pad=3 if n % 2 else 0)
         with runtime.configured(kernel=kernel):
             packed = _with_plan(lambda: raggeddot.ragged_dot(x, w, gs), {"kernel": "main"})
@@ -119,7 +119,7 @@ def test_classes_and_default_plan():
     assert family == raggeddot.build_info()["blocking"]["float32"]["kernel"]
     d = _core.plan_default(classes[0])
     assert d == _core.plan_default(classes[0])          # deterministic
-    assert d["kernel"] == "stream" and d["threads"] == 0 and d["mr"] == 4
+    assert d["kernel"] == "stream" and d["threads"] == 0 and d["mr"] == 8
     cands = _core.plan_candidates(classes[0])
     assert cands[0] == d and len(cands) >= 4 and {c["kernel"] for c in cands} == {"main", "stream"}
     big = ("rows", "float32", family, 2048, 2048, 1, 12, 2)

@@ -146,7 +146,9 @@ static int
 rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
                rd_int ng, rd_int n, int narrow, double bytes)
 {
-    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = plan->k.nr;
+    /* a streaming kernel takes strips of any width: tiles of whole vectors */
+    const int streams = plan->kind == RD_KIND_STREAM;
+    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = streams ? 64 : plan->k.nr;
     double work = 0.0;
     for (rd_int g = 0; g < ng; g++) {
         rd_int r0, r1, d;
@@ -161,7 +163,7 @@ rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
     rd_int tn = rd_round_up(plan->tn > 0 ? plan->tn : nc, nr);
     if (narrow && tn > RD_NARROW_TN)
         tn = rd_round_up(RD_NARROW_TN, nr);
-    const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(128, nr);
+    const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(streams ? 256 : 128, nr);
     const rd_int want = 4 * (rd_int)nthreads;
     rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
     while (nthreads > 1 && count < want && (tm > tm_min || tn > tn_min)) {

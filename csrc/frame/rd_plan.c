@@ -7,11 +7,14 @@
  * blocking, the tiling and the threads from the class alone, so that the
  * choice is deterministic and a tuned entry covers every call of the class:
  *   - B packed or read in place.  Packing B copies each KC x NC panel of a
- *     group once per row tile of the group; the copy costs about as much as
- *     the products of 16 rows (k n reads and writes against 2 r k n FLOPs
- *     at the FMA rate), and for a few rows it is the whole cost.  Below
- *     RD_STREAM_ROWS rows a group B is read where it lies (rd_sukr_t), once
- *     from memory and then from cache for the later row passes.
+ *     group once per row tile, a pass over memory that the products of the
+ *     tile then wait for; for a few rows a group that pass is the whole
+ *     cost.  Groups of fewer than 8 rows on average (bucket <= 3) read B
+ *     where it lies, row after row, with the streaming kernel (rd_sukr_t):
+ *     measured on Zen4, decoding shapes (1-4 rows an expert) read the
+ *     weights at 80-100% of the read bandwidth this way against 45-55%
+ *     packed, while at 8 and 16 rows the packed register-blocked kernel
+ *     was faster (its products run at twice the streaming kernel's rate).
  *   - The tile split.  A tile never mixes groups, so the row tiles of a
  *     group of r rows are at most r rows: the revisit model (megablox's
  *     N / (N + G (1 - 1/T))) says that rows tiles larger than a group waste
@@ -28,8 +31,8 @@
 #include <string.h>
 
 /* Groups of fewer mean rows than this read B in place (the bucket of the
- * class: the bit length of the mean, so bucket <= 5 is < 32 rows). */
-#define RD_STREAM_BUCKET 5
+ * class: the bit length of the mean, so bucket <= 3 is < 8 rows). */
+#define RD_STREAM_BUCKET 3
 
 #define RD_PLAN_MAX 4096
 

@@ -4,7 +4,7 @@
  * only ever called after a run-time CPU check (the family's runnable()).
  *
  *   rd_sgemm_avx2_6x16:  6 rows x 16 columns of float32, 12 ymm accumulators
- *   rd_sgemm_avx2_stream_4x512: up to 4 rows reading B in place (rd_sukr_t)
+ *   rd_sgemm_avx2_stream_8x2048: up to 8 rows reading B in place (rd_sukr_t)
  *   rd_dgemm_avx2_6x8 :  6 rows x  8 columns of float64, 12 ymm accumulators
  *   rd_sgemm_avx2_{bf16w,f16w}_6x16: float32 with 16-bit B panels (F16C too)
  *   rd_i8gemm_avx2_6x16: int16 k-pairs into int32 (vpmaddwd + vpaddd), the
@@ -146,7 +146,7 @@ RD_AVX2_SGEMM(rd_sgemm_avx2_f16w_6x16, uint16_t, S_LOAD_F16)
 #define FMA _mm256_fmadd_ps
 #define ZERO _mm256_setzero_ps
 #include "rd_stream_body.h"
-RD_STREAM_KERNEL(rd_sgemm_avx2_stream_4x512, s_stream)
+RD_STREAM_KERNEL(rd_sgemm_avx2_stream_8x2048, s_stream)
 
 /* -------------------------------------------- float32 on quantized panels
  *
@@ -372,7 +372,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
     },
     0,
-    {[RD_CT_F32] = {rd_sgemm_avx2_stream_4x512, 4, RD_SNR}},
+    {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

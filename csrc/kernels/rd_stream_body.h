@@ -1,17 +1,19 @@
 /*
  * The streaming micro-kernel's body (rd_sukr_t), shared by the SIMD
- * families: C[m x n] (+)= A[m x kc] B[kc x n] for m <= 4 rows of a packed
- * 4-row A panel (A[i][p] = a[4p + i]) and B read where it lies, row p at
+ * families: C[m x n] (+)= A[m x kc] B[kc x n] for m <= 8 rows of a packed
+ * 8-row A panel (A[i][p] = a[8p + i]) and B read where it lies, row p at
  * b + p*ldb, its first n columns only.
  *
- * The contraction runs row of B after row of B, each row read from left
- * to right across the whole strip (up to RD_SNR columns): when B's rows are
- * contiguous (ldb == n) a block of B is one sequential read, which the
- * hardware prefetchers follow at memory speed.  The strip's sums live in a
- * float32 buffer in L1 (4 x RD_SNR), each loaded and stored once per four
- * rows of B, the four products added in order.  Every element is summed
- * over p = 0, 1, ... from zero with one fused multiply-add per step, as the
- * packed kernels do, so the results are theirs bit for bit.
+ * The contraction runs row of B after row of B, each row read from left to
+ * right across the whole strip (up to RD_SNR columns), so that B is read in
+ * the order it lies in memory: one sequential stream when its rows are
+ * contiguous (ldb == n), which the hardware prefetchers follow at memory
+ * speed (reading four rows side by side instead, as a register-blocked
+ * kernel does, measured at 60% of the read bandwidth on Zen4, one row at a
+ * time at 100%).  The strip's sums live in a float32 buffer (in L1 for up
+ * to 8 rows of 512 columns) that each row of B updates.  Every element is summed over p = 0, 1, ...
+ * from zero with one fused multiply-add per step, as the packed kernels
+ * sum it, so the results are theirs bit for bit.
  *
  * The includer defines V (vector), W (lanes), MASK (a lane mask type),
  * MASK_ALL, MASK_FIRST(r) (the first r lanes), LOADM(k, p) (a masked load
@@ -21,76 +23,91 @@
 #ifndef RD_STREAM_BODY_H
 #define RD_STREAM_BODY_H
 
-/* Widest strip of the streaming kernels (columns). */
-#define RD_SNR 512
+/* Rows of the A panel of the streaming kernels, and their widest strip
+ * (columns).  The sums take m x n floats (16 KiB for 8 rows of 512). */
+#define RD_SMR 8
+#define RD_SNR 2048
 
-#define RD_SV4(i) a0 = SET1(a[4 * p + (i)]); a1 = SET1(a[4 * p + 4 + (i)]);     \
-    a2 = SET1(a[4 * p + 8 + (i)]); a3 = SET1(a[4 * p + 12 + (i)]);              \
-    x = LOAD(s + (i) * RD_SNR + v * W);                                         \
-    x = FMA(a0, b0, x); x = FMA(a1, b1, x); x = FMA(a2, b2, x); x = FMA(a3, b3, x); \
-    STORE(s + (i) * RD_SNR + v * W, x);
-#define RD_SV1(i) x = LOAD(s + (i) * RD_SNR + v * W);                          \
-    x = FMA(SET1(a[4 * p + (i)]), b0, x);                                       \
-    STORE(s + (i) * RD_SNR + v * W, x);
+#define RD_SA(i) const V a##i = SET1(a[RD_SMR * p + (i)]);
+#define RD_SA2(i) const V a##i = SET1(a[RD_SMR * p + (i)]), e##i = SET1(a[RD_SMR * (p + 1) + (i)]);
+#define RD_SV(i) x = LOAD(s + (i) * ld + v * W);                               \
+    x = FMA(a##i, b0, x);                                                       \
+    STORE(s + (i) * ld + v * W, x);
+#define RD_SV2(i) x = LOAD(s + (i) * ld + v * W);                              \
+    x = FMA(a##i, b0, x);                                                       \
+    x = FMA(e##i, b1, x);                                                       \
+    STORE(s + (i) * ld + v * W, x);
 
 #define RD_SROWS1(X) X(0)
 #define RD_SROWS2(X) X(0) X(1)
-#define RD_SROWS3(X) X(0) X(1) X(2)
-#define RD_SROWS4(X) X(0) X(1) X(2) X(3)
+#define RD_SROWS3(X) RD_SROWS2(X) X(2)
+#define RD_SROWS4(X) RD_SROWS3(X) X(3)
+#define RD_SROWS5(X) RD_SROWS4(X) X(4)
+#define RD_SROWS6(X) RD_SROWS5(X) X(5)
+#define RD_SROWS7(X) RD_SROWS6(X) X(6)
+#define RD_SROWS8(X) RD_SROWS7(X) X(7)
 
-/* The sums of M rows into s (rows RD_SNR apart, zeroed by the caller). */
-#define RD_STREAM_ROWS(NAME, ROWS)                                          \
+/* The sums of the rows ROWS into s (rows ld apart, zeroed by the caller):
+ * with PAIRS, two rows of B a pass, each sum loaded and stored once for two
+ * products (5-8 rows of A: the loads and stores of the sums, not the
+ * products, would set the pace; measured in L2 on Zen4, 8 rows ran at 58%
+ * of the FMA peak with pairs and 37% without), else one row (1-4 rows of
+ * A, whose products cannot outrun memory: B read in order, as the hardware
+ * prefetchers want it; 4 rows read at 90% of the read bandwidth this way
+ * and 62% with pairs). */
+#define RD_STREAM_ROWS(NAME, ROWS, PAIRS)                                   \
 TARGET static void                                                          \
-NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, int n) \
+NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld, int n) \
 {                                                                           \
     const int nv = (n + W - 1) / W;                                         \
     const MASK last = n % W ? MASK_FIRST(n % W) : MASK_ALL;                 \
     rd_int p = 0;                                                           \
-    for (; p + 4 <= kc; p += 4) {                                           \
-        const float *r0 = b + p * ldb, *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb; \
+    for (; PAIRS && p + 2 <= kc; p += 2) {                                  \
+        const float *r = b + p * ldb, *r1 = r + ldb;                        \
+        ROWS(RD_SA2)                                                        \
         for (int v = 0; v < nv; v++) {                                      \
             const MASK k = v == nv - 1 ? last : MASK_ALL;                   \
-            const V b0 = LOADM(k, r0 + v * W), b1 = LOADM(k, r1 + v * W);   \
-            const V b2 = LOADM(k, r2 + v * W), b3 = LOADM(k, r3 + v * W);   \
-            V a0, a1, a2, a3, x;                                            \
-            ROWS(RD_SV4)                                                    \
+            const V b0 = LOADM(k, r + v * W), b1 = LOADM(k, r1 + v * W);    \
+            V x;                                                            \
+            ROWS(RD_SV2)                                                    \
         }                                                                   \
     }                                                                       \
     for (; p < kc; p++) {                                                   \
-        const float *r0 = b + p * ldb;                                      \
+        const float *r = b + p * ldb;                                       \
+        ROWS(RD_SA)                                                         \
         for (int v = 0; v < nv; v++) {                                      \
-            const V b0 = LOADM(v == nv - 1 ? last : MASK_ALL, r0 + v * W);  \
+            const V b0 = LOADM(v == nv - 1 ? last : MASK_ALL, r + v * W);   \
             V x;                                                            \
-            ROWS(RD_SV1)                                                    \
+            ROWS(RD_SV)                                                     \
         }                                                                   \
     }                                                                       \
 }
 
 /* The kernel: the sums of the valid rows, then C (+)= them. */
 #define RD_STREAM_KERNEL(NAME, P)                                           \
-RD_STREAM_ROWS(P##_1, RD_SROWS1)                                            \
-RD_STREAM_ROWS(P##_2, RD_SROWS2)                                            \
-RD_STREAM_ROWS(P##_3, RD_SROWS3)                                            \
-RD_STREAM_ROWS(P##_4, RD_SROWS4)                                            \
+RD_STREAM_ROWS(P##_1, RD_SROWS1, 0)                                         \
+RD_STREAM_ROWS(P##_2, RD_SROWS2, 0)                                         \
+RD_STREAM_ROWS(P##_3, RD_SROWS3, 0)                                         \
+RD_STREAM_ROWS(P##_4, RD_SROWS4, 0)                                         \
+RD_STREAM_ROWS(P##_5, RD_SROWS5, 1)                                         \
+RD_STREAM_ROWS(P##_6, RD_SROWS6, 1)                                         \
+RD_STREAM_ROWS(P##_7, RD_SROWS7, 1)                                         \
+RD_STREAM_ROWS(P##_8, RD_SROWS8, 1)                                         \
 TARGET static void                                                          \
 NAME(rd_int kc, const void *a_, const void *b_, rd_int ldb, void *c,        \
      rd_int rs_c, rd_int cs_c, int m, int n, int mode)                      \
 {                                                                           \
-    const float *a = (const float *)a_, *b = (const float *)b_;             \
-    float s[4 * RD_SNR] __attribute__((aligned(64)));                       \
-    const int nw = (n + W - 1) / W * W;                                     \
-    for (int i = 0; i < m; i++)                                             \
-        for (int j = 0; j < nw; j += W)                                     \
-            STORE(s + i * RD_SNR + j, ZERO());                              \
-    if (m == 1)                                                             \
-        P##_1(kc, a, b, ldb, s, n);                                         \
-    else if (m == 2)                                                        \
-        P##_2(kc, a, b, ldb, s, n);                                         \
-    else if (m == 3)                                                        \
-        P##_3(kc, a, b, ldb, s, n);                                         \
-    else                                                                    \
-        P##_4(kc, a, b, ldb, s, n);                                         \
-    rd_s_store_edge(s, RD_SNR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
+    typedef void (*rows_t)(rd_int, const float *, const float *, rd_int, float *, rd_int, int); \
+    static const rows_t rows[RD_SMR] = {P##_1, P##_2, P##_3, P##_4, P##_5, P##_6, P##_7, P##_8}; \
+    float s[RD_SMR * (RD_SNR + 16)] __attribute__((aligned(64)));           \
+    /* rows of sums 64 bytes more than a multiple of 64 apart: a sum's load \
+     * then never matches the store of another row's 4 KiB apart, which the \
+     * CPU would take for a dependence and wait on */                       \
+    const int ld = (n + W - 1) / W * W + 16;                                \
+    for (int i = 0; i < m * ld; i += W)                                     \
+        STORE(s + i, ZERO());                                               \
+    rows[m - 1](kc, (const float *)a_, (const float *)b_, ldb, s, ld, n);   \
+    rd_s_store_edge(s, (int)ld, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
 }
 
 #endif /* RD_STREAM_BODY_H */

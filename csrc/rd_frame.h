@@ -14,18 +14,93 @@
  * starts (the binding makes it while it holds the GIL): later changes of
  * the runtime settings never reach a call in flight.
  */
+enum { RD_KIND_MAIN = 0, RD_KIND_STREAM = 1 };
+enum { RD_SPLIT_M = 0, RD_SPLIT_N = 1 };
+
 typedef struct {
     rd_ctype_t ct;          /* compute type */
     const char *family;     /* name of the family the micro-kernel comes from */
     rd_ukr_desc_t k;        /* micro-kernel, register block, cache blocking */
+    rd_sukr_desc_t s;       /* the family's streaming kernel for ct (ukr NULL: none) */
+    int kind;               /* RD_KIND_STREAM: B read in place by s (k then
+                               has s's register block), RD_KIND_MAIN: packed */
+    int split;              /* the tile side halved first to make work for
+                               the threads: RD_SPLIT_M rows, RD_SPLIT_N columns */
     rd_int tm, tn;          /* largest tile (rows, columns); 0: from the blocking */
-    int nthreads;           /* threads of the call */
+    int nthreads;           /* threads of the call (at most) */
+    int auto_threads;       /* 1: one thread for a product too small to pay
+                               for a team (RD_TEAM_MIN_*) */
     rd_int stream_min;      /* outputs of >= this many bytes written once are
                                streamed; negative: never */
 } rd_plan_t;
 
 /* Fill `plan` for compute type `ct` from the runtime settings. */
 void rd_plan_init(rd_plan_t *plan, rd_ctype_t ct);
+
+/* ------------------------------------------------------- per-call plans
+ * (frame/rd_plan.c)  The shape class of a grouped product: its mode, the
+ * compute type and kernel family, k (ragged contraction: the output's
+ * rows), n, the number of groups, the bucket of the group sizes (the bit
+ * length of the mean rows of the non-empty groups; ragged contraction: of
+ * their mean depth) and the threads asked for.  Every call looks its class
+ * up in a table of plans (set by raggeddot.tune, or loaded from its cache);
+ * a class without an entry gets the default plan below.  The table is
+ * written under the GIL and read by calls in flight: a lock guards it. */
+typedef struct {
+    int mode;               /* 0: ragged rows, 1: ragged contraction */
+    rd_ctype_t ct;
+    const char *family;     /* a family's own name (rd_families) */
+    rd_int k, n, g;
+    int bucket, threads;
+} rd_pclass_t;
+
+/* A plan's choices: 0 in mc/kc/nc/tm/tn keeps the kernel's value, threads
+ * 0 is automatic (the call's threads, one for a small product). */
+typedef struct {
+    int kind, split;
+    rd_int mc, kc, nc, tm, tn;
+    int threads;
+} rd_pchoice_t;
+
+/* A product of fewer FLOPs than this and of fewer operand bytes than that
+ * runs on one thread when its threads are automatic: waking a team costs
+ * microseconds on an idle machine, and a timeslice (milliseconds) when
+ * another process holds a core the team needs. */
+#define RD_TEAM_MIN_FLOPS 4.0e6
+#define RD_TEAM_MIN_BYTES ((double)(1 << 20))
+
+/* The class of a call. */
+void rd_plan_class(rd_pclass_t *c, const rd_plan_t *plan, int mode, rd_int k, rd_int n,
+                   rd_int ng, const rd_int *bounds);
+/* The default choices for a class, from the kernel k of its family and
+ * its streaming kernel s (NULL: none). */
+void rd_plan_default(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s,
+                     rd_pchoice_t *out);
+/* Up to `most` candidate choices worth timing for a class, the default
+ * first; returns how many. */
+int rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s,
+                       rd_pchoice_t *out, int most);
+/* The table: set (choice NULL: remove) returns 0, or -1 when full; get
+ * returns 1 with *out filled, 0 without an entry; entry i of the table
+ * (i < rd_plan_count()), 0 past its end. */
+int rd_plan_set(const rd_pclass_t *c, const rd_pchoice_t *choice);
+int rd_plan_get(const rd_pclass_t *c, rd_pchoice_t *out);
+int rd_plan_count(void);
+int rd_plan_entry(int i, rd_pclass_t *c, rd_pchoice_t *out);
+void rd_plan_clear(void);
+/* Recording: on (clears the log) or off; the classes logged since it was
+ * turned on, in first-seen order (at most RD_PLAN_LOG). */
+#define RD_PLAN_LOG 256
+void rd_plan_record(int on);
+int rd_plan_recorded(rd_pclass_t *out, int most);
+/* Make the call's plan: the class's table entry or default, applied to
+ * `plan` (which the binding made from the runtime settings).  Prepacked
+ * weights keep the blocking they were laid out with; B is streamed only
+ * where the call allows it (`streamable`: float32 rows of unit stride). */
+void rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                    int prepacked, int streamable);
+/* The family of that name, or NULL. */
+const rd_family_t *rd_family_named(const char *name);
 
 /* --------------------------------------------------------------- runtime
  * (frame/rd_runtime.c)  Process-wide settings the plans are made from. */

@@ -208,6 +208,23 @@ enum { RD_STORE = 0, RD_ADD = 1, RD_STREAM = 2 };
 typedef void (*rd_ukr_t)(rd_int kc, const void *a, const void *b, void *c,
                          rd_int rs_c, rd_int cs_c, int m, int n, int mode);
 
+/* A streaming micro-kernel: C (+)= A B as the contract above, but B is
+ * read where it lies instead of from a packed panel: float32 B[p][j] =
+ * b[p*ldb + j] for j < n only (the columns past n are never read, so a
+ * strip at the right edge of the operand is safe), with A packed in panels
+ * of its own MR rows and strips of up to its own NR columns.  Every element
+ * is summed as the packed kernels sum it (p = 0, 1, ... from zero, one
+ * fused or unfused multiply-add per step as the family's float32 kernel
+ * does), so the results are theirs bit for bit; what changes is that no
+ * pass copies B: for groups of a few rows, where packing B costs as much
+ * as the products, and for decoding, where B is read once. */
+typedef void (*rd_sukr_t)(rd_int kc, const void *a, const void *b, rd_int ldb, void *c,
+                          rd_int rs_c, rd_int cs_c, int m, int n, int mode);
+typedef struct {
+    rd_sukr_t ukr;
+    int mr, nr;
+} rd_sukr_desc_t;
+
 /* One micro-kernel with its register block and default cache blocking:
  * MC x KC block of packed A (L2), KC x NC panel of packed B (L3), and a
  * KC x NR micro-panel of B (L1).  ukr == NULL: the family has none for
@@ -226,6 +243,7 @@ typedef struct {
     int twin;                          /* 1: the exact emulation of another
                                           family's instruction, runnable more
                                           widely, never chosen automatically */
+    rd_sukr_desc_t stream[RD_CT_COUNT];  /* streaming kernels (ukr NULL: none) */
 } rd_family_t;
 
 /* Whether compute type ct is a dot-product type (served only by families

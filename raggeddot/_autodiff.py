@@ -35,8 +35,8 @@ are cast to the primal's dtype once, at the end.
 
 This module is the machinery only and imports no op: each op's module
 registers its rules beside the op, at import, through :func:`defvjp` and
-:func:`defjvp`; :func:`primal` and :func:`sum_terms` are the helpers those
-rules share.
+:func:`defjvp`; :func:`primal`, :func:`primal_dtype` and :func:`sum_terms`
+are the helpers those rules share.
 """
 import functools
 import inspect
@@ -149,9 +149,10 @@ def _bind(op, pargs, pkwargs, primals, what):
     return dict(bound.arguments), params[first:first + len(primals)]
 
 
-def _primal_dtype(x):
+def primal_dtype(x):
     """The dtype of a primal's gradient: the primal's, in native byte order
-    (a QArray's: that of its dequantized value, whose gradient it gets)."""
+    (a QArray's: that of its dequantized value, whose gradient it gets; a
+    PackedRhs's: that of the weights it holds; an AsQArray's: its array's)."""
     if isinstance(x, AsQArray):
         x = x.array
     return x.dtype if isinstance(x, _HELD) else v.native(np.asarray(x).dtype)
@@ -205,7 +206,7 @@ def vjp(fun, *primals, **kwargs):
     args, names = _bind(op, pargs, pkwargs, primals, "vjp")
     diff = [name in argnames and p is not None for name, p in zip(names, primals)]
     wanted = frozenset(name for name, d in zip(names, diff) if d)
-    dtypes = [_primal_dtype(p) if d else None for p, d in zip(primals, diff)]
+    dtypes = [primal_dtype(p) if d else None for p, d in zip(primals, diff)]
     shapes = [np.shape(p.array) if isinstance(p, AsQArray) else tuple(p.shape) if isinstance(p, _HELD)
               else np.shape(p) if d else None
               for p, d in zip(primals, diff)]

@@ -1,8 +1,10 @@
 """The one door to the compiled kernels: every computation of the package
 reaches ``raggeddot._core`` through the functions here.
 
-The functions take already-checked arguments (the public ops validate them)
-and hold three policies that would otherwise be repeated by every op:
+The functions take already-checked arguments (the public ops validate them;
+the operands of a product come from ``_operand``: arrays, QArrays and
+PackedRhs) and hold three policies that would otherwise be repeated by every
+op:
 
 - the compute dtype (:func:`compute_dtype`): what precision the kernels
   accumulate in for given input and output dtypes;
@@ -315,39 +317,12 @@ def prepack(w, buf, ctype, kc, nr):
     _core.prepack(w, buf, ctype, int(kc), int(nr))
 
 
-def storage_of(x):
-    """The array holding an operand's stored values (a QArray's qvalue, a
-    PackedRhs's panels), for the checks that an output shares no memory."""
-    if isinstance(x, QArray):
-        return x.qvalue
-    buf = getattr(x, "_buf", None)
-    return x if buf is None else buf
-
-
 def served(ctype):
     """Whether a kernel serves compute type ``ctype`` (a name of
     ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name)."""
     return _core.kernel_for(ctype) != "none"
-
-
-def check_packed_lhs(lhs, packed, fn):
-    """A PackedRhs is multiplied by a plain float lhs (a bfloat16 one for
-    weights laid out for the bfloat16 dot-product kernels, an int8 QArray
-    for the int8 ones): TypeError otherwise."""
-    if packed.ctype == "int8-dot":
-        if not (isinstance(lhs, QArray) and lhs.qtype in ("int8", "int4")):
-            raise TypeError(f"{fn}: 'rhs' was prepacked for an int8 lhs (k-quads for the int8 dot-product "
-                            f"kernels), got {type(lhs).__name__}: pass an int8 QArray lhs, or prepack the "
-                            "weights without lhs_dtype")
-        return
-    if isinstance(lhs, QArray) or not isinstance(lhs, np.ndarray):
-        raise TypeError(f"{fn}: a prepacked 'rhs' takes a float array 'lhs', got {type(lhs).__name__}")
-    if packed.ctype == "bfloat16-dot" and lhs.dtype.name != "bfloat16":
-        raise TypeError(f"{fn}: 'rhs' was prepacked for a bfloat16 lhs (k-pairs for the bfloat16 dot-product "
-                        f"kernels), got a {lhs.dtype.name} 'lhs': prepack the weights with "
-                        f"lhs_dtype={lhs.dtype.name!r}, or pass a bfloat16 lhs")
 
 
 def check_packed_compute(packed, ct, fn):

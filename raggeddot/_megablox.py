@@ -5,8 +5,8 @@ import numpy as np
 
 from . import _autodiff
 from . import _gateway as gw
+from . import _operand
 from . import _validate as v
-from . import quant
 from ._prepack import PackedRhs
 
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
@@ -145,17 +145,10 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
       for rows r of a local group i; other rows from ``existing_out`` or 0.
     """
     fn = "gmm"
-    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
+    # a PackedRhs: weights laid out once as [g_local, k, n] (prepack's transpose_rhs says how they came)
+    lhs, rhs, lt, rt, _ = _operand.operands(lhs, rhs, fn, " [m, k]", " [g, n, k]" if transpose_rhs else " [g, k, n]",
+                                            packed=True, transposed=transpose_rhs)
     packed = isinstance(rhs, PackedRhs)
-    if packed:   # weights laid out once as [g_local, k, n] (prepack's transpose_rhs says how they came)
-        if transpose_rhs:
-            raise ValueError(f"{fn}: a prepacked 'rhs' is already [g, k, n] (give transpose_rhs to "
-                             "prepack, not to gmm); got transpose_rhs=True")
-        gw.check_packed_lhs(lhs, rhs, fn)
-    else:
-        rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, n, k]" if transpose_rhs else " [g, k, n]")
-    lt = quant.operand_dtype(lhs, "lhs", fn)
-    rt = rhs.dtype if packed else quant.operand_dtype(rhs, "rhs", fn)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
     if w.shape[1] != k:
@@ -175,7 +168,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     ct = gw.compute_dtype(lt, rt, out_dtype)
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
-                               {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
+                               {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
@@ -223,10 +216,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
       whole output tiles, so no reduction across threads is needed.
     """
     fn = "tgmm"
-    lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [k, m]")
-    rhs = quant.as_operand(rhs, "rhs", fn, ndim=2, shape_doc=" [m, n]")
-    lt = quant.operand_dtype(lhs, "lhs", fn)
-    rt = quant.operand_dtype(rhs, "rhs", fn)
+    lhs, rhs, lt, rt, _ = _operand.operands(lhs, rhs, fn, " [k, m]", " [m, n]")
     k, m = lhs.shape
     if rhs.shape[0] != m:
         raise ValueError(
@@ -256,7 +246,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     ct = gw.compute_dtype(lt, rt, out_dtype)
     with v.memory_for(fn, "the result [num_actual_groups, k, n]"):
         res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
-                               {"lhs": quant.storage(lhs), "rhs": quant.storage(rhs)})
+                               {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
     with v.memory_for(fn, f"the result [num_actual_groups, k, n] in {out_dtype}"):

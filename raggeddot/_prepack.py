@@ -28,7 +28,7 @@ _QLAYOUT = {"int8": "float32-int8w", "int4": "float32-int8w", "float8_e4m3fn": "
 _TRAILER = 16   # bytes of the header before a quantized panel's scales (rd_qtrailer_t)
 
 
-class PackedRhs:
+class PackedRhs(v.Prepacked):
     """``rhs [g, k, n]`` laid out once in the panel order of the micro-kernel
     selected when :func:`prepack` ran, read in place by ragged_dot, gmm and
     ragged_dot_general (its ragged_dot-shaped mode) instead of being packed
@@ -291,7 +291,3 @@ def _aligned(nbytes, alignment=64):
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     skip = -raw.ctypes.data % alignment
     return raw[skip:skip + nbytes]
-
-
-def is_packed(x):
-    return isinstance(x, PackedRhs)

@@ -1,11 +1,9 @@
 """ragged_dot (jax.lax.ragged_dot) and its derivative rules: validation here,
 arithmetic through the gateway."""
-import numpy as np
-
 from . import _autodiff
 from . import _gateway as gw
+from . import _operand
 from . import _validate as v
-from . import quant
 from ._megablox import tgmm
 from ._prepack import PackedRhs
 
@@ -66,22 +64,10 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Results do not depend on the number of threads.
     """
     fn = "ragged_dot"
+    # an AsQArray lhs of one int8 scale a row: quantized by the kernels while they pack it, where they can
+    lhs, rhs, lt, rt, quantize_lhs = _operand.operands(lhs, rhs, fn, " [m, k]", " [g, k, n]", packed=True,
+                                                       in_kernel=True)
     packed = isinstance(rhs, PackedRhs)
-    quantize_lhs = False
-    if _per_row_int8(lhs):   # quantized by the kernels while they pack it, where they can
-        rows = v.as_array(lhs.array, "lhs", fn, 2, " [m, k]")
-        w = rhs if packed else quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
-        if gw.quantizes_in_kernel(rows, w, "int8"):
-            lhs, rhs, quantize_lhs = rows, w, True
-    if not quantize_lhs:
-        lhs = quant.as_operand(lhs, "lhs", fn, ndim=2, shape_doc=" [m, k]")
-        if packed:
-            gw.check_packed_lhs(lhs, rhs, fn)
-        else:
-            rhs = quant.as_operand(rhs, "rhs", fn, ndim=3, shape_doc=" [g, k, n]")
-    # the product's lhs: an int8 QArray with float32 scales when quantized in the kernels
-    lt = gw.compute_dtype(lhs.dtype) if quantize_lhs else quant.operand_dtype(lhs, "lhs", fn)
-    rt = rhs.dtype if packed else quant.operand_dtype(rhs, "rhs", fn)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
@@ -99,7 +85,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     n = rhs.shape[2]
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn,
-                               {"lhs": quant.storage(lhs), "rhs": gw.storage_of(rhs)})
+                               {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
     if packed:
@@ -114,19 +100,6 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
             gw.rows(lhs, rhs, bounds, res, as_bf16=as_bf16, quantize_lhs=quantize_lhs)
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
-
-
-def _per_row_int8(x):
-    """An AsQArray asking for int8, one absmax scale per row of a 2-D array:
-    the quantization the int8 dot-product kernels can do while packing."""
-    if not isinstance(x, quant.AsQArray) or x.calibration_method != "absmax" or x.tiled_axes:
-        return False
-    try:
-        qtype = np.dtype(x.qtype).name if not isinstance(x.qtype, str) else x.qtype
-        axes = (x.channelwise_axes,) if isinstance(x.channelwise_axes, (int, np.integer)) else tuple(x.channelwise_axes)
-    except TypeError:
-        return False
-    return qtype == "int8" and getattr(x.array, "ndim", 0) == 2 and len(axes) == 1 and axes[0] in (0, -2)
 
 
 # ---------------------------------------------------------------------------

@@ -14,9 +14,11 @@ import numpy as np
 
 from . import _autodiff
 from . import _gateway as gw
+from . import _operand
 from . import _validate as v
-from . import quant
 from ._prepack import PackedRhs
+from ._ragged_dot import ragged_dot
+from .quant import QArray
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
 
@@ -178,10 +180,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     dn = _dimension_numbers(ragged_dot_dimension_numbers)
     if isinstance(rhs, PackedRhs):
         return _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_offset)
-    lhs = quant.as_operand(lhs, "lhs", _FN)
-    rhs = quant.as_operand(rhs, "rhs", _FN)
-    lt = quant.operand_dtype(lhs, "lhs", _FN)
-    rt = quant.operand_dtype(rhs, "rhs", _FN)
+    lhs, rhs, lt, rt, _ = _operand.operands(lhs, rhs, _FN)
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, _FN)
@@ -194,8 +193,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     # the modes reshape it, so that a reshape that must copy copies once; a
     # QArray's views (transposes, merged axes, slices) are taken of its
     # one-byte values and its scales alike
-    lhs = lhs if quant.is_qarray(lhs) else gw.operand(lhs, ct, gw.PACKED)
-    rhs = rhs if quant.is_qarray(rhs) else gw.operand(rhs, ct, gw.PACKED)
+    lhs = lhs if isinstance(lhs, QArray) else gw.operand(lhs, ct, gw.PACKED)
+    rhs = rhs if isinstance(rhs, QArray) else gw.operand(rhs, ct, gw.PACKED)
     with v.memory_for(_FN, "the operands' reshaped copies or the kernels' packed panels"):
         if r in lf:
             out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0],
@@ -212,7 +211,6 @@ def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_
     """A prepacked rhs ``[g, k, n]``: the dimension numbers of ragged_dot
     (lhs ``[m, k]`` ragged along m, rhs group dimension 0, contraction k),
     which is what the layout serves; anything else is refused."""
-    from ._ragged_dot import ragged_dot
     if dn.dot_dimension_numbers != (((1,), (1,)), ((), ())) or tuple(dn.lhs_ragged_dimensions) != (0,) \
             or tuple(dn.rhs_group_dimensions) != (0,):
         raise ValueError(
@@ -361,7 +359,7 @@ def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, a
         return out
     lhs_t = lhs.transpose(lb + lf + lc)
     rhs3 = rhs.transpose(rb + rc + rf).reshape((b_size, k_size, n_size))
-    lhs2 = lhs_t.reshape(b_size * m_size, k_size) if quant.is_qarray(lhs_t) else _view(lhs_t, (b_size * m_size, k_size))
+    lhs2 = lhs_t.reshape(b_size * m_size, k_size) if isinstance(lhs_t, QArray) else _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
         gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), as_bf16=as_bf16)

@@ -1,7 +1,10 @@
 """Argument checking shared by the public functions.
 
-Every check raises with the name of the argument and what was received. Nothing
-here computes or converts an operand: that is the gateway's (``_gateway``).
+Every check raises with the name of the argument and what was received. The
+checks are of plain values (arrays, dtypes, integers, dimension numbers), and
+this module imports no other of the package: the operands of a product
+(QArray, AsQArray, PackedRhs) are brought into shape by ``_operand``, and
+converted for the kernels by the gateway (``_gateway``).
 """
 import enum
 import operator
@@ -103,11 +106,18 @@ PACKED_TAKEN = ("a PackedRhs is accepted only as the weights (rhs [g, k, n]) of 
                 "w0, w1, wo of moe_block")
 
 
+class Prepacked:
+    """The base of :class:`~raggeddot.PackedRhs` (``_prepack``), all that the
+    checks here know of it: weights laid out for the kernels, not an array.
+    :func:`as_array` and :func:`out_buffer` refuse one with
+    :func:`packed_refused`'s message; the modules that accept one (the
+    weights of the grouped matmuls) take it before they get here."""
+    __slots__ = ()
+
+
 def is_packed(x):
-    """Whether ``x`` is a :class:`~raggeddot.PackedRhs` (imported here only
-    when asked: the module that defines it imports this one)."""
-    from ._prepack import PackedRhs
-    return isinstance(x, PackedRhs)
+    """Whether ``x`` is a :class:`~raggeddot.PackedRhs`."""
+    return isinstance(x, Prepacked)
 
 
 def packed_refused(x, what, fn):

@@ -275,10 +275,6 @@ def _merge_axis(q, run):
     return 0
 
 
-def is_qarray(x):
-    return isinstance(x, QArray)
-
-
 # ---------------------------------------------------------------- quantize
 
 
@@ -431,32 +427,3 @@ class AsQArray:
         """The QArray the op multiplies."""
         return quantize(self.array, self.qtype, channelwise_axes=self.channelwise_axes,
                         tiled_axes=self.tiled_axes, calibration_method=self.calibration_method)
-
-
-# ------------------------------------------------------ for the ops' use
-
-
-def as_operand(x, name, fn, ndim=None, shape_doc=""):
-    """A QArray as it is (its rank checked), an AsQArray quantized, anything
-    else as ``_validate.as_array``."""
-    if isinstance(x, AsQArray):
-        x = x.quantize()
-    if isinstance(x, QArray):
-        if ndim is not None and x.ndim != ndim:
-            raise ValueError(f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {x.ndim}-D "
-                             f"QArray of shape {x.shape}")
-        return x
-    return v.as_array(x, name, fn, ndim, shape_doc)
-
-
-def operand_dtype(x, name, fn):
-    """The float dtype an operand contributes to the result: a QArray's
-    dequantized dtype, an array's own (``_validate.float_dtype``)."""
-    if isinstance(x, QArray):
-        return x.dtype
-    return v.float_dtype(x, name, fn)
-
-
-def storage(x):
-    """The array holding an operand's values (a QArray's qvalue)."""
-    return x.qvalue if isinstance(x, QArray) else x

@@ -133,8 +133,10 @@ rd_cmp_rank(const void *pa, const void *pb)
  * blocking allows (tm = 4 MC rows, tn = NC columns: a packed B panel is then
  * reused by four A blocks; or the plan's tm/tn) and are halved until every
  * thread has several tiles to take, so that many small groups and a single
- * large one both keep all threads busy.  Problems too small to pay for a
- * thread team run on one.
+ * large one both keep all threads busy: the plan's split says which side
+ * is halved first.  Problems too small to pay for a thread team (FLOPs and
+ * operand bytes, rd_frame.h) run on one when the plan's threads are
+ * automatic.
  */
 /* The widest tile of a 16-bit output: its float32 tile (tm x this) stays
  * within a thread's scratch of about a megabyte. */
@@ -142,7 +144,7 @@ rd_cmp_rank(const void *pa, const void *pb)
 
 static int
 rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
-               rd_int ng, rd_int n, int narrow)
+               rd_int ng, rd_int n, int narrow, double bytes)
 {
     const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = plan->k.nr;
     double work = 0.0;
@@ -152,7 +154,7 @@ rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
         work += (double)(r1 - r0) * (double)n * (double)(d > 0 ? d : 1);
     }
     int nthreads = plan->nthreads;
-    if (work < 262144.0)   /* ~0.5 MFLOP: a thread team costs more than it saves */
+    if (plan->auto_threads && 2.0 * work < RD_TEAM_MIN_FLOPS && bytes < RD_TEAM_MIN_BYTES)
         nthreads = 1;
 
     rd_int tm = rd_round_up(plan->tm > 0 ? plan->tm : 4 * mc, mr);
@@ -163,7 +165,7 @@ rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
     const rd_int want = 4 * (rd_int)nthreads;
     rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
     while (nthreads > 1 && count < want && (tm > tm_min || tn > tn_min)) {
-        if (tn > tn_min && (tn >= 2 * tm || tm <= tm_min))
+        if (tn > tn_min && (plan->split == RD_SPLIT_N || tm <= tm_min))
             tn = rd_round_up(tn / 2 > tn_min ? tn / 2 : tn_min, nr);
         else
             tm = rd_round_up(tm / 2 > tm_min ? tm / 2 : tm_min, mr);
@@ -243,6 +245,7 @@ typedef struct {
     size_t scale_size;              /* bytes a row of scales after each micro-panel */
     size_t q_size;                  /* bytes of an element of the operands' scales */
     int k_unit;
+    int streamed;                   /* B read in place by the plan's sukr */
 } rd_call_t;
 
 /* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)
@@ -352,7 +355,11 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * bstep bytes apart (values, and the trailer of quantized ones) */
             const char *bpanel = bpack;
             size_t bstep = 0;
-            if (b->panels > 0) {
+            if (cl->streamed) {
+                /* read in place: the strip of column jr at b->p + (pc, jc + jr) */
+                bpanel = (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
+            }
+            else if (b->panels > 0) {
                 const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp,
                                         cl->scale_size};
                 bstep = rd_ppanel_bytes(&L, pc, kc);
@@ -366,13 +373,18 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = b->panels > 0 ? bpanel + (size_t)(jr / NR) * bstep
-                                                   : bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
+                    const char *bp = cl->streamed ? bpanel + (size_t)jr * cl->b_src
+                                     : b->panels > 0 ? bpanel + (size_t)(jr / NR) * bstep
+                                     : bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
                     char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
                     for (rd_int ir = 0; ir < mc; ir += MR) {
                         int mr = (int)(mc - ir < MR ? mc - ir : MR);
-                        kd->ukr(kc, apack + rd_panel_bytes(cl, cl->a_size, ir, kp), bp,
-                                cj + ir * c_rs * (rd_int)cz, c_rs, c_cs, mr, nr, mode);
+                        const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kp);
+                        char *cij = cj + ir * c_rs * (rd_int)cz;
+                        if (cl->streamed)
+                            cl->plan->s.ukr(kc, ap, bp, b->rs, cij, c_rs, c_cs, mr, nr, mode);
+                        else
+                            kd->ukr(kc, ap, bp, cij, c_rs, c_cs, mr, nr, mode);
                     }
                 }
             }
@@ -549,6 +561,7 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     /* the operands' scales are double for a float64 product, float otherwise */
     cl->q_size = plan->ct == RD_CT_F64 ? sizeof(double) : sizeof(float);
     cl->k_unit = ct->k_unit;
+    cl->streamed = plan->kind == RD_KIND_STREAM;
     /* panels that carry scales need them on both sides (prepacked B carries
      * them in its layout) */
     if (cl->scale_size && (lhs->q.s == NULL || (rhs->q.s == NULL && rhs->panels == 0)))
@@ -567,10 +580,15 @@ rd_want_stream(const rd_call_t *cl, rd_int elems, rd_int out_cs, int accumulate)
 }
 
 static int
-rd_run(const rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+rd_run(const rd_plan_t *base, int mode, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
        const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
 {
     rd_call_t cl;
+    rd_plan_t planned = *base, *plan = &planned;
+    /* a streaming kernel reads float32 rows of unit stride where they lie */
+    rd_plan_choose(plan, mode, k, n, ng, bounds, rhs->panels > 0,
+                   plan->ct == RD_CT_F32 && rhs->panels == 0 && rhs->q.s == NULL
+                   && rhs->dtype == RD_F32 && rhs->cs == 1);
     int rc = rd_call_init(&cl, plan, lhs, rhs);
     if (rc != 0)
         return rc;
@@ -579,9 +597,16 @@ rd_run(const rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_
     const int narrow = out->dtype == RD_BF16 || out->dtype == RD_F16;
     if (narrow && cl.c_size != sizeof(float))
         return -2;
-    if (rd_make_tiling(&tl, plan, &sh, ng, n, narrow) != 0)
-        return -1;
     rd_int elems = mode == RD_MODE_ROWS ? (bounds[ng] - bounds[0]) * n : ng * k * n;
+    /* the bytes a call reads and writes: lhs and output rows, the groups' weights */
+    const double rows = (double)(bounds[ng] - bounds[0]);
+    const double bytes = mode == RD_MODE_ROWS
+        ? rows * (double)k * (double)cl.a_src + (double)ng * (double)k * (double)n * (double)cl.b_src
+          + (double)elems * (double)cl.c_size
+        : rows * ((double)k * (double)cl.a_src + (double)n * (double)cl.b_src)
+          + (double)elems * (double)cl.c_size;
+    if (rd_make_tiling(&tl, plan, &sh, ng, n, narrow, bytes) != 0)
+        return -1;
     rc = rd_run_tiles(&cl, &tl, mode, bounds, lhs, rhs, out, mode == RD_MODE_ROWS ? k : 0,
                       accumulate, !narrow && rd_want_stream(&cl, elems, out->cs, accumulate));
     rd_free_tiling(&tl);

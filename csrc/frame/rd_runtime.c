@@ -224,7 +224,10 @@ rd_get_num_threads(void)
             n = omp_get_max_threads();
         rd_threads = n > 0 ? n : 1;
     }
-    return rd_team_size(rd_threads);
+    /* more threads than the processors this process may run on only wait
+     * for each other */
+    const int procs = omp_get_num_procs();
+    return rd_team_size(procs > 0 && rd_threads > procs ? procs : rd_threads);
 #endif
 }
 
@@ -241,9 +244,17 @@ rd_plan_init(rd_plan_t *plan, rd_ctype_t ct)
 {
     const char *family;
     const rd_ukr_desc_t *k = rd_active_kernel(ct, &family);
+    const rd_family_t *f = rd_family_named(family);
     plan->ct = ct;
     plan->family = family;
     plan->k = *k;
+    if (f != NULL)
+        plan->s = f->stream[ct];
+    else
+        memset(&plan->s, 0, sizeof plan->s);
+    plan->kind = RD_KIND_MAIN;
+    plan->split = RD_SPLIT_M;
+    plan->auto_threads = 1;
     plan->tm = 0;
     plan->tn = 0;
     plan->nthreads = rd_get_num_threads();

@@ -4,6 +4,7 @@
  * only ever called after a run-time CPU check (the family's runnable()).
  *
  *   rd_sgemm_avx2_6x16:  6 rows x 16 columns of float32, 12 ymm accumulators
+ *   rd_sgemm_avx2_stream_4x512: up to 4 rows reading B in place (rd_sukr_t)
  *   rd_dgemm_avx2_6x8 :  6 rows x  8 columns of float64, 12 ymm accumulators
  *   rd_sgemm_avx2_{bf16w,f16w}_6x16: float32 with 16-bit B panels (F16C too)
  *   rd_i8gemm_avx2_6x16: int16 k-pairs into int32 (vpmaddwd + vpaddd), the
@@ -130,6 +131,22 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
 RD_AVX2_SGEMM(rd_sgemm_avx2_6x16, float, S_LOAD_F32)
 RD_AVX2_SGEMM(rd_sgemm_avx2_bf16w_6x16, uint16_t, S_LOAD_BF16)
 RD_AVX2_SGEMM(rd_sgemm_avx2_f16w_6x16, uint16_t, S_LOAD_F16)
+
+/* The streaming kernel (rd_sukr_t, kernels/rd_stream_body.h). */
+#define TARGET RD_AVX2
+#define V __m256
+#define W 8
+#define MASK __m256i
+#define MASK_ALL _mm256_set1_epi32(-1)
+#define MASK_FIRST(r) _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define LOADM(k, p) _mm256_maskload_ps(p, k)
+#define LOAD _mm256_load_ps
+#define STORE _mm256_store_ps
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+#define ZERO _mm256_setzero_ps
+#include "rd_stream_body.h"
+RD_STREAM_KERNEL(rd_sgemm_avx2_stream_4x512, s_stream)
 
 /* -------------------------------------------- float32 on quantized panels
  *
@@ -355,6 +372,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
     },
     0,
+    {[RD_CT_F32] = {rd_sgemm_avx2_stream_4x512, 4, RD_SNR}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -2,6 +2,7 @@
  * AVX-512F micro-kernels, for CPUs that have it (chosen at run time).
  *
  *   rd_sgemm_avx512_12x32:  12 rows x 32 columns of float32
+ *   rd_sgemm_avx512_stream_4x512: up to 4 rows reading B in place (rd_sukr_t)
  *   rd_dgemm_avx512_12x16:  12 rows x 16 columns of float64
  *   rd_sgemm_avx512_{bf16w,f16w}_12x32: float32 with 16-bit B panels
  *   rd_i8gemm_avx512_12x32: int16 k-pairs into int32 (AVX-512BW vpmaddwd +
@@ -268,6 +269,28 @@ rd_i8gemm_avx512_12x32(rd_int kc, const void *a_, const void *b_, void *c_, rd_i
         i_rows4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);
 }
 
+/* ------------------------------------------------------------- streaming */
+
+#undef V
+#undef W
+#undef ZERO
+#undef SET1
+#undef FMA
+#define TARGET RD_AVX512
+#define V __m512
+#define W 16
+#define MASK __mmask16
+#define MASK_ALL ((__mmask16)0xFFFF)
+#define MASK_FIRST(r) ((__mmask16)((1u << (r)) - 1u))
+#define LOADM(k, p) _mm512_maskz_loadu_ps(k, p)
+#define LOAD _mm512_load_ps
+#define STORE _mm512_store_ps
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define ZERO _mm512_setzero_ps
+#include "rd_stream_body.h"
+RD_STREAM_KERNEL(rd_sgemm_avx512_stream_4x512, s_stream)
+
 /* ---------------------------------------------------------------- family */
 
 static int
@@ -292,6 +315,7 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 256, 4080},
     },
     0,
+    {[RD_CT_F32] = {rd_sgemm_avx512_stream_4x512, 4, RD_SNR}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -146,11 +146,11 @@ rd_avx_vnni_runnable(void)
 /* Blocking: the AVX2 integer kernel's (MC 144, KC 512). */
 const rd_family_t rd_family_avx_vnni = {
     "avx-vnni", rd_avx_vnni_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avxvnni_6x16, 6, 16, 144, 512, 4080}}, 0,
+    {[RD_CT_U8S8] = {rd_u8s8dot_avxvnni_6x16, 6, 16, 144, 512, 4080}}, 0, {{NULL, 0, 0}},
 };
 const rd_family_t rd_family_avx_vnni_twin = {
     "avx-vnni-twin", rd_avx2_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avx2twin_6x16, 6, 16, 144, 512, 4080}}, 1,
+    {[RD_CT_U8S8] = {rd_u8s8dot_avx2twin_6x16, 6, 16, 144, 512, 4080}}, 1, {{NULL, 0, 0}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -5,6 +5,7 @@
  * tests hold the SIMD kernels to.
  *
  *   rd_sgemm_ref_6x16:  6 rows x 16 columns of float32
+ *   rd_sgemm_ref_stream_4x512: up to 4 rows reading B in place (rd_sukr_t)
  *   rd_dgemm_ref_6x8 :  6 rows x  8 columns of float64
  *   rd_sgemm_ref_bf16w_6x16, rd_sgemm_ref_f16w_6x16: float32 A, 16-bit B
  *       panels (RD_CT_F32_BF16W with interleaved halves, RD_CT_F32_F16W),
@@ -40,6 +41,27 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
 
 RD_REF_UKR(rd_sgemm_ref_6x16, float, 6, 16, rd_s_store_edge)
 RD_REF_UKR(rd_dgemm_ref_6x8, double, 6, 8, rd_d_store_edge)
+
+/* The streaming kernel (rd_sukr_t): up to 4 rows of a 4-row A panel, B's
+ * row p read in place (ldb elements apart, its first n columns), row after
+ * row, with rd_sgemm_ref_6x16's arithmetic. */
+static void
+rd_sgemm_ref_stream_4x512(rd_int kc, const void *a_, const void *b_, rd_int ldb, void *c,
+                          rd_int rs_c, rd_int cs_c, int m, int n, int mode)
+{
+    const float *a = (const float *)a_, *b = (const float *)b_;
+    float acc[4][512];
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++)
+            acc[i][j] = 0;
+    for (rd_int p = 0; p < kc; p++) {
+        const float *bp = b + p * ldb;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                acc[i][j] += a[4 * p + i] * bp[j];
+    }
+    rd_s_store_edge(&acc[0][0], 512, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
+}
 
 /* B's row p as float32, column j read from position AT(j) of the row. */
 #define RD_REF_UKR_W(NAME, MR, NR, WIDEN, AT)                                \
@@ -172,4 +194,5 @@ const rd_family_t rd_family_ref = {
         [RD_CT_F32_F8W] = {rd_sgemm_ref_f8w_6x16, 6, 16, 144, 256, 4080},
     },
     0,
+    {[RD_CT_F32] = {rd_sgemm_ref_stream_4x512, 4, 512}},
 };

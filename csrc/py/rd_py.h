@@ -61,6 +61,7 @@ int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long lon
 extern PyMethodDef rd_matmul_methods[];
 extern PyMethodDef rd_moe_methods[];
 extern PyMethodDef rd_runtime_methods[];
+extern PyMethodDef rd_plan_methods[];
 
 /* Add the C interface capsule _C_API (py/rd_py_capi.c); 0 or -1. */
 int rd_add_capi(PyObject *m);

@@ -27,9 +27,7 @@ import numpy as np
 from .. import _autodiff
 from .. import _gateway as gw
 from .. import _validate as v
-from .._prepack import PackedRhs
 from . import combine, dispatch, experts, route, shared
-from ..quant import AsQArray, QArray
 from .config import prepare
 from .experts import split_gate_up
 
@@ -486,16 +484,14 @@ def deliver_grads(layer, kw, grads):
     result = {}
     if layer.shared is not None:
         result["shared_experts"] = tuple(
-            gr.astype(v.native(np.asarray(p).dtype), copy=False)
+            gr.astype(_autodiff.primal_dtype(p), copy=False)
             for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
     for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
                  "shared_expert_gate"):
         if kw.get(name) is not None:
-            p = kw[name]
-            p = p.array if isinstance(p, AsQArray) else p
             # a quantized weight's gradient is its dequantized value's; a
             # prepacked one's, that of the weights it holds
-            dtype = p.dtype if isinstance(p, (QArray, PackedRhs)) else v.native(np.asarray(p).dtype)
+            dtype = _autodiff.primal_dtype(kw[name])
             g = grads[name]
             if name == "x":
                 g = g.reshape(layer.x_shape)

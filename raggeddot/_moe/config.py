@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from .. import _gateway as gw
+from .. import _operand
 from .. import _validate as v
 from .._prepack import PackedRhs
 from .. import quant as qz
@@ -184,7 +185,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
                          f"{'None' if fused else 'given'}")
     # expert weights may be QArrays (AsQArray: quantized here, once a call):
     # they stay quantized, read by the grouped kernels' packing; or PackedRhs
-    arrays = {name: a if isinstance(a, PackedRhs) else qz.as_operand(a, name, fn) for a, name in named}
+    arrays = {name: _operand.operand(a, name, fn, packed=True) for a, name in named}
     w0, wo, w1 = arrays["w0"], arrays["wo"], arrays.get("w1")
     if weights_layout not in ("edf", "efd"):
         raise ValueError(f"{fn}: 'weights_layout' must be 'edf' or 'efd', got {weights_layout!r}")
@@ -212,7 +213,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
             _check_weight(w1, "w1", (H, f, d), f"[{h}, f, d]", fn, weights_layout)
         _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
-    dts = [qz.operand_dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
+    dts = [_operand.dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
     out_dtype = dts[0]
     for dt in dts[1:]:
         out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype

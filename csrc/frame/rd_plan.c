@@ -1,0 +1,283 @@
+/*
+ * Per-call plans: the shape class of a grouped product, the default
+ * choices the cost model below makes for it, the candidates a tuner times,
+ * and the table of tuned plans that every call consults.
+ *
+ * The cost model.  A plan chooses the register block's use, the cache
+ * blocking, the tiling and the threads from the class alone, so that the
+ * choice is deterministic and a tuned entry covers every call of the class:
+ *   - B packed or read in place.  Packing B copies each KC x NC panel of a
+ *     group once per row tile of the group; the copy costs about as much as
+ *     the products of 16 rows (k n reads and writes against 2 r k n FLOPs
+ *     at the FMA rate), and for a few rows it is the whole cost.  Below
+ *     RD_STREAM_ROWS rows a group B is read where it lies (rd_sukr_t), once
+ *     from memory and then from cache for the later row passes.
+ *   - The tile split.  A tile never mixes groups, so the row tiles of a
+ *     group of r rows are at most r rows: the revisit model (megablox's
+ *     N / (N + G (1 - 1/T))) says that rows tiles larger than a group waste
+ *     nothing here (the micro-kernel's 4/8/12-row bodies run only the rows a
+ *     group has) but give the threads fewer tiles, so small groups split
+ *     along n.
+ *   - Threads.  A product under RD_TEAM_MIN_FLOPS and RD_TEAM_MIN_BYTES runs
+ *     on one thread (rd_frame.h).
+ */
+#include "rd_frame.h"
+#include "rd_playout.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Groups of fewer mean rows than this read B in place (the bucket of the
+ * class: the bit length of the mean, so bucket <= 5 is < 32 rows). */
+#define RD_STREAM_BUCKET 5
+
+#define RD_PLAN_MAX 4096
+
+static rd_pclass_t rd_plan_keys[RD_PLAN_MAX];
+static rd_pchoice_t rd_plan_vals[RD_PLAN_MAX];
+static int rd_plan_n = 0;
+static rd_pclass_t rd_plan_log[RD_PLAN_LOG];
+static int rd_plan_logged = 0, rd_plan_logging = 0;
+static volatile char rd_plan_busy = 0;
+
+static void
+rd_plan_lock(void)
+{
+    while (__atomic_test_and_set(&rd_plan_busy, __ATOMIC_ACQUIRE))
+        ;
+}
+
+static void
+rd_plan_unlock(void)
+{
+    __atomic_clear(&rd_plan_busy, __ATOMIC_RELEASE);
+}
+
+const rd_family_t *
+rd_family_named(const char *name)
+{
+    for (const rd_family_t *const *f = rd_families; *f != NULL; f++)
+        if (strcmp((*f)->name, name) == 0)
+            return *f;
+    return NULL;
+}
+
+static int
+rd_bit_length(rd_int x)
+{
+    int b = 0;
+    for (; x > 0; x >>= 1)
+        b++;
+    return b;
+}
+
+void
+rd_plan_class(rd_pclass_t *c, const rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng,
+              const rd_int *bounds)
+{
+    rd_int nonempty = 0;
+    for (rd_int g = 0; g < ng; g++)
+        nonempty += bounds[g + 1] > bounds[g];
+    memset(c, 0, sizeof *c);
+    c->mode = mode;
+    c->ct = plan->ct;
+    c->family = plan->family;
+    c->k = k;
+    c->n = n;
+    c->g = ng;
+    c->bucket = nonempty > 0 ? rd_bit_length((bounds[ng] - bounds[0]) / nonempty) : 0;
+    c->threads = plan->nthreads;
+}
+
+static int
+rd_class_eq(const rd_pclass_t *a, const rd_pclass_t *b)
+{
+    return a->mode == b->mode && a->ct == b->ct && a->k == b->k && a->n == b->n && a->g == b->g
+           && a->bucket == b->bucket && a->threads == b->threads && strcmp(a->family, b->family) == 0;
+}
+
+void
+rd_plan_default(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s,
+                rd_pchoice_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const int few = c->mode == 0 && c->bucket <= RD_STREAM_BUCKET;
+    out->kind = few && s != NULL && s->ukr != NULL ? RD_KIND_STREAM : RD_KIND_MAIN;
+    /* rows of a group under a row tile's least (48): split along n */
+    out->split = few ? RD_SPLIT_N : RD_SPLIT_M;
+    (void)k;
+}
+
+int
+rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s,
+                   rd_pchoice_t *out, int most)
+{
+    rd_pchoice_t d, all[8];
+    int n = 0;
+    rd_plan_default(c, k, s, &d);
+    all[n++] = d;
+    if (s != NULL && s->ukr != NULL && c->mode == 0) {
+        all[n] = d;
+        all[n++].kind = d.kind == RD_KIND_STREAM ? RD_KIND_MAIN : RD_KIND_STREAM;
+    }
+    if (k->kc >= 128) {
+        all[n] = d;
+        all[n++].kc = k->kc / 2;
+    }
+    all[n] = d;
+    all[n++].kc = 2 * k->kc;
+    all[n] = d;
+    all[n++].split = d.split == RD_SPLIT_M ? RD_SPLIT_N : RD_SPLIT_M;
+    if (c->threads > 1) {
+        all[n] = d;
+        all[n++].threads = 1;
+        all[n] = d;
+        all[n++].threads = c->threads;
+    }
+    int count = n < most ? n : most;
+    memcpy(out, all, sizeof(rd_pchoice_t) * (size_t)count);
+    return count;
+}
+
+int
+rd_plan_set(const rd_pclass_t *c, const rd_pchoice_t *choice)
+{
+    int rc = 0;
+    rd_plan_lock();
+    int i = 0;
+    while (i < rd_plan_n && !rd_class_eq(&rd_plan_keys[i], c))
+        i++;
+    if (choice == NULL) {
+        if (i < rd_plan_n) {
+            rd_plan_n--;
+            rd_plan_keys[i] = rd_plan_keys[rd_plan_n];
+            rd_plan_vals[i] = rd_plan_vals[rd_plan_n];
+        }
+    }
+    else if (i < rd_plan_n)
+        rd_plan_vals[i] = *choice;
+    else if (rd_plan_n < RD_PLAN_MAX) {
+        rd_plan_keys[rd_plan_n] = *c;
+        rd_plan_vals[rd_plan_n++] = *choice;
+    }
+    else
+        rc = -1;
+    rd_plan_unlock();
+    return rc;
+}
+
+int
+rd_plan_get(const rd_pclass_t *c, rd_pchoice_t *out)
+{
+    int found = 0;
+    rd_plan_lock();
+    for (int i = 0; i < rd_plan_n && !found; i++)
+        if (rd_class_eq(&rd_plan_keys[i], c)) {
+            *out = rd_plan_vals[i];
+            found = 1;
+        }
+    rd_plan_unlock();
+    return found;
+}
+
+int
+rd_plan_count(void)
+{
+    return rd_plan_n;
+}
+
+int
+rd_plan_entry(int i, rd_pclass_t *c, rd_pchoice_t *out)
+{
+    int ok = 0;
+    rd_plan_lock();
+    if (i >= 0 && i < rd_plan_n) {
+        *c = rd_plan_keys[i];
+        *out = rd_plan_vals[i];
+        ok = 1;
+    }
+    rd_plan_unlock();
+    return ok;
+}
+
+void
+rd_plan_clear(void)
+{
+    rd_plan_lock();
+    rd_plan_n = 0;
+    rd_plan_unlock();
+}
+
+void
+rd_plan_record(int on)
+{
+    rd_plan_lock();
+    if (on)
+        rd_plan_logged = 0;
+    rd_plan_logging = on;
+    rd_plan_unlock();
+}
+
+int
+rd_plan_recorded(rd_pclass_t *out, int most)
+{
+    rd_plan_lock();
+    int n = rd_plan_logged < most ? rd_plan_logged : most;
+    memcpy(out, rd_plan_log, sizeof(rd_pclass_t) * (size_t)n);
+    rd_plan_unlock();
+    return n;
+}
+
+static void
+rd_plan_note(const rd_pclass_t *c)
+{
+    rd_plan_lock();
+    if (rd_plan_logging) {
+        int i = 0;
+        while (i < rd_plan_logged && !rd_class_eq(&rd_plan_log[i], c))
+            i++;
+        if (i == rd_plan_logged && rd_plan_logged < RD_PLAN_LOG)
+            rd_plan_log[rd_plan_logged++] = *c;
+    }
+    rd_plan_unlock();
+}
+
+void
+rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+               int prepacked, int streamable)
+{
+    rd_pclass_t c;
+    rd_pchoice_t ch;
+    rd_plan_class(&c, plan, mode, k, n, ng, bounds);
+    rd_plan_note(&c);
+    if (!rd_plan_get(&c, &ch))
+        rd_plan_default(&c, &plan->k, &plan->s, &ch);
+    /* prepacked weights were laid out with this blocking, and are read in
+     * place already */
+    plan->kind = ch.kind == RD_KIND_STREAM && plan->s.ukr != NULL && streamable && !prepacked
+                 ? RD_KIND_STREAM : RD_KIND_MAIN;
+    plan->split = ch.split;
+    rd_ukr_desc_t *kd = &plan->k;
+    if (plan->kind == RD_KIND_STREAM) {
+        kd->mr = plan->s.mr;
+        kd->nr = plan->s.nr;
+        kd->mc = rd_round_up(kd->mc, kd->mr);
+        kd->nc = rd_round_up(kd->nc, kd->nr);
+    }
+    if (!prepacked) {
+        const rd_int unit = rd_ctypes[plan->ct].k_unit;
+        if (ch.mc > 0)
+            kd->mc = rd_round_up(ch.mc, kd->mr);
+        if (ch.kc > 0)
+            kd->kc = rd_round_up(ch.kc, unit);
+        if (ch.nc > 0)
+            kd->nc = rd_round_up(ch.nc, kd->nr);
+    }
+    if (ch.tm > 0)
+        plan->tm = ch.tm;
+    if (ch.tn > 0)
+        plan->tn = ch.tn;
+    plan->auto_threads = ch.threads == 0;
+    if (ch.threads > 0 && ch.threads < plan->nthreads)
+        plan->nthreads = ch.threads;
+}

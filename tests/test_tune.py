@@ -367,3 +367,30 @@ def test_an_unwritable_cache_warns_and_keeps_the_plans(rng, tmp_path, monkeypatc
     with pytest.warns(RuntimeWarning, match="the tuned plans were not saved"):
         cls, plan = _tuned_class(rng)
     assert _plans.settable(_core.plan_get(cls)) == plan
+
+
+# ---------------------------------------------------------------------------
+# python -m raggeddot tune
+# ---------------------------------------------------------------------------
+
+
+def test_cli_tunes_a_spec_and_compares_with_the_default(capsys):
+    from raggeddot.__main__ import main
+
+    spec = "tiny-m4096-g256-k64-n64-skewed"
+    assert main(["tune", "--spec", spec, "--scale", "0.05", "--repeats", "2", "--rounds", "2",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"{spec} (m=205 k=3 n=3 g=256 skewed), float32: ok against the oracle" in out
+    assert "median ms" in out and "tuned/default speed" in out
+    last = out.strip().splitlines()[-1].split()
+    assert last[:2] == [spec, "ok"] and float(last[2]) > 0
+    assert pathlib.Path(_plans.path()).exists()
+
+
+def test_cli_refuses_specs_that_are_not_ragged_dot(capsys):
+    from raggeddot.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--spec", "mixtral"])
+    assert "no ragged_dot spec matches 'mixtral'" in capsys.readouterr().err

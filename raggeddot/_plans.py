@@ -25,6 +25,15 @@ import zlib
 from . import _core
 from ._cache import cache_dir
 
+#: The C library's plan table, which every grouped product consults; this module is the
+#: package's one door to it (raggeddot.tune and the CLI go through these names).
+plan_record = _core.plan_record          # (True) starts recording classes, (False) stops: their list
+plan_set = _core.plan_set                # (cls, plan or None): set or remove an entry
+plan_get = _core.plan_get                # (cls) -> plan dict or None
+plan_table = _core.plan_table            # () -> [(cls, plan)]
+plan_default = _core.plan_default        # (cls) -> the built-in choice
+plan_candidates = _core.plan_candidates  # (cls) -> plans worth timing, the default first
+
 FORMAT = 1
 
 #: the keys of a plan that plan_set takes (plans returned by _core also carry mr, nr)
@@ -63,7 +72,9 @@ def build_id():
     new id, so plans tuned for other kernels are never applied)."""
     from . import __version__
 
-    families = ",".join(k["name"] for k in _core.kernel_table())
+    from .runtime import compiled_kernels
+
+    families = ",".join(compiled_kernels())
     st = os.stat(_core.__file__)
     return f"raggeddot {__version__}; kernels {families}; core {st.st_size}-{st.st_mtime_ns}"
 
@@ -126,7 +137,7 @@ def load(file=None):
     for i, item in enumerate(entries):
         try:
             cls, plan = _entry(item)
-            _core.plan_set(cls, plan)
+            plan_set(cls, plan)
         except Exception as e:   # whatever the library refuses, the file is not trusted
             bad.append(f"entries[{i}]: {type(e).__name__}: {e}")
             continue
@@ -159,7 +170,7 @@ def save(classes, file=None):
     file = path() if file is None else file
     ours = {}
     for cls in classes:
-        plan = _core.plan_get(cls)
+        plan = plan_get(cls)
         if plan is not None:
             ours[tuple(cls)] = settable(plan)
     kept = []

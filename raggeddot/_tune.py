@@ -13,7 +13,7 @@ import sys
 import threading
 import warnings
 
-from . import _core, _plans, _timing
+from . import _plans, _timing
 from . import _validate as v
 
 __all__ = ["tune", "tabulate", "Tuned", "Table"]
@@ -45,9 +45,9 @@ def candidates(cls, hyperparams=None):
     ``hyperparams``, ``_core.plan_candidates(cls)`` (the default plan first); with them,
     the cartesian product of their values, each over the default plan (keys not given keep
     the default's values), the default first when it is among them."""
-    default = _plans.settable(_core.plan_default(cls))
+    default = _plans.settable(_plans.plan_default(cls))
     if hyperparams is None:
-        pool = [_plans.settable(p) for p in _core.plan_candidates(cls)]
+        pool = [_plans.settable(p) for p in _plans.plan_candidates(cls)]
     else:
         keys = list(hyperparams)
         pool = [dict(default, **dict(zip(keys, values)))
@@ -114,11 +114,11 @@ class Tuned:
     def __call__(self, *args, **kwargs):
         fn = self.__wrapped__
         with _lock:
-            _core.plan_record(True)
+            _plans.plan_record(True)
             try:
                 result = fn(*args, **kwargs)
             finally:
-                classes = _core.plan_record(False)
+                classes = _plans.plan_record(False)
             self.classes = [tuple(c) for c in classes]
             todo = [c for c in self.classes if c not in _plans.tuned and c not in _plans.loaded]
             done = [c for c in todo if self._tune_class(c, lambda: fn(*args, **kwargs))]
@@ -129,16 +129,16 @@ class Tuned:
     def _tune_class(self, cls, call):
         """Time ``call`` under each candidate plan of ``cls``, leave the fastest in the
         table; False (the table as it was) when every candidate failed."""
-        previous = _core.plan_get(cls)
+        previous = _plans.plan_get(cls)
         previous = None if previous is None else _plans.settable(previous)
-        default = _plans.settable(_core.plan_default(cls))
+        default = _plans.settable(_plans.plan_default(cls))
         plans = candidates(cls, self.hyperparams)
         rows, bar = [], _Progress(len(plans), f"tuning {_describe(cls)}", self.progress)
         try:
             for plan in plans:
                 row = {"class": cls, "plan": plan, "median": None, "spread": None, "chosen": False, "error": None}
                 try:
-                    _core.plan_set(cls, plan)
+                    _plans.plan_set(cls, plan)
                     stats = _timing.summary(_timing.measure(call, warmup=1, min_runs=self.repeats,
                                                             max_runs=self.repeats))
                     row["median"], row["spread"] = stats["median"], stats["spread"]
@@ -148,7 +148,7 @@ class Tuned:
                 bar.update()
         finally:
             bar.close()
-            _core.plan_set(cls, previous)
+            _plans.plan_set(cls, previous)
         timed = [r for r in rows if r["error"] is None]
         self.results[cls] = rows
         if not timed:
@@ -158,7 +158,7 @@ class Tuned:
             return False
         best = min(timed, key=lambda r: (r["median"], r["plan"] != default))   # ties: the default
         best["chosen"] = True
-        _core.plan_set(cls, best["plan"])
+        _plans.plan_set(cls, best["plan"])
         _plans.tuned.add(cls)
         return True
 

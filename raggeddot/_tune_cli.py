@@ -13,7 +13,7 @@ import argparse
 import statistics
 import sys
 
-from raggeddot import _core, _plans, _timing, specs
+from raggeddot import _plans, _timing, specs
 from raggeddot._tune import tabulate, tune
 
 
@@ -36,7 +36,7 @@ def _with_entries(call, entries):
     """call(), with the table entries of ``entries`` ({class: plan or None}) set first."""
     def run():
         for cls, plan in entries.items():
-            _core.plan_set(cls, plan)
+            _plans.plan_set(cls, plan)
         return call()
     return run
 
@@ -53,7 +53,7 @@ def tune_spec(spec, args):
     print(f"\n{spec.name} ({spec.resized(args.scale).describe()}), {args.dtype}: "
           f"{'ok' if ok else 'FAILED'} against the oracle (rel err {err:.1e})")
     print(table if table.rows else "(every class of this call was tuned before; nothing timed)")
-    chosen = {cls: _core.plan_get(cls) for cls in tuned.classes}
+    chosen = {cls: _plans.plan_get(cls) for cls in tuned.classes}
     chosen = {cls: _plans.settable(plan) for cls, plan in chosen.items() if plan is not None}
     if not chosen:
         return ok, None
@@ -62,7 +62,7 @@ def tune_spec(spec, args):
                                      "tuned": _with_entries(call, chosen)}, rounds=args.rounds)
     finally:
         for cls, plan in chosen.items():
-            _core.plan_set(cls, plan)
+            _plans.plan_set(cls, plan)
     ratio = statistics.median(times["default"]) / statistics.median(times["tuned"])
     print(f"{spec.name}: default {statistics.median(times['default']) * 1e3:.3f} ms, "
           f"tuned {statistics.median(times['tuned']) * 1e3:.3f} ms (medians of {args.rounds} interleaved "

@@ -10,11 +10,16 @@ The submodules ``reference`` (the NumPy oracle), ``testing``
 ``distributed`` (expert parallelism over MPI) are attributes of the
 package, imported on first use (``raggeddot.testing.check_grads`` works
 after ``import raggeddot``) so that ``import raggeddot`` does not pay for
-them.
+them; so are ``tiling`` (the tile-revisit efficiency) and the plan tuner's
+``tune`` and ``tabulate``.
+
+``import raggeddot`` sets the tuned plans of this CPU and build from the
+cache directory's plans file, when there is one (``RAGGEDDOT_PLANS=0``
+skips it; see ``raggeddot.tune``).
 """
 import importlib
 
-from . import runtime
+from . import _plans, runtime
 from ._autodiff import grad, jvp, vjp
 from ._megablox import gmm, make_group_metadata, tgmm
 from ._moe import moe_block, moe_block_vjp, ragged_gather, ragged_gather_reduce
@@ -52,19 +57,29 @@ __all__ = [
     "jvp",
     "grad",
     "runtime",
+    "tune",
+    "tabulate",
 ]
 
 #: Submodules imported on first attribute access (PEP 562); ``jax`` and ``torch`` import jax and torch then.
-_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed", "jax", "torch")
+_LAZY_SUBMODULES = ("reference", "testing", "specs", "distributed", "jax", "torch", "tiling")
+#: Functions imported on first access, from these submodules.
+_LAZY_FUNCTIONS = {"tune": "._tune", "tabulate": "._tune"}
 
 
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module   # later accesses skip this function
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _LAZY_FUNCTIONS:
+        value = getattr(importlib.import_module(_LAZY_FUNCTIONS[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value   # later accesses skip this function
+    return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES) | set(_LAZY_FUNCTIONS))
+
+
+_plans.load_at_import()

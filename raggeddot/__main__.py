@@ -5,6 +5,9 @@ Each spec is first checked against the pure-NumPy oracle (raggeddot.reference): 
 output within max |out - ref| / max |ref| <= 1e-4 (float32) or 1e-10 (float64). A spec
 that fails is not timed. Times are medians after a warm-up. The run ends with a line
 "N passed, M failed" and exits with status 1 when a check failed.
+
+"python -m raggeddot tune --spec NAME ..." tunes the plans of named ragged_dot specs
+instead (see "python -m raggeddot tune --help").
 """
 import argparse
 import gc
@@ -64,6 +67,10 @@ def run_spec(spec, dtype, seed, scale, budget, cache):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tune"]:
+        from raggeddot._tune_cli import main as tune_main
+        return tune_main(argv[1:])
     # the docstring's first paragraph (whole sentences) is the description, the rest the epilog
     first, _, rest = __doc__.strip().partition("\n\n")
     parser = argparse.ArgumentParser(prog="python -m raggeddot", description=" ".join(first.split()),

@@ -23,6 +23,9 @@ import zlib
 # threads costs more than it computes (it also competes with raggeddot's own
 # OpenMP threads for the cores). Set before NumPy loads; an explicit setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# The suite must not run on plans tuned on this machine: `import raggeddot` leaves the
+# user's plans file unread (test_tune.py writes and reads its own, in a temporary directory).
+os.environ.setdefault("RAGGEDDOT_PLANS", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

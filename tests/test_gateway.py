@@ -2,7 +2,8 @@
 
 - The boundary itself: an AST scan of the package sources shows that the
   compute entry points of ``_core`` are referenced in ``_gateway.py`` alone
-  and that only ``_gateway.py`` and ``runtime.py`` use ``_core`` at all.
+  and that only ``_gateway.py`` and ``runtime.py`` use ``_core`` at all
+  (besides the loaders of the FFI handlers and of the plan table).
 - Each gateway function against NumPy in float64 (exact where the kernel's
   result is exact, a scaled tolerance otherwise): rows, contract, matmul,
   group_bounds, group_metadata, route, sort_by_expert, gather_rows,
@@ -66,10 +67,14 @@ def test_only_the_gateway_calls_the_compute_entry_points():
 
 def test_only_gateway_and_runtime_import_core():
     """...and raggeddot.jax's loader, which reads nothing from _core but the
-    capsule of C function pointers its compiled FFI handlers call through."""
+    capsule of C function pointers its compiled FFI handlers call through,
+    and _plans.py, which reads nothing but the plan table's functions (for
+    raggeddot.tune and the plans file) and the extension's file name."""
     users = sorted(str(p.relative_to(PACKAGE)) for p in _sources() if any(_core_uses(p)))
-    assert users == ["_gateway.py", "jax/_build.py", "runtime.py"], users
+    assert users == ["_gateway.py", "_plans.py", "jax/_build.py", "runtime.py"], users
     assert _core_uses(PACKAGE / "jax" / "_build.py") == ({"_C_API"}, True)
+    plan_table = {"plan_record", "plan_set", "plan_get", "plan_table", "plan_default", "plan_candidates"}
+    assert _core_uses(PACKAGE / "_plans.py") == (plan_table | {"__file__"}, True)
 
 
 def test_the_gateway_reaches_every_compute_entry_point():

@@ -29,6 +29,7 @@ import jax
 import jaxlib
 
 from .. import _core
+from .._cache import cache_dir, writable_dir
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = ("rd_ffi.c", "rd_capi.h")
@@ -38,26 +39,6 @@ TARGETS = {"raggeddot_ragged_rows": "rd_ffi_ragged_rows",
 
 _lock = threading.Lock()
 _state = {}
-
-
-def cache_dir():
-    """Where compiled handlers are kept: $RAGGEDDOT_CACHE_DIR, else ~/.cache/raggeddot."""
-    d = os.environ.get("RAGGEDDOT_CACHE_DIR")
-    return d if d else os.path.join(os.path.expanduser("~"), ".cache", "raggeddot")
-
-
-def _writable(d):
-    """`d`, created if needed; a private directory under the system's temporary
-    one when `d` cannot be written (a read-only home)."""
-    try:
-        os.makedirs(d, exist_ok=True)
-        if os.access(d, os.W_OK | os.X_OK):
-            return d
-    except OSError:
-        pass
-    d = os.path.join(tempfile.gettempdir(), f"raggeddot-{os.getuid()}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
 
 
 def _compiler():
@@ -115,7 +96,7 @@ def load():
         if _state:
             return _state["lib"]
         cc = _compiler()
-        path = os.path.join(_writable(cache_dir()), f"rd_ffi-{_key(cc)}.so")
+        path = os.path.join(writable_dir(cache_dir()), f"rd_ffi-{_key(cc)}.so")
         compiled, diagnostics = False, ""
         if not os.path.exists(path):
             diagnostics = _compile(cc, path)

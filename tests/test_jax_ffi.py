@@ -47,7 +47,8 @@ def test_build_info_reports_the_handlers():
 def test_the_handlers_run_with_raggeddots_thread_count(restore_runtime):
     for n in (1, 3):
         raggeddot.set_num_threads(n)
-        assert rj.build_info()["num_threads"] == n
+        # what the NumPy calls use: at most the processors this process may run on
+        assert rj.build_info()["num_threads"] == raggeddot.get_num_threads() == min(n, len(os.sched_getaffinity(0)))
 
 
 def test_import_raggeddot_leaves_jax_alone():

@@ -56,7 +56,7 @@ def _operands(rng, sizes, k, n, ldb_pad=0):
 def test_stream_equals_packed_rows(kernel, rows):
     """Rows around the streaming block (4) and the packed one (12); n across the strip."""
     rng = np.random.default_rng(rows)
-    for k, n in [(1, 1), (5, 17), (300, 33), (257, 511), (64, 512), (40, 513), (3, 1030), (2, 2100)]:
+    for k, n in [(1, 1), (5, 17), (300, 33), (257, 511), (64, 512), (40, 513), (3, 1030), (1, 2047), (2, 2048), (1, 2049), (2, 2100)]:
         x, w, gs = _operands(rng, [rows, 0, rows + 1, 2], k, n, ldb_pad=3 if n % 2 else 0)
         with runtime.configured(kernel=kernel):
             packed = _with_plan(lambda: raggeddot.ragged_dot(x, w, gs), {"kernel": "main"})
@@ -64,6 +64,27 @@ def test_stream_equals_packed_rows(kernel, rows):
         np.testing.assert_array_equal(streamed, packed, err_msg=f"{kernel} k={k} n={n}")
         want = reference.ragged_dot(x.astype(np.float64), w.astype(np.float64), gs)
         np.testing.assert_allclose(streamed, want, rtol=2e-4, atol=2e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("lhs_dtype", ["float16", "bfloat16", "float64"])
+def test_stream_with_other_operands(lhs_dtype):
+    """16-bit lhs (widened while packed) and float64 products: streamed where B is float32
+    rows of unit stride, packed otherwise; gmm with a transposed rhs; a 16-bit output."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+    rng = np.random.default_rng(5)
+    x, w, gs = _operands(rng, [3, 1, 6], 70, 90)
+    x = x.astype(lhs_dtype)
+    want = reference.ragged_dot(x.astype(np.float64), w.astype(np.float64), gs)
+    plans = [{"kernel": "stream"}, {"kernel": "main"}]
+    if lhs_dtype == "float64":          # a float64 product: no streaming kernel, and a plan saying so is refused
+        with pytest.raises(ValueError, match="no streaming kernel"):
+            _with_plan(lambda: raggeddot.ragged_dot(x, w, gs), plans.pop(0))
+    for plan in plans:
+        got = _with_plan(lambda: raggeddot.ragged_dot(x, w, gs), plan)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+        wt = np.ascontiguousarray(w.transpose(0, 2, 1))
+        got = _with_plan(lambda: raggeddot.gmm(x, wt, gs, transpose_rhs=True), plan)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("kernel", STREAMING)

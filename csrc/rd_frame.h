@@ -30,6 +30,9 @@ typedef struct {
     int nthreads;           /* threads of the call (at most) */
     int auto_threads;       /* 1: one thread for a product too small to pay
                                for a team (RD_TEAM_MIN_*) */
+    int team;               /* 1: groups of more than max(threads, 4) x MC
+                               rows are run by all threads together, sharing
+                               their packed B panels (frame/rd_tiling.c) */
     rd_int stream_min;      /* outputs of >= this many bytes written once are
                                streamed; negative: never */
 } rd_plan_t;
@@ -60,6 +63,7 @@ typedef struct {
     int kind, split;
     rd_int mc, kc, nc, tm, tn;
     int threads;
+    int team;               /* rd_plan_t.team */
 } rd_pchoice_t;
 
 /* A product of fewer FLOPs than this and of fewer operand bytes than that

@@ -37,7 +37,7 @@ plan_candidates = _core.plan_candidates  # (cls) -> plans worth timing, the defa
 FORMAT = 1
 
 #: the keys of a plan that plan_set takes (plans returned by _core also carry mr, nr)
-PLAN_KEYS = ("kernel", "mc", "kc", "nc", "tm", "tn", "threads", "split")
+PLAN_KEYS = ("kernel", "mc", "kc", "nc", "tm", "tn", "threads", "split", "team")
 #: the fields of a shape class, in order
 CLASS_FIELDS = ("op", "ctype", "family", "k", "n", "g", "bucket", "threads")
 

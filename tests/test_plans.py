@@ -196,3 +196,36 @@ def test_threads_capped_by_processors(restore_runtime):
     procs = len(os.sched_getaffinity(0))
     runtime.set_num_threads(1000)
     assert runtime.get_num_threads() == min(1000, procs) if raggeddot.build_info()["openmp"] else 1
+
+
+def _team_cases(rng):
+    """Products with a group of >= threads x MC rows (team tiles) beside small groups."""
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    gs = np.array([700, 0, 5, 333], dtype=np.int64)       # 700 > 4 MC rows: a team tile
+    x = rng.standard_normal((1038, 300), dtype=np.float32)
+    w = rng.standard_normal((4, 300, 170), dtype=np.float32)
+    yield "f32", lambda: raggeddot.ragged_dot(x, w, gs)
+    yield "bf16", lambda: raggeddot.ragged_dot(x.astype(bf16), w.astype(bf16), gs)
+    yield "bf16-out", lambda: raggeddot.ragged_dot(x, w, gs, preferred_element_type=bf16)
+    yield "prepacked", lambda: raggeddot.ragged_dot(x, raggeddot.prepack(w), gs)
+    wide, ct = rng.standard_normal((1038, 600), dtype=np.float32), rng.standard_normal((1038, 170), dtype=np.float32)
+    yield "tgmm", lambda: raggeddot.tgmm(wide.T, ct, gs)     # 600 output rows a group: team tiles
+    q = raggeddot.quantize(x, "int8", channelwise_axes=(0,))
+    qw = raggeddot.quantize(w, "int8", channelwise_axes=(0, 2))
+    yield "int8", lambda: raggeddot.ragged_dot(q, qw, gs)
+
+
+@pytest.mark.parametrize("case", ["f32", "bf16", "bf16-out", "prepacked", "tgmm", "int8"])
+def test_team_tiles_equal_tiles_of_one_thread(case):
+    """A group of many rows run by the team (B panels packed once, shared, rows split) gives
+    the results of the same plan on one thread, and of the plan without teams."""
+    fn = dict(_team_cases(np.random.default_rng(2)))[case]
+    got = {}
+    for team in (1, 0):
+        for t in (2, 1):
+            with runtime.configured(num_threads=t):
+                got[team, t] = _with_plan(fn, {"kernel": "main", "team": team})
+    for key, value in got.items():
+        np.testing.assert_array_equal(np.asarray(value).view(np.uint8), np.asarray(got[1, 2]).view(np.uint8),
+                                      err_msg=str(key))

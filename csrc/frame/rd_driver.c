@@ -13,36 +13,25 @@
 #include "rd_frame.h"
 #include "rd_half.h"
 #include "rd_playout.h"
+#include "rd_tiling.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { RD_MODE_ROWS = 0, RD_MODE_CONTRACT = 1 };
-
-typedef struct {
-    rd_int g, r0, r1, c0, c1;
-    double cost;
-} rd_tile_t;
-
-typedef struct {
-    rd_tile_t *tiles;
-    rd_int *order;     /* tile indices by decreasing cost */
-    rd_int count;
-    rd_int tm, tn;     /* the tile sizes used */
-    int nthreads;
-} rd_tiling_t;
-
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /*
  * Packing buffers, one pair per thread (and the float32 tile of a 16-bit
- * output), kept from call to call: allocating
+ * output; and in the calling thread the B panel its team shares), kept from
+ * call to call: allocating
  * megabytes afresh on every call costs page faults (the kernel zeroing new
  * pages) comparable to the packing itself.  They grow to the largest size
  * asked for and stay: O(threads x cache blocks) of memory.
  */
-static __thread void *rd_scratch_buf[3] = {NULL, NULL, NULL};
-static __thread size_t rd_scratch_cap[3] = {0, 0, 0};
+static __thread void *rd_scratch_buf[4] = {NULL, NULL, NULL, NULL};
+static __thread size_t rd_scratch_cap[4] = {0, 0, 0, 0};
 
 static void *
 rd_scratch(int which, size_t bytes)
@@ -57,185 +46,6 @@ rd_scratch(int which, size_t bytes)
     }
     return rd_scratch_buf[which];
 }
-
-/* Split [0, extent) into the fewest pieces of at most `most` (a multiple of
- * `unit`), all of one size rounded up to `unit` except the last. */
-static rd_int
-rd_piece(rd_int extent, rd_int most, rd_int unit)
-{
-    if (extent <= 0)
-        return unit;
-    rd_int pieces = (extent + most - 1) / most;
-    rd_int size = rd_round_up((extent + pieces - 1) / pieces, unit);
-    return size > 0 ? size : unit;
-}
-
-/* Per group g: rows_of(g) rows of output, a contraction of depth_of(g). */
-typedef struct {
-    int mode;
-    const rd_int *bounds;
-    rd_int rows;       /* CONTRACT: rows of every group's output block */
-    rd_int depth;      /* ROWS: contraction depth of every group */
-} rd_shape_t;
-
-static void
-rd_group_geometry(const rd_shape_t *sh, rd_int g, rd_int *r0, rd_int *r1,
-                  rd_int *depth)
-{
-    if (sh->mode == RD_MODE_ROWS) {
-        *r0 = sh->bounds[g];
-        *r1 = sh->bounds[g + 1];
-        *depth = sh->depth;
-    }
-    else {
-        *r0 = 0;
-        *r1 = sh->rows;
-        *depth = sh->bounds[g + 1] - sh->bounds[g];
-    }
-}
-
-static rd_int
-rd_count_tiles(const rd_shape_t *sh, rd_int ng, rd_int n, rd_int tm, rd_int tn,
-               rd_int unit_m, rd_int unit_n)
-{
-    rd_int count = 0;
-    rd_int nsz = rd_piece(n, tn, unit_n);
-    rd_int ncols = n > 0 ? (n + nsz - 1) / nsz : 0;
-    for (rd_int g = 0; g < ng; g++) {
-        rd_int r0, r1, d;
-        rd_group_geometry(sh, g, &r0, &r1, &d);
-        rd_int rows = r1 - r0;
-        if (rows <= 0)
-            continue;
-        rd_int msz = rd_piece(rows, tm, unit_m);
-        count += (rows + msz - 1) / msz * ncols;
-    }
-    return count;
-}
-
-typedef struct {
-    double cost;
-    rd_int index;
-} rd_rank_t;
-
-/* Decreasing cost; ties in list order, so the order is fully determined. */
-static int
-rd_cmp_rank(const void *pa, const void *pb)
-{
-    const rd_rank_t *a = (const rd_rank_t *)pa, *b = (const rd_rank_t *)pb;
-    if (a->cost != b->cost)
-        return a->cost > b->cost ? -1 : 1;
-    return (a->index > b->index) - (a->index < b->index);
-}
-
-/*
- * Choose tile sizes and list the tiles.  Tiles start as large as the cache
- * blocking allows (tm = 4 MC rows, tn = NC columns: a packed B panel is then
- * reused by four A blocks; or the plan's tm/tn) and are halved until every
- * thread has several tiles to take, so that many small groups and a single
- * large one both keep all threads busy: the plan's split says which side
- * is halved first.  Problems too small to pay for a thread team (FLOPs and
- * operand bytes, rd_frame.h) run on one when the plan's threads are
- * automatic.
- */
-/* The widest tile of a 16-bit output: its float32 tile (tm x this) stays
- * within a thread's scratch of about a megabyte. */
-#define RD_NARROW_TN ((rd_int)512)
-
-static int
-rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
-               rd_int ng, rd_int n, int narrow, double bytes)
-{
-    /* a streaming kernel takes strips of any width: tiles of whole vectors */
-    const int streams = plan->kind == RD_KIND_STREAM;
-    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = streams ? 64 : plan->k.nr;
-    double work = 0.0;
-    for (rd_int g = 0; g < ng; g++) {
-        rd_int r0, r1, d;
-        rd_group_geometry(sh, g, &r0, &r1, &d);
-        work += (double)(r1 - r0) * (double)n * (double)(d > 0 ? d : 1);
-    }
-    int nthreads = plan->nthreads;
-    if (plan->auto_threads && 2.0 * work < RD_TEAM_MIN_FLOPS && bytes < RD_TEAM_MIN_BYTES)
-        nthreads = 1;
-
-    rd_int tm = rd_round_up(plan->tm > 0 ? plan->tm : 4 * mc, mr);
-    rd_int tn = rd_round_up(plan->tn > 0 ? plan->tn : nc, nr);
-    if (narrow && tn > RD_NARROW_TN)
-        tn = rd_round_up(RD_NARROW_TN, nr);
-    const rd_int tm_min = rd_round_up(48, mr), tn_min = rd_round_up(streams ? 256 : 128, nr);
-    const rd_int want = 4 * (rd_int)nthreads;
-    rd_int count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
-    while (nthreads > 1 && count < want && (tm > tm_min || tn > tn_min)) {
-        if (tn > tn_min && (plan->split == RD_SPLIT_N || tm <= tm_min))
-            tn = rd_round_up(tn / 2 > tn_min ? tn / 2 : tn_min, nr);
-        else
-            tm = rd_round_up(tm / 2 > tm_min ? tm / 2 : tm_min, mr);
-        count = rd_count_tiles(sh, ng, n, tm, tn, mr, nr);
-    }
-
-    tl->tiles = (rd_tile_t *)malloc(sizeof(rd_tile_t) * (size_t)(count > 0 ? count : 1));
-    tl->order = (rd_int *)malloc(sizeof(rd_int) * (size_t)(count > 0 ? count : 1));
-    if (tl->tiles == NULL || tl->order == NULL) {
-        free(tl->tiles);
-        free(tl->order);
-        tl->tiles = NULL;
-        tl->order = NULL;
-        return -1;
-    }
-    rd_int nsz = rd_piece(n, tn, nr);
-    rd_int t = 0;
-    for (rd_int g = 0; g < ng; g++) {
-        rd_int r0, r1, d;
-        rd_group_geometry(sh, g, &r0, &r1, &d);
-        if (r1 - r0 <= 0 || n <= 0)
-            continue;
-        rd_int msz = rd_piece(r1 - r0, tm, mr);
-        for (rd_int c = 0; c < n; c += nsz) {
-            for (rd_int r = r0; r < r1; r += msz) {
-                rd_tile_t *tile = &tl->tiles[t];
-                tile->g = g;
-                tile->r0 = r;
-                tile->r1 = r + msz < r1 ? r + msz : r1;
-                tile->c0 = c;
-                tile->c1 = c + nsz < n ? c + nsz : n;
-                /* a small constant keeps empty-contraction tiles (zeroing) ordered */
-                tile->cost = (double)(tile->r1 - tile->r0) * (double)(tile->c1 - tile->c0)
-                             * (double)(d > 0 ? d : 1) + 1024.0;
-                t++;
-            }
-        }
-    }
-    tl->count = t;
-    tl->tm = tm;
-    tl->tn = nsz;
-    tl->nthreads = nthreads;
-    rd_rank_t *rank = (rd_rank_t *)malloc(sizeof(rd_rank_t) * (size_t)(t > 0 ? t : 1));
-    if (rank == NULL) {
-        free(tl->tiles);
-        free(tl->order);
-        tl->tiles = NULL;
-        tl->order = NULL;
-        return -1;
-    }
-    for (rd_int i = 0; i < t; i++) {
-        rank[i].cost = tl->tiles[i].cost;
-        rank[i].index = i;
-    }
-    qsort(rank, (size_t)t, sizeof(rd_rank_t), rd_cmp_rank);
-    for (rd_int i = 0; i < t; i++)
-        tl->order[i] = rank[i].index;
-    free(rank);
-    return 0;
-}
-
-static void
-rd_free_tiling(rd_tiling_t *tl)
-{
-    free(tl->tiles);
-    free(tl->order);
-}
-
 
 /* What every tile of one call shares: the plan and its packing routines. */
 typedef struct {
@@ -315,13 +125,21 @@ rd_scale_room(const rd_block_t *x, int which, rd_int pc)
  * writes zeros (or leaves C unchanged when accumulating).  A compute type
  * that carries scales in its panels (RD_CT_I8I32) has each KC block end at
  * the next scale-tile boundary of either operand along the contraction, so
- * that one scale per row and column covers the block.  With `stream`, a C that one KC block completes (it
- * is written once, never read back here) gets non-temporal stores. */
+ * that one scale per row and column covers the block.  With `stream`, a C
+ * that one KC block completes (it is written once, never read back here)
+ * gets non-temporal stores.
+ *
+ * A team tile (nt > 1 threads, this one tid) is run by every thread of the
+ * team together: each B panel packed once into the shared bpack, its
+ * micro-panels split between the threads, then each thread's share of the
+ * rows (a range of whole MR blocks) multiplied by it; a barrier before the
+ * next panel overwrites it.  Every output element is still summed in the
+ * same KC blocks in the same order. */
 static void
 rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
               const rd_block_t *a, const rd_block_t *b,
               void *c, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
-              char *apack, char *bpack)
+              char *apack, char *bpack, int tid, int nt)
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int MC = kd->mc, NC = kd->nc;
@@ -329,7 +147,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
     const int MR = kd->mr, NR = kd->nr;
     const size_t cz = cl->c_size;
     if (K == 0) {
-        if (!accumulate)
+        if (!accumulate && tid == 0)
             for (rd_int i = 0; i < M; i++)
                 for (rd_int j = 0; j < N; j++)
                     memset((char *)c + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
@@ -368,10 +186,25 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 bpanel = (const char *)b->p + rd_pblock_offset(&L, pc)
                          + (size_t)((b->j0 + jc) / NR) * bstep;
             }
-            else
+            else if (nt == 1)
                 rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
-            for (rd_int ic = 0; ic < M; ic += MC) {
-                rd_int mc = M - ic < MC ? M - ic : MC;
+            else {
+                /* each thread packs a run of whole panels, read row by row
+                 * as one block (panel by panel would read B in strips) */
+                const rd_int np = (nc + NR - 1) / NR;
+                const rd_int j0 = np * tid / nt * NR, j1 = np * (tid + 1) / nt * NR;
+                if (j0 < (j1 < nc ? j1 : nc))
+                    rd_pack_block(cl, 1, b, pc, jc + j0, (j1 < nc ? j1 : nc) - j0, kc, NR,
+                                  bpack + rd_panel_bytes(cl, cl->b_size, j0, kp));
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            }
+            /* this thread's rows: all, or its share of a team tile's */
+            const rd_int units = (M + MR - 1) / MR;
+            const rd_int lo = units * tid / nt * MR, hi = units * (tid + 1) / nt * MR;
+            for (rd_int ic = lo; ic < (hi < M ? hi : M); ic += MC) {
+                rd_int mc = (hi < M ? hi : M) - ic < MC ? (hi < M ? hi : M) - ic : MC;
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
@@ -389,6 +222,11 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                             kd->ukr(kc, ap, bp, cij, c_rs, c_cs, mr, nr, mode);
                     }
                 }
+            }
+            if (nt > 1 && !cl->streamed && b->panels == 0) {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
             }
         }
     }
@@ -454,25 +292,77 @@ rd_narrow_tile(const float *t, rd_int ld, rd_int rows, rd_int cols, void *o, rd_
     }
 }
 
-/* Run every tile of the list, each owned by one thread.  The geometry of a
- * tile is resolved by `mode`: RD_MODE_ROWS (ragged rows of lhs) or
- * RD_MODE_CONTRACT (ragged contraction).  `stream`: see rd_gemm_block. */
-static int
-rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int *bounds,
-             const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out,
-             rd_int k, int accumulate, int stream)
+/* What the tiles of one call share besides the plan: the geometry, the
+ * operands, and for a 16-bit output the row stride of its float32 tiles. */
+typedef struct {
+    const rd_call_t *cl;
+    int mode;                   /* RD_MODE_ROWS (ragged rows of lhs) or RD_MODE_CONTRACT */
+    const rd_int *bounds;
+    const rd_in_t *lhs, *rhs;
+    const rd_out_t *out;
+    rd_int k;
+    int accumulate, stream, narrow;
+    rd_int tn_max;
+} rd_run_t;
+
+/* One tile, by this thread alone (nt = 1) or as thread tid of a team of nt
+ * (rd_gemm_block), its packing buffers apack and bpack (the team's shared
+ * B panel), tile32 the float32 tile of a 16-bit output. */
+static void
+rd_run_tile(const rd_run_t *r, const rd_tile_t *tile, char *apack, char *bpack, float *tile32,
+            int tid, int nt)
 {
+    const rd_call_t *cl = r->cl;
+    const rd_out_t *out = r->out;
+    const size_t cz = r->narrow ? 2 : cl->c_size;   /* bytes of an output element */
+    const rd_int g = tile->g;
+    const rd_int rows = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
+    char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
+    /* where the tile is computed: the output, or a 16-bit output's float32
+     * tile (rows tn_max apart), holding its old values when accumulating */
+    void *c = o;
+    rd_int c_rs = out->rs, c_cs = out->cs;
+    if (r->narrow) {
+        c = tile32, c_rs = r->tn_max, c_cs = 1;
+        if (r->accumulate)
+            rd_widen_tile(o, out->rs, out->cs, out->dtype, rows, cols, tile32, r->tn_max);
+    }
+    rd_block_t a, b;
+    rd_int depth = r->k;
+    if (r->mode == RD_MODE_ROWS) {
+        /* rows are absolute rows of lhs/out; rhs[g] is k x n */
+        a = rd_block(r->lhs, cl->a_src, cl->q_size, 0, tile->r0, 0);
+        b = rd_block(r->rhs, cl->b_src, cl->q_size, g, 0, tile->c0);
+    }
+    else {
+        /* rows index lhs's first axis; the contraction runs over the group's
+         * rows [bounds[g], bounds[g+1]) of rhs */
+        const rd_int s = r->bounds[g];
+        depth = r->bounds[g + 1] - s;
+        a = rd_block(r->lhs, cl->a_src, cl->q_size, 0, tile->r0, s);
+        b = rd_block(r->rhs, cl->b_src, cl->q_size, 0, s, tile->c0);
+    }
+    rd_gemm_block(cl, rows, cols, depth, &a, &b, c, c_rs, c_cs, r->accumulate, r->stream, apack, bpack,
+                  tid, nt);
+    if (r->narrow)
+        rd_narrow_tile(tile32, r->tn_max, rows, cols, o, out->rs, out->cs, out->dtype);
+}
+
+/* Run every tile of the list: the team tiles by all threads together, one
+ * after another, then each of the others by one thread. */
+static int
+rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
+{
+    const rd_call_t *cl = r->cl;
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
     const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
     const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, rd_round_up(kd->mc, kd->mr), kp_max);
     const size_t b_bytes = rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
-    const int narrow = out->dtype == RD_BF16 || out->dtype == RD_F16;
-    const size_t cz = narrow ? 2 : cl->c_size;   /* bytes of an output element */
     /* a 16-bit output's tile is computed in float32 here, tm x tn_max */
-    const rd_int tn_max = rd_round_up(tl->tn, kd->nr);
-    const size_t t_bytes = narrow ? (size_t)tl->tm * (size_t)tn_max * sizeof(float) : 0;
-    int failed = 0;
+    const size_t t_bytes = r->narrow ? (size_t)tl->tm * (size_t)r->tn_max * sizeof(float) : 0;
+    char *shared = tl->nteam > 0 ? (char *)rd_scratch(3, b_bytes) : NULL;
+    int failed = tl->nteam > 0 && shared == NULL;
 
 #ifdef _OPENMP
 #pragma omp parallel num_threads(tl->nthreads) if (tl->nthreads > 1)
@@ -480,54 +370,32 @@ rd_run_tiles(const rd_call_t *cl, const rd_tiling_t *tl, int mode, const rd_int 
     {
         char *apack = (char *)rd_scratch(0, a_bytes);
         char *bpack = (char *)rd_scratch(1, b_bytes);
-        float *tile32 = narrow ? (float *)rd_scratch(2, t_bytes) : NULL;
-        int ok = apack != NULL && bpack != NULL && (!narrow || tile32 != NULL);
+        float *tile32 = r->narrow ? (float *)rd_scratch(2, t_bytes) : NULL;
+        int ok = apack != NULL && bpack != NULL && (!r->narrow || tile32 != NULL)
+                 && (tl->nteam == 0 || shared != NULL);
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
             failed = 1;
         }
+        int tid = 0, nt = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        /* every thread meets the team's worksharing and barriers, the ones
+         * without buffers computing nothing (the call then fails) */
+        for (rd_int t = 0; shared != NULL && t < tl->nteam; t++)
+            rd_run_tile(r, &tl->tiles[tl->order[t]], ok ? apack : NULL, shared, tile32,
+                        ok ? tid : nt, nt);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (rd_int t = 0; t < tl->count; t++) {
-            if (!ok)
-                continue;
-            const rd_tile_t *tile = &tl->tiles[tl->order[t]];
-            const rd_int g = tile->g;
-            const rd_int rows = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
-            char *o = (char *)out->p + (g * out->gs + tile->r0 * out->rs + tile->c0 * out->cs) * (rd_int)cz;
-            /* where the tile is computed: the output, or a 16-bit output's
-             * float32 tile (rows tn_max apart), holding its old values when
-             * accumulating */
-            void *c = o;
-            rd_int c_rs = out->rs, c_cs = out->cs;
-            if (narrow) {
-                c = tile32, c_rs = tn_max, c_cs = 1;
-                if (accumulate)
-                    rd_widen_tile(o, out->rs, out->cs, out->dtype, rows, cols, tile32, tn_max);
-            }
-            if (mode == RD_MODE_ROWS) {
-                /* rows are absolute rows of lhs/out; rhs[g] is k x n */
-                rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, 0);
-                rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, g, 0, tile->c0);
-                rd_gemm_block(cl, rows, cols, k, &a, &b,
-                              c, c_rs, c_cs, accumulate, stream, apack, bpack);
-            }
-            else {
-                /* rows index lhs's first axis; the contraction runs over the
-                 * group's rows [bounds[g], bounds[g+1]) of rhs */
-                const rd_int s = bounds[g], kg = bounds[g + 1] - bounds[g];
-                rd_block_t a = rd_block(lhs, cl->a_src, cl->q_size, 0, tile->r0, s);
-                rd_block_t b = rd_block(rhs, cl->b_src, cl->q_size, 0, s, tile->c0);
-                rd_gemm_block(cl, rows, cols, kg, &a, &b,
-                              c, c_rs, c_cs, accumulate, stream, apack, bpack);
-            }
-            if (narrow)
-                rd_narrow_tile(tile32, tn_max, rows, cols, o, out->rs, out->cs, out->dtype);
-        }
-        if (stream)
+        for (rd_int t = tl->nteam; t < tl->count; t++)
+            if (ok)
+                rd_run_tile(r, &tl->tiles[tl->order[t]], apack, bpack, tile32, 0, 1);
+        if (r->stream)
             rd_store_fence();  /* before the barrier that ends the region */
     }
     return failed ? -1 : 0;
@@ -609,8 +477,10 @@ rd_run(const rd_plan_t *base, int mode, rd_int k, rd_int n, rd_int ng, const rd_
           + (double)elems * (double)cl.c_size;
     if (rd_make_tiling(&tl, plan, &sh, ng, n, narrow, bytes) != 0)
         return -1;
-    rc = rd_run_tiles(&cl, &tl, mode, bounds, lhs, rhs, out, mode == RD_MODE_ROWS ? k : 0,
-                      accumulate, !narrow && rd_want_stream(&cl, elems, out->cs, accumulate));
+    const rd_run_t run = {&cl, mode, bounds, lhs, rhs, out, mode == RD_MODE_ROWS ? k : 0, accumulate,
+                          !narrow && rd_want_stream(&cl, elems, out->cs, accumulate), narrow,
+                          rd_round_up(tl.tn, plan->k.nr)};
+    rc = rd_run_tiles(&run, &tl);
     rd_free_tiling(&tl);
     return rc;
 }

@@ -255,6 +255,7 @@ rd_plan_init(rd_plan_t *plan, rd_ctype_t ct)
     plan->kind = RD_KIND_MAIN;
     plan->split = RD_SPLIT_M;
     plan->auto_threads = 1;
+    plan->team = 1;
     plan->tm = 0;
     plan->tn = 0;
     plan->nthreads = rd_get_num_threads();

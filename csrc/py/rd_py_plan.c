@@ -1,7 +1,7 @@
 /*
  * The binding of the plan table (frame/rd_plan.c): shape classes as tuples
  * (op, ctype, family, k, n, g, bucket, threads) and plans as dicts
- * {kernel, mc, kc, nc, tm, tn, threads, split} (with mr, nr read back), for
+ * {kernel, mc, kc, nc, tm, tn, threads, split, team} (with mr, nr read back), for
  * raggeddot.tune and its cache file.
  */
 #include "rd_py.h"
@@ -88,13 +88,13 @@ static PyObject *
 rd_choice_dict(const rd_pchoice_t *ch, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s)
 {
     const int streams = ch->kind == RD_KIND_STREAM && s != NULL;
-    return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:n,s:i,s:s,s:i,s:i}",
+    return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:n,s:i,s:s,s:i,s:i,s:i}",
                          "kernel", rd_kind_names[ch->kind],
                          "mc", (Py_ssize_t)(ch->mc > 0 ? ch->mc : k->mc),
                          "kc", (Py_ssize_t)(ch->kc > 0 ? ch->kc : k->kc),
                          "nc", (Py_ssize_t)(ch->nc > 0 ? ch->nc : k->nc),
                          "tm", (Py_ssize_t)ch->tm, "tn", (Py_ssize_t)ch->tn,
-                         "threads", ch->threads, "split", rd_split_names[ch->split],
+                         "threads", ch->threads, "split", rd_split_names[ch->split], "team", ch->team,
                          "mr", streams ? s->mr : k->mr, "nr", streams ? s->nr : k->nr);
 }
 
@@ -140,9 +140,17 @@ rd_parse_choice(PyObject *obj, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s, 
                        : !strcmp(name, "nc") ? &d->nc : !strcmp(name, "tm") ? &d->tm
                        : !strcmp(name, "tn") ? &d->tn : NULL;
         const int blocking = slot == &d->mc || slot == &d->kc || slot == &d->nc;
+        if (!strcmp(name, "team")) {
+            if (v != 0 && v != 1) {
+                PyErr_Format(PyExc_ValueError, "plan['team'] must be 0 or 1, got %R", val);
+                return -1;
+            }
+            d->team = (int)v;
+            continue;
+        }
         if (slot == NULL && strcmp(name, "threads") != 0) {
             PyErr_Format(PyExc_ValueError, "unknown plan key '%s' (kernel, mc, kc, nc, tm, tn, threads, "
-                         "split)", name);
+                         "split, team)", name);
             return -1;
         }
         if (v < (blocking ? 1 : 0) || v > (1LL << 24)) {

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,9 +56,10 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import machine  # noqa: E402
-import report as R  # noqa: E402
+import common as C  # noqa: E402
+
 from raggeddot import specs as S  # noqa: E402
+from raggeddot._timing import call_time, summary  # noqa: E402
 
 SPECS = {"deepseek": "deepseek-v3", **{s.name: s.name for s in S.select("moe")}}
 STEPS = ("route", "dispatch", "exchange", "experts", "combine", "other")
@@ -177,19 +177,18 @@ def run_ranks(args):
     arrays, kw = local_share(layer, comm, Tr)
     clock = StepClock(comm)
     dist.moe_block(*arrays, comm=comm, **kw)        # warm-up
-    totals, steps, sent = [], defaultdict(list), []
+    samples = defaultdict(list)
     for _ in range(runs):
         clock.reset()
         comm.Barrier()
-        t0 = time.perf_counter()
-        dist.moe_block(*arrays, comm=comm, **kw)
-        totals.append(time.perf_counter() - t0)
+        total = call_time(lambda: dist.moe_block(*arrays, comm=comm, **kw))[1]
         for s in STEPS[:-1]:
-            steps[s].append(clock.acc[s])
-        steps["other"].append(totals[-1] - sum(clock.acc.values()))
-        sent.append(clock.bytes)
-    mine = {"rank": r, "total_s": statistics.median(totals), "bytes": int(statistics.median(sent)),
-            **{s: statistics.median(v) for s, v in steps.items()}}
+            samples[s].append(clock.acc[s])
+        samples["other"].append(total - sum(clock.acc.values()))
+        samples["total_s"].append(total)
+        samples["bytes"].append(clock.bytes)
+    mine = {"rank": r, **{s: summary(v)["median"] for s, v in samples.items()}}
+    mine["bytes"] = int(mine["bytes"])
     per_rank = comm.gather(mine, root=0)
     if r != 0:
         return None
@@ -198,7 +197,7 @@ def run_ranks(args):
     return {"spec": args.spec, "P": P, "T": T, "E": E, "d": x.shape[1], "top_k": kw["top_k"],
             "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
             "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
-            "bytes_max": max(p["bytes"] for p in per_rank), "machine": machine.machine_info()}
+            "bytes_max": max(p["bytes"] for p in per_rank), "machine": C.machine_info()}
 
 
 def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
@@ -212,7 +211,7 @@ def report(res, args, c1=None):
            f"E={res['E']}, d={res['d']}, top_k={res['top_k']}, {res['dtype']}, medians of {res['runs']} runs"]
     rows = [[p["rank"], *(f"{1e3 * p[s]:.2f}" for s in STEPS), f"{1e3 * p['total_s']:.2f}",
              f"{p['bytes'] / 1e6:.2f}"] for p in res["per_rank"]]
-    out.append(R.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
+    out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
     out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest rank; "
                f"compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
     bws = [float(b) for b in args.bandwidth.split(",")]
@@ -220,7 +219,7 @@ def report(res, args, c1=None):
              + ([f"{res['T'] / predict(c1 / res['P'], res['bytes_max'], b, args.latency_us):.0f}"] if c1 else [])
              for b in bws]
     heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
-    out.append(R.format_table(heads, model))
+    out.append(C.format_table(heads, model))
     return "\n".join(out)
 
 
@@ -251,7 +250,7 @@ def launch(args, argv):
         print(report(res, args, c1))
         print()
     if args.json:
-        R.write_json(args.json, results)
+        C.write_json(args.json, results)
     return 0
 
 
@@ -278,7 +277,7 @@ def main(argv=None):
         raise
     if res is not None:
         if args.json:
-            R.write_json(args.json, res)
+            C.write_json(args.json, res)
         else:
             print(report(res, args))
     return 0

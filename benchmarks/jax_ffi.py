@@ -11,72 +11,52 @@ lowering of ragged_dot and against raggeddot's NumPy call on the same arrays.
    calls, combine; 16 experts), forward + backward (jax.value_and_grad under
    jit) with raggeddot.jax.ragged_dot vs with jax.lax.ragged_dot.
 
-Each variant is checked against the others before it is timed; times are
-medians of --repeats runs after one warm-up. Output: one JSON line per case.
+Each variant is checked against the others before it is timed. Times are
+medians of --repeats rounds after one warm-up call (and compilation), the
+variants of a case timed in interleaved rounds (raggeddot._timing.interleaved);
+jax.lax.ragged_dot alone, at most 3 calls (it is slow). Output: one JSON line
+per case, after one line of machine info.
 """
 import argparse
 import json
-import platform
-import statistics
-import time
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import raggeddot
-import raggeddot.jax as rj
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
+
+import raggeddot  # noqa: E402
+import raggeddot.jax as rj  # noqa: E402
+from raggeddot._timing import interleaved, summary  # noqa: E402
 
 
-def median_time(fn, repeats):
-    jax.block_until_ready(fn())          # warm-up (and compilation)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def medians(fns: dict, repeats: int) -> dict:
+    """{name + '_s': median seconds} of the callables, timed in interleaved rounds."""
+    times = interleaved(fns, rounds=repeats, sync=jax.block_until_ready)
+    return {f"{name}_s": summary(ts)["median"] for name, ts in times.items()}
 
 
-def paired_medians(fns, repeats):
-    """Medians of several functions timed in alternation (a load that drifts
-    during the run then weighs on each alike)."""
-    for fn in fns:
-        jax.block_until_ready(fn())
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            jax.block_until_ready(fn())
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
-
-
-def sizes_for(rng, m, g):
-    """Random group sizes summing to m (some empty)."""
-    cuts = np.sort(rng.integers(0, m + 1, size=g - 1))
-    return np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int32)
-
-
-def bench_ragged_dot(m, k, n, g, repeats, skip_lax):
+def bench_ragged_dot(m, k, n, g, repeats):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
     w = jnp.asarray(rng.standard_normal((g, k, n), dtype=np.float32) * 0.05)
-    gs = jnp.asarray(sizes_for(rng, m, g))
-    ours = jax.jit(rj.ragged_dot)
-    lax = jax.jit(jax.lax.ragged_dot)
+    cuts = np.sort(rng.integers(0, m + 1, size=g - 1))  # random group sizes summing to m, some empty
+    gs = jnp.asarray(np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int32))
+    ours, lax = jax.jit(rj.ragged_dot), jax.jit(jax.lax.ragged_dot)
     xn, wn, gn = np.asarray(x), np.asarray(w), np.asarray(gs)   # views of the same buffers
-    a, c = np.asarray(ours(x, w, gs)), raggeddot.ragged_dot(xn, wn, gn)
-    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
-    res = {"case": "ragged_dot", "m": m, "k": k, "n": n, "g": g, "dtype": "float32",
-           "gflop": 2.0 * m * k * n / 1e9}
-    res["raggeddot.jax_s"], res["numpy_s"] = paired_medians(
-        [lambda: ours(x, w, gs), lambda: raggeddot.ragged_dot(xn, wn, gn)], repeats)
+    a = np.asarray(ours(x, w, gs))
+    np.testing.assert_allclose(a, raggeddot.ragged_dot(xn, wn, gn), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, np.asarray(lax(x, w, gs)), rtol=1e-3, atol=1e-3)
+    res = {"case": "ragged_dot", "m": m, "k": k, "n": n, "g": g, "dtype": "float32", "gflop": 2.0 * m * k * n / 1e9}
+    res.update(medians({"raggeddot.jax": lambda: ours(x, w, gs), "numpy": lambda: raggeddot.ragged_dot(xn, wn, gn)},
+                       repeats))
+    res.update(medians({"jax.lax": lambda: lax(x, w, gs)}, max(1, min(repeats, 3))))
     res["ffi_over_numpy"] = res["raggeddot.jax_s"] / res["numpy_s"]
-    if not skip_lax:
-        np.testing.assert_allclose(a, np.asarray(lax(x, w, gs)), rtol=1e-3, atol=1e-3)
-        res["jax.lax_s"] = median_time(lambda: lax(x, w, gs), max(1, min(repeats, 3)))
-        res["speedup_vs_lax"] = res["jax.lax_s"] / res["raggeddot.jax_s"]
+    res["speedup_vs_lax"] = res["jax.lax_s"] / res["raggeddot.jax_s"]
     return res
 
 
@@ -97,8 +77,11 @@ def moe_layer(params, x, ragged_dot, top_k=2):
 
 def bench_moe(tokens, d, f, E, repeats):
     rng = np.random.default_rng(1)
-    a = lambda *s, sc=1.0: jnp.asarray(rng.standard_normal(s, dtype=np.float32) * sc)   # noqa: E731
-    params = (a(d, E, sc=0.1), a(E, d, f, sc=d ** -0.5), a(E, d, f, sc=d ** -0.5), a(E, f, d, sc=f ** -0.5))
+
+    def a(*shape, scale=1.0):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale)
+
+    params = (a(d, E, scale=0.1), a(E, d, f, scale=d ** -0.5), a(E, d, f, scale=d ** -0.5), a(E, f, d, scale=f ** -0.5))
     x = a(tokens, d)
 
     def step(rd):
@@ -108,8 +91,7 @@ def bench_moe(tokens, d, f, E, repeats):
     for p, q in zip(jax.tree.leaves(ours(params, x)), jax.tree.leaves(lax(params, x))):
         np.testing.assert_allclose(np.asarray(p), np.asarray(q), rtol=2e-3, atol=2e-5)
     res = {"case": "moe_fwd_bwd", "tokens": tokens, "d": d, "f": f, "experts": E, "top_k": 2, "dtype": "float32"}
-    res["raggeddot.jax_s"], res["jax.lax_s"] = paired_medians(
-        [lambda: ours(params, x), lambda: lax(params, x)], repeats)
+    res.update(medians({"raggeddot.jax": lambda: ours(params, x), "jax.lax": lambda: lax(params, x)}, repeats))
     res["speedup_vs_lax"] = res["jax.lax_s"] / res["raggeddot.jax_s"]
     return res
 
@@ -119,11 +101,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small shapes only")
     args = ap.parse_args()
-    print(json.dumps({"cpu": platform.processor() or platform.machine(), "jax": jax.__version__,
-                      "threads": raggeddot.get_num_threads(), "kernel": raggeddot.build_info()["kernel"]}))
-    shapes = [(512, 256, 128, 8)] + ([] if args.quick else [(4096, 2048, 768, 64)])
-    for m, k, n, g in shapes:
-        print(json.dumps(bench_ragged_dot(m, k, n, g, args.repeats, skip_lax=False)), flush=True)
+    info = C.machine_info()
+    print(json.dumps({"cpu": info["cpu"].get("model name"), "jax": jax.__version__, "load": info["loadavg_start"],
+                      "threads": raggeddot.get_num_threads(), "kernel": info["raggeddot"]["kernel"]}))
+    for shape in [(512, 256, 128, 8)] + ([] if args.quick else [(4096, 2048, 768, 64)]):
+        print(json.dumps(bench_ragged_dot(*shape, args.repeats)), flush=True)
     moe = (256, 64, 128, 16) if args.quick else (2048, 512, 1024, 16)
     print(json.dumps(bench_moe(*moe, args.repeats)), flush=True)
 

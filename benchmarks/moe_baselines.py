@@ -1,4 +1,4 @@
-"""The MoE layer of raggeddot.moe_block written three other ways, for the moe benchmark.
+"""The MoE layer of raggeddot.moe_block written other ways, for the moe benchmark.
 
 Each takes the inputs of an MoE spec (raggeddot.specs.make_inputs: x, router_weights, w0,
 w1, wo, ct and ``options``, moe_block's keyword arguments with top_k) and returns
@@ -9,10 +9,8 @@ moe_block_vjp names them (``shared_experts[i]`` for the shared expert's three).
   np.matmul per expert for each of the three projections, the activation, a weighted
   combine; its backward is the same per-expert loop (d_in = d_out @ w.T, d_w = in.T @ d_out).
   It is the oracle of the timed runs (itself checked against raggeddot.reference).
-- torch: the expert loop of HF transformers (MixtralSparseMoeBlock: one_hot expert mask,
-  torch.where per hit expert, F.linear on nn.Linear-layout [f, d] weights, index_add_),
-  DeepSeek-V3's group-limited router; backward by autograd.
-- jax: the same layer on jax.lax.ragged_dot, jitted; backward by jax.vjp.
+- torch, 16-bit: a per-expert loop in transformers' eager style with bfloat16 / float16
+  experts and a float32 router (forward).
 - hf: transformers' own sparse-MoE block (Mixtral, Qwen3-MoE, DeepSeek-V3 or gpt-oss, as the
   spec's options say) with the spec's weights, its experts run by transformers' per-expert
   loop or by torch._grouped_mm; backward by autograd.
@@ -22,6 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 MAIN_GRADS = ("x", "router_weights", "w0", "w1", "wo")
+
+
+class Unsupported(Exception):
+    """The baseline does not compute this spec's layer (the reason is the message)."""
 
 
 def flat_grads(grads: dict) -> dict:
@@ -254,172 +256,61 @@ def numpy_fn(inputs: dict, backward: bool):
 
 
 # ----------------------------------------------------------------------------------------------
-# torch (HF transformers style)
-
-#: (gradient name, tensor key, stored transposed in nn.Linear layout)
-TORCH_LEAVES = [("x", "x", False), ("router_weights", "rw", True), ("w0", "w0", True), ("w1", "w1", True),
-                ("wo", "wo", True), ("router_bias", "router_bias", False), ("w0_bias", "w0_bias", False),
-                ("w1_bias", "w1_bias", False), ("wo_bias", "wo_bias", False),
-                ("shared_experts[0]", "s0", True), ("shared_experts[1]", "s1", True),
-                ("shared_experts[2]", "so", True)]
+# torch, 16-bit
 
 
-def _torch_tensors(torch, inputs: dict) -> dict:
-    """Leaf tensors in nn.Linear layout ([out, in]), as HF stores the experts."""
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
-
-    kw = inputs["options"]
-    d = dict(x=t(inputs["x"]), rw=t(inputs["router_weights"].T), ct=t(inputs["ct"]),
-             **{n: t(inputs[n].transpose(0, 2, 1)) for n in ("w0", "w1", "wo")})
-    for name in ("router_bias", "selection_bias", "w0_bias", "w1_bias", "wo_bias"):
-        if kw.get(name) is not None:
-            d[name] = t(kw[name])
-    if kw.get("shared_experts") is not None:
-        d["s0"], d["s1"], d["so"] = (t(a.T) for a in kw["shared_experts"])
-    return d
-
-
-def torch_layer(torch, kw: dict, a: dict):
-    """HF's sparse MoE block: router, then a loop over the experts that received tokens."""
-    F = torch.nn.functional
-    act, limit = kw.get("activation", "silu"), kw.get("swiglu_limit", 7.0)
-    E, k, x = a["rw"].shape[0], kw["top_k"], a["x"]
-    logits = F.linear(x, a["rw"], a.get("router_bias"))
+def torch_half_fn(torch, i32: dict, dtype: str):
+    """A torch per-expert loop with the expert weights and matmuls in the 16-bit ``dtype``, on
+    the float32 inputs ``i32`` (forward only). The router runs in float32, as in raggeddot's
+    moe_block: a 16-bit router picks other experts for near-tied tokens, which makes it another
+    layer. Then, per expert that got tokens, F.linear on HF's [out, in] weights in the 16-bit
+    dtype, the activation, and the weighted combine accumulated in float32 (index_add_); the
+    result rounded."""
+    kw = i32["options"]
+    if kw.get("n_groups"):
+        raise Unsupported("group-limited routing is not in the 16-bit torch loop")
+    F, dt = torch.nn.functional, getattr(torch, dtype)
+    act, limit, k = kw.get("activation", "silu"), kw.get("swiglu_limit", 7.0), kw["top_k"]
     sigmoid = kw.get("score_func", "softmax") == "sigmoid"
-    scores = logits.sigmoid() if sigmoid else F.softmax(logits, dim=1, dtype=x.dtype)
-    if kw.get("n_groups") or "selection_bias" in a:
-        # DeepseekV3TopkRouter.get_topk_indices (masking with -inf rather than 0)
-        with torch.no_grad():
-            choice = scores.detach() + (a["selection_bias"] if "selection_bias" in a else 0)
-            if kw.get("n_groups"):
-                G = kw["n_groups"]
-                group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
-                group_idx = torch.topk(group_scores, k=kw["topk_groups"], dim=-1, sorted=False)[1]
-                group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-                score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-                choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-            selected = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
-    else:
-        selected = torch.topk(scores.detach(), k, dim=-1)[1]
-    weights = scores.gather(1, selected)
-    if kw.get("norm_topk_prob"):
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if sigmoid else 0.0))
-    weights = weights * kw.get("routed_scaling_factor", 1.0)
 
-    def expert_mlp(h, w0, w1, wo, b0=None, b1=None, bo=None):
-        g, u = F.linear(h, w0, b0), F.linear(h, w1, b1)
+    def t32(a):
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+    x32, rw, rb, sb = (t32(a) for a in (i32["x"], i32["router_weights"], kw.get("router_bias"),
+                                         kw.get("selection_bias")))
+    xh = x32.to(dt)
+    w0, w1, wo = (t32(i32[n].transpose(0, 2, 1)).to(dt) for n in ("w0", "w1", "wo"))
+    b0, b1, bo = (None if kw.get(n) is None else t32(kw[n]).to(dt) for n in ("w0_bias", "w1_bias", "wo_bias"))
+    shared = [t32(w.T).to(dt) for w in kw["shared_experts"]] if kw.get("shared_experts") is not None else None
+
+    def mlp(h, e0, e1, eo, c0=None, c1=None, co=None):
+        g, u = F.linear(h, e0, c0), F.linear(h, e1, c1)
         if act == "silu":
             z = F.silu(g) * u
         else:
             g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
             z = g * torch.sigmoid(g * 1.702) * (u + 1)
-        return F.linear(z, wo, bo)
+        return F.linear(z, eo, co)
 
-    final = torch.zeros_like(x)
-    with torch.no_grad():
-        expert_mask = F.one_hot(selected, num_classes=E).permute(2, 1, 0)
-        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-    for (e,) in expert_hit.tolist():
-        idx, top_x = torch.where(expert_mask[e])
-        biases = [a[b][e] if b in a else None for b in ("w0_bias", "w1_bias", "wo_bias")]
-        y = expert_mlp(x[top_x], a["w0"][e], a["w1"][e], a["wo"][e], *biases)
-        final.index_add_(0, top_x, y * weights[top_x, idx, None])
-    if "s0" in a:
-        final = final + expert_mlp(x, a["s0"], a["s1"], a["so"])
-    return final
+    def fwd():
+        with torch.inference_mode():
+            logits = x32 @ rw if rb is None else x32 @ rw + rb
+            scores = logits.sigmoid() if sigmoid else F.softmax(logits, dim=1)
+            idx = torch.topk(scores if sb is None else scores + sb, k, dim=1)[1]
+            w = scores.gather(1, idx)
+            if kw.get("norm_topk_prob"):
+                w = w / (w.sum(dim=1, keepdim=True) + (1e-20 if sigmoid else 0.0))
+            w = w * kw.get("routed_scaling_factor", 1.0)
+            out = torch.zeros(x32.shape, dtype=torch.float32)
+            for e in torch.unique(idx).tolist():
+                tok, slot = torch.where(idx == e)
+                bias = [None if b is None else b[e] for b in (b0, b1, bo)]
+                out.index_add_(0, tok, mlp(xh[tok], w0[e], w1[e], wo[e], *bias).float() * w[tok, slot, None])
+            if shared is not None:
+                out += mlp(xh, *shared).float()
+            return {"out": out.to(dt)}
 
-
-def torch_fn(torch, inputs: dict, backward: bool):
-    kw, a = inputs["options"], _torch_tensors(torch, inputs)
-    if not backward:
-        def fwd():
-            with torch.inference_mode():
-                return {"out": torch_layer(torch, kw, a).numpy()}
-        return fwd
-
-    def fwd_bwd():
-        params = {key: a[key].detach().requires_grad_(True) for _, key, _ in TORCH_LEAVES if key in a}
-        out = torch_layer(torch, kw, dict(a, **params))
-        out.backward(a["ct"])
-        grads = {name: (params[key].grad.transpose(-1, -2) if transposed else params[key].grad).numpy()
-                 for name, key, transposed in TORCH_LEAVES if key in params}
-        return dict(grads, out=out.detach().numpy())
-
-    return fwd_bwd
-
-
-# ----------------------------------------------------------------------------------------------
-# jax
-
-
-def _jax_layer(jax, kw: dict, E: int):
-    """A jax.jit-able layer(x, rw, w0, w1, wo, extras) on jax.lax.ragged_dot."""
-    jnp = jax.numpy
-    k, act, limit = kw["top_k"], kw.get("activation", "silu"), kw.get("swiglu_limit", 7.0)
-    sigmoid = kw.get("score_func", "softmax") == "sigmoid"
-
-    def gated(g, u):
-        if act == "silu":
-            return jax.nn.silu(g) * u
-        g, u = jnp.minimum(g, limit), jnp.clip(u, -limit, limit)
-        return g * jax.nn.sigmoid(1.702 * g) * (u + 1)
-
-    def layer(x, rw, w0, w1, wo, ex):
-        T = x.shape[0]
-        logits = x @ rw + ex.get("router_bias", 0.0)
-        scores = jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1)
-        sel = jax.lax.stop_gradient(scores) + ex.get("selection_bias", 0.0)
-        if kw.get("n_groups"):
-            G = kw["n_groups"]
-            gscore = jax.lax.top_k(sel.reshape(T, G, E // G), 2)[0].sum(-1)
-            _, keep = jax.lax.top_k(gscore, kw["topk_groups"])
-            mask = jnp.zeros((T, G), bool).at[jnp.arange(T)[:, None], keep].set(True)
-            sel = jnp.where(jnp.repeat(mask, E // G, axis=1), sel, -jnp.inf)
-        _, idx = jax.lax.top_k(sel, k)  # ties: lower index first
-        w = jnp.take_along_axis(scores, idx, axis=1)
-        if kw.get("norm_topk_prob"):
-            w = w / (w.sum(-1, keepdims=True) + (1e-20 if sigmoid else 0.0))
-        w = w * kw.get("routed_scaling_factor", 1.0)
-        flat = idx.reshape(-1)
-        order = jnp.argsort(flat, stable=True)
-        tok, expert = order // k, flat[order]
-        gs = jnp.bincount(flat, length=E).astype(jnp.int32)
-        xs = x[tok]
-        h0 = jax.lax.ragged_dot(xs, w0, gs)
-        h1 = jax.lax.ragged_dot(xs, w1, gs)
-        if "w0_bias" in ex:
-            h0, h1 = h0 + ex["w0_bias"][expert], h1 + ex["w1_bias"][expert]
-        y = jax.lax.ragged_dot(gated(h0, h1), wo, gs)
-        if "wo_bias" in ex:
-            y = y + ex["wo_bias"][expert]
-        out = jnp.zeros_like(x).at[tok].add(y * w.reshape(-1)[order][:, None])
-        if "shared_experts" in ex:
-            s0, s1, so = ex["shared_experts"]
-            out = out + gated(x @ s0, x @ s1) @ so
-        return out
-
-    return layer
-
-
-def jax_fn(jax, inputs: dict, backward: bool):
-    jnp, kw = jax.numpy, inputs["options"]
-    ex = {n: jnp.asarray(kw[n]) for n in ("router_bias", "selection_bias", "w0_bias", "w1_bias", "wo_bias")
-          if kw.get(n) is not None}
-    if kw.get("shared_experts") is not None:
-        ex["shared_experts"] = tuple(jnp.asarray(a) for a in kw["shared_experts"])
-    args = [jnp.asarray(inputs[n]) for n in MAIN_GRADS]
-    layer = _jax_layer(jax, kw, inputs["w0"].shape[0])
-    if not backward:
-        fn = jax.jit(layer)
-        return lambda: {"out": fn(*args, ex)}
-
-    def fwd_bwd(x, rw, w0, w1, wo, ex, ct):
-        out, vjp_fn = jax.vjp(lambda *a: layer(*a, ex), x, rw, w0, w1, wo)
-        return dict(zip(MAIN_GRADS, vjp_fn(ct)), out=out)
-
-    fn, ct = jax.jit(fwd_bwd), jnp.asarray(inputs["ct"])
-    return lambda: fn(*args, ex, ct)
+    return fwd
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,10 +321,6 @@ def jax_fn(jax, inputs: dict, backward: bool):
 HF_IMPLEMENTATIONS = ("eager", "grouped_mm")
 
 
-class HFUnsupported(Exception):
-    """No transformers MoE block computes this spec's layer (the reason is the message)."""
-
-
 def _hf_family(kw: dict, f: int, shared_width: int) -> str:
     """The transformers block that computes moe_block with options ``kw``:
     sigmoid + groups -> DeepSeek-V3; gpt-oss's clipped SwiGLU -> gpt-oss; softmax + SiLU ->
@@ -442,24 +329,24 @@ def _hf_family(kw: dict, f: int, shared_width: int) -> str:
     has = {n for n in ("router_bias", "selection_bias", "w0_bias", "w1_bias", "wo_bias") if kw.get(n) is not None}
     if score == "sigmoid":
         if act != "silu" or has - {"selection_bias"} or not kw.get("n_groups"):
-            raise HFUnsupported("sigmoid routing: DeepSeek-V3's block needs SiLU, groups and no biases")
+            raise Unsupported("sigmoid routing: DeepSeek-V3's block needs SiLU, groups and no biases")
         if shared_width % f:
-            raise HFUnsupported(f"DeepSeek-V3's shared experts are n x f wide; got {shared_width} for f={f}")
+            raise Unsupported(f"DeepSeek-V3's shared experts are n x f wide; got {shared_width} for f={f}")
         return "deepseek_v3"
     if kw.get("shared_experts") is not None or kw.get("n_groups") or kw.get("routed_scaling_factor", 1.0) != 1.0:
-        raise HFUnsupported("softmax routing with shared experts, groups or scaling has no transformers block")
+        raise Unsupported("softmax routing with shared experts, groups or scaling has no transformers block")
     if act == "swiglu_oai":
         if not kw.get("norm_topk_prob") or "selection_bias" in has:
-            raise HFUnsupported("gpt-oss's block takes the softmax of the top-k logits (renormalised)")
+            raise Unsupported("gpt-oss's block takes the softmax of the top-k logits (renormalised)")
         return "gpt_oss"
     if act != "silu" or has:
-        raise HFUnsupported(f"activation {act!r} with biases {sorted(has)}: no transformers block")
+        raise Unsupported(f"activation {act!r} with biases {sorted(has)}: no transformers block")
     return "mixtral" if kw.get("norm_topk_prob") else "qwen3_moe"
 
 
 def hf_block(torch, inputs: dict, implementation: str):
-    """``(block, family)``: transformers' block computing the spec's layer with its weights,
-    in eval mode, in x's dtype, its experts run by ``implementation``."""
+    """``(block, family)``: transformers' float32 block computing the spec's layer with its
+    weights, in eval mode, its experts run by ``implementation``."""
     import transformers as tf
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
@@ -489,8 +376,7 @@ def hf_block(torch, inputs: dict, implementation: str):
                               **common)
         cls = GptOssMLP
     cfg._experts_implementation = implementation
-    dtype = torch.float64 if x.dtype == np.float64 else torch.float32
-    block = cls(cfg).to(dtype).eval()
+    block = cls(cfg).to(torch.float32).eval()
 
     def put(param, value):
         with torch.no_grad():
@@ -538,53 +424,19 @@ def _hf_grads(block, family: str, x_grad) -> dict:
             "w0": gu[:, :f].transpose(0, 2, 1), "w1": gu[:, f:].transpose(0, 2, 1), "wo": down.transpose(0, 2, 1)}
 
 
-def float64_routing(torch):
-    """A torch function mode (a context manager) in which transformers' float32 routing runs
-    in float64; the one copy, used by this benchmark and by tests/test_hf_conformance.py.
-
-    transformers casts the router's logits or scores to float32 (``.float()``,
-    ``softmax(..., dtype=torch.float)``, ``.type(torch.float32)``, ``.to(torch.float32)``)
-    even in a float64 model. While the mode is active, ``Tensor.float()`` of a float64 tensor
-    returns it unchanged, and ``torch.float32`` given to any torch function (positionally or
-    as ``dtype=``) means ``torch.float64``. Nothing else changes, and in a float64 block
-    nothing but the routing asks for float32, so the block computes in float64 throughout.
-
-    ``torch`` is passed in so that importing this module does not import torch."""
-    from torch.overrides import TorchFunctionMode
-
-    class Float64Routing(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = dict(kwargs or {})
-            if func is torch.Tensor.float and args[0].dtype == torch.float64:
-                return args[0]
-            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-            if kwargs.get("dtype") is torch.float32:
-                kwargs["dtype"] = torch.float64
-            return func(*args, **kwargs)
-
-    return Float64Routing()
-
-
 def hf_fn(torch, inputs: dict, backward: bool, implementation: str):
-    """transformers' block on the spec (see hf_block); forward under torch.inference_mode,
-    forward + backward by autograd. A float64 spec runs with float64 routing
-    (float64_routing), without which it is off by float32 rounding."""
-    import contextlib
-
+    """transformers' float32 block on the spec (see hf_block); forward under
+    torch.inference_mode, forward + backward by autograd."""
     block, family = hf_block(torch, inputs, implementation)
     x = torch.from_numpy(inputs["x"])[None]            # [1, T, d]: the blocks take [batch, seq, d]
-    f64 = inputs["x"].dtype == np.float64
 
     def run(xt):
         out = block(xt)
         return out[0] if isinstance(out, tuple) else out  # gpt-oss: (out, router scores)
 
-    def routing():
-        return float64_routing(torch) if f64 else contextlib.nullcontext()
-
     if not backward:
         def fwd():
-            with torch.inference_mode(), routing():
+            with torch.inference_mode():
                 return {"out": run(x)[0].numpy()}
         return fwd
 
@@ -593,9 +445,8 @@ def hf_fn(torch, inputs: dict, backward: bool, implementation: str):
     def fwd_bwd():
         block.zero_grad(set_to_none=True)
         xt = x.detach().requires_grad_(True)
-        with routing():
-            out = run(xt)
-            out.backward(ct)
+        out = run(xt)
+        out.backward(ct)
         return dict(_hf_grads(block, family, xt.grad[0].numpy()), out=out.detach()[0].numpy())
 
     return fwd_bwd

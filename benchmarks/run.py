@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark raggeddot against NumPy, torch and jax on the named specs of raggeddot.specs.
+"""Benchmark raggeddot against NumPy and torch on the named specs of raggeddot.specs.
 
     python benchmarks/run.py ragged_dot   # ragged_dot(lhs [m,k], rhs [g,k,n], group_sizes [g])
     python benchmarks/run.py backward     # the forward + vjp step, and tgmm (the weight gradient)
@@ -18,40 +18,36 @@ version, itself checked against raggeddot.reference on the first 48 tokens): eve
 returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64, 1e-2 bfloat16,
 2e-3 float16 (the oracle's dtype: a float32 baseline of a 16-bit case is rounded to it first;
 a quantized product's oracle is the reference product of the dequantized operands). A variant
-that fails is reported FAILED and is not timed. Then it is warmed up and timed: the median of an
-adaptive number of runs (>= 3, ~0.75 s per variant; 0.2 s with --quick).
+that fails is reported FAILED and is not timed. Then raggeddot._timing.measure times it: the
+median of an adaptive number of calls after warm-up (>= 3, ~0.75 s per variant; 0.2 s with
+--quick), each variant in turn.
 
 Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU time, or
 > 5% of the machine's CPU time was stolen, while timed: busy machine, figure unreliable)
   raggeddot        raggeddot (ragged_dot; vjp step; moe_block / moe_block_vjp)
+  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed once outside the timing
   np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline
   np-loop, numpy   NumPy, one np.matmul per group (moe: the whole layer, argsort + per-expert loop)
-  torch-loop       the same loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
-  torch            moe: HF transformers' expert loop, backward by autograd
+  NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
+                   (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
+                   Zen5); the JSON has OpenBLAS's core name of every NumPy variant
+  torch-dense      torch lhs @ rhs[0] in the case's dtype (the roofline of torch's matmul)
+  torch-loop       the per-group loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
   hf-eager, hf-gmm moe: transformers' own sparse-MoE block of the family the spec's options
                    describe (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss), weights loaded from the
                    spec, eval mode; its experts run by the per-expert loop ("eager") or by
                    torch._grouped_mm ("grouped_mm", float32 only); forward under
                    torch.inference_mode, backward by autograd; float64 with float64 routing
-  jax              jax.jit of jax.lax.ragged_dot / jax.vjp on CPU. XLA:CPU lowers ragged_dot to
-                   a dense dot over a masked [m, g*k] copy (g x the FLOPs): a call estimated
-                   above --jax-time-limit, or a masked copy over 2 GiB, is "skip"
   tgmm, tgmm-fresh tgmm(lhs.T, ct, gs), with raggeddot's result-buffer cache on / off (off: every
                    call pays the OS's zeroing of fresh pages, as NumPy does); forward: ragged_dot
-  NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
-                   (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
-                   Zen5); the JSON has OpenBLAS's core name of every NumPy variant
-  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed once outside the
-                   timing (skipped when raggeddot has no prepack)
-  torch-dense      torch lhs @ rhs[0] in the case's dtype (the roofline of torch's matmul)
 16-bit cases (--dtype bfloat16 / float16; the inputs are the float32 draws rounded):
-  raggeddot        on the 16-bit arrays, result in that dtype (as jax)
+  raggeddot        on the 16-bit arrays, result in that dtype
   rd-f32           raggeddot float32 on the same values converted (outside the timing)
   rd-widen         raggeddot on the bfloat16 arrays with a float kernel family named, which
                    forces the widening path (float32 FMAs) where vdpbf16ps would run; moe too
-  np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul);
-                   np-half: NumPy's own 16-bit dense matmul, on small products only
-  torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it)
+  np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul)
+  torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it); moe
+                   "torch": a per-expert loop, 16-bit experts, float32 router, forward only
   rd/f32           raggeddot 16-bit over raggeddot float32, GFLOP/s; %peak against the
                    native instruction's peak (vdpbf16ps) where measured, else the FMA peak
 memory-bound specs (tag 'memory-bound' or <= 32 rows per group): GB/s = bytes of the weights
@@ -80,8 +76,7 @@ FLOPs: 2*sum(group_sizes)*k*n per grouped product (the step makes three); np-den
 own 2*m*k*n; moe counts 3 expert products of 2*T*top_k*d*f, the router and the shared expert
 (forward + backward: 3x the forward). The ragged_dot run also times raggeddot at 1..ncpu
 threads on one spec (results must be bitwise identical). Targets come from targets.toml.
-Outputs: tables on stdout, <out>/bench_<benchmark>.json (machine info included) and, for
-ragged_dot, <out>/bench_ragged_dot.png.
+Outputs: tables on stdout, <out>/bench_<benchmark>.json (machine info included).
 """
 from __future__ import annotations
 
@@ -98,20 +93,22 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import machine  # noqa: E402
+import common as C  # noqa: E402
 import report  # noqa: E402
 import variants as V  # noqa: E402
 
 import raggeddot  # noqa: E402
 from raggeddot import runtime, specs  # noqa: E402
+from raggeddot._timing import call_time, measure, summary  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
-#: seconds per call above which jax is skipped (a quarter with --quick)
-JAX_TIME_LIMIT = {"ragged_dot": 4.0, "backward": 4.0, "moe": 6.0, "quant": 4.0}
 SMOKE_SCALE = 1 / 16
-#: tags the runner and its plot select specs by (tests check they exist)
-TAGS_USED = ("quick", "moe")
+#: tags the runner selects specs by (tests check they exist)
+TAGS_USED = ("quick",)
+#: raggeddot's own variants: one that fails its check makes the run fail
+OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen", "rd-bf16",
+        *V.QUANT_MODES, *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
 
 
 def parse_args(argv=None):
@@ -133,12 +130,9 @@ def parse_args(argv=None):
     p.add_argument("--coretype", default="SkylakeX",
                    help="OPENBLAS_CORETYPE of the second NumPy timing on avx512f CPUs ('none': skip it)")
     p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant")
-    p.add_argument("--jax-time-limit", type=float, default=None, help="skip jax above this estimate (s per call)")
     p.add_argument("--scaling-spec", default=None, help="spec of the thread-scaling section ('none' to skip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
     p.add_argument("--list", action="store_true", help="list the specs and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -157,8 +151,8 @@ def parse_args(argv=None):
 
 def timing_options(args) -> dict:
     """Runs per variant: ~target_s of runs (>= min_runs, <= max_runs) after `warmup` calls
-    besides the checking call; a variant whose checking call took > slow_s gets 1 run and no
-    warm-up, > single_s: the checking call is its only sample."""
+    besides the checking call; a variant whose checking call took > slow_s gets no warm-up and
+    may get 1 run, > single_s: the checking call is its only sample."""
     if args.smoke:
         return dict(target_s=0.0, min_runs=1, max_runs=1, warmup=0, slow_s=1.0, single_s=2.5)
     quick = args.quick
@@ -171,37 +165,20 @@ def timing_options(args) -> dict:
 # One variant: check, then time
 
 
-def settle(seconds: float = 0.05) -> None:
-    """Let the spin-waiting threads of the previous library (OpenMP, OpenBLAS, Eigen) go idle."""
-    time.sleep(seconds)
-
-
-def _call(fn, sync):
-    t0 = time.perf_counter()
-    r = fn()
-    if sync is not None:
-        sync(r)
-    return r, time.perf_counter() - t0
-
-
-def time_fn(fn, sync, first_s: float, opts: dict, jit: bool = False) -> dict:
-    """Median and samples of fn() (see timing_options), with the process's CPU use and the
-    machine's stolen time over the timed runs; first_s: the time of the checking call, which
-    for a jit-compiled fn included the compilation, so one more call replaces it."""
-    if jit:
-        first_s = _call(fn, sync)[1]
+def timed(fn, first_s: float, opts: dict) -> dict:
+    """The summary of _timing.measure(fn) (see timing_options), with the process's CPU use and
+    the machine's stolen time over the timed calls; first_s: the time of the checking call."""
     if first_s > opts["single_s"]:
         return {"median_s": first_s, "min_s": first_s, "runs": 1, "times_s": [first_s], "single_sample": True}
     slow = first_s > opts["slow_s"]
-    est = first_s
     for _ in range(0 if slow else opts["warmup"]):
-        est = _call(fn, sync)[1]
-    runs = max(1 if slow else opts["min_runs"], min(opts["max_runs"], math.ceil(opts["target_s"] / max(est, 1e-9))))
-    st0, c0, w0 = machine.steal_seconds(), time.process_time(), time.perf_counter()
-    times = [_call(fn, sync)[1] for _ in range(runs)]
+        first_s = call_time(fn)[1]
+    st0, c0, w0 = C.steal_seconds(), time.process_time(), time.perf_counter()
+    times = measure(fn, first_s=first_s, min_runs=1 if slow else opts["min_runs"], max_runs=opts["max_runs"],
+                    target_s=opts["target_s"])
     util = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
-    st1 = machine.steal_seconds()
-    return {"median_s": float(np.median(times)), "min_s": min(times), "runs": runs, "warmup_s": est,
+    st1, s = C.steal_seconds(), summary(times)
+    return {"median_s": s["median"], "min_s": s["min"], "spread": s["spread"], "runs": s["runs"], "warmup_s": first_s,
             "cpu_util": util, "steal_s": st1 - st0 if None not in (st0, st1) else None, "times_s": times}
 
 
@@ -227,36 +204,16 @@ def peak_extra_memory(fn) -> int:
     return peak - base
 
 
-def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
-    """Check every output of fn() against the oracle (in the oracle's dtype; a float32
-    variant of a 16-bit case rounded to it first), then time fn(): the variant's record.
-    On a memory-bound case, also the weight bytes it reads per second."""
-    rec, bad, errs = {}, [], {}
-    try:
-        settle()
-        res, first = _call(fn, v.sync)
-        bad = [f"missing output {name}" for name in v.refs if name not in res]
-        for name, out in res.items():
-            if name not in c.refs:
-                bad.append(f"unexpected output {name}")
-                continue
-            out, ref = V.as_numpy(out), c.refs[name]
-            if v.f32 and c.half and out.dtype == np.float32:
-                out = out.astype(c.dtype)
-            ok, errs[name] = specs.check(out, ref, ref.dtype)
-            if not ok:
-                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {out.dtype}")
-        del res
-    except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
-        return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}
-    if errs:
-        rec["worst"] = max(errs, key=errs.get)
-        rec.update(rel_err=errs[rec["worst"]], rel_errs=errs)
-    if bad:
-        return dict(rec, status="FAILED", reason="; ".join(bad)[:300])
-    settle()
-    rec.update(status="ok", first_call_s=first, **time_fn(fn, v.sync, first, opts, v.jit))
+def run_variant(v: V.Variant, fn, c: V.Case, opts: dict, threads: int | None) -> dict:
+    """The variant's record: its check against the oracle, then its timing; on a memory-bound
+    case also the weight bytes it reads per second; `threads`: the CPUs it should keep busy."""
+    rec, first = V.check(v, fn, c)
+    if rec["status"] != "ok":
+        return rec
+    time.sleep(0.05)
+    rec.update(first_call_s=first, **timed(fn, first, opts))
     rec.update(flops=c.flops[v.flops], gflops=c.flops[v.flops] / rec["median_s"] / 1e9)
+    rec["contended"] = is_contended(rec, threads)
     if c.spec.op == "ragged_dot" and c.memory_bound and v.flops == "flops":
         rec["weight_bytes"] = c.weight_bytes(v)
         rec["weight_gbs"] = rec["weight_bytes"] / rec["median_s"] / 1e9
@@ -273,11 +230,10 @@ def resize(spec: specs.Spec, args) -> specs.Spec:
     return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
 
 
-def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
+def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
     spec, op = c.spec, c.spec.op
     rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
-           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]},
-           "memory_bound": c.memory_bound}
+           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]}, "memory_bound": c.memory_bound}
     if op == "moe":
         rec.update(note=spec.note, numpy_vs_reference=c.extra["numpy_vs_reference"],
                    options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
@@ -288,21 +244,19 @@ def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log, be
                    empty_groups=int((gs == 0).sum()), max_group=int(gs.max()))
     for v in chosen:
         try:
-            fn = v.build(env, c)
+            fn = v.build(c)
         except V.Skip as s:
             rec["variants"][v.section][v.name] = {"status": "skip", "reason": str(s)}
             continue
-        vr = measure(v, fn, c, opts)
+        big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
+        vr = run_variant(v, fn, c, opts, {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}
+                         .get(v.threads))
         del fn
         gc.collect()
         if vr["status"] == "FAILED":
             log(f"  {spec.name} [{c.dtype.name}] {v.section} {v.name}: FAILED ({vr.get('reason')})")
-        elif vr["status"] == "ok":
-            big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
-            threads = {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}.get(v.threads)
-            vr["contended"] = is_contended(vr, threads)
         if v.numpy:
-            vr["blas_core"] = machine.blas_core()
+            vr["blas_core"] = C.blas_core()
         rec["variants"][v.section][v.name] = vr
     return rec
 
@@ -314,9 +268,8 @@ def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict
            "--seed", str(args.seed), "--scale", repr(args.scale)]
     cmd += ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     cmd += ["--target-time", repr(args.target_time)] if args.target_time is not None else []
-    if args.variants:
-        cmd += ["--variants", *args.variants]
-    settle()
+    cmd += ["--variants", *args.variants] if args.variants else []
+    time.sleep(0.05)
     p = subprocess.run(cmd, env=dict(os.environ, OPENBLAS_CORETYPE=coretype), capture_output=True, text=True)
     flavour = "skx" if coretype == "SkylakeX" else coretype.lower()
     try:
@@ -329,19 +282,17 @@ def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict
     return {s: {f"{name}:{flavour}": vr for name, vr in sec.items()} for s, sec in found.items()}
 
 
-def run_scaling(name: str, dtype: str, args, env, opts, peaks: dict, log) -> dict:
+def run_scaling(name: str, dtype: str, args, opts, peaks: dict, log) -> dict:
     """raggeddot.ragged_dot at 1..ncpu threads on one spec: speed-up and bitwise identity."""
     spec = resize(specs.get(name), args)
     c = V.prepare(spec, dtype, args.seed, {"out"})
-    v = V.VARIANTS["ragged_dot"][0]
-    res = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}
-    outs = []
+    v = V.variant("ragged_dot", "raggeddot")
+    res, outs = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}, []
     for t in range(1, (os.cpu_count() or 1) + 1):
         with runtime.configured(num_threads=t):
-            vr = measure(v, v.build(env, c), c, opts)
+            vr = run_variant(v, v.build(c), c, opts, t)
             vr["actual_threads"] = runtime.get_num_threads()
             if vr["status"] == "ok":
-                vr["contended"] = is_contended(vr, t)
                 p = (peaks or {}).get(str(t))
                 vr["pct_peak"] = 100 * vr["gflops"] / (p / (2 if dtype == "float64" else 1)) if p else None
                 outs.append(raggeddot.ragged_dot(c.inputs["lhs"], c.inputs["rhs"], c.inputs["group_sizes"]))
@@ -358,25 +309,8 @@ def run_scaling(name: str, dtype: str, args, env, opts, peaks: dict, log) -> dic
 # ----------------------------------------------------------------------------------------------
 
 
-def progress(items: list, desc: str, enabled: bool):
-    """(iterator, log): a tqdm bar on stderr when tqdm imports, else a plain line per item."""
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            return tqdm(items, desc=desc, file=sys.stderr, dynamic_ncols=True), tqdm.write
-        except ImportError:
-            pass
-
-    def log(line):
-        print(line, file=sys.stderr, flush=True)
-
-    def plain():
-        for i, (dtype, spec) in enumerate(items):
-            log(f"[{desc} {i + 1}/{len(items)}] {spec.name} {dtype}")
-            yield dtype, spec
-
-    return plain(), log
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def select_variants(op: str, args) -> list:
@@ -396,8 +330,8 @@ def worker(args) -> int:
     spec, dtype = specs.get(args.spec[0]), args.dtype[0]
     chosen = [v for v in select_variants(spec.op, args) if v.numpy]
     c = V.prepare(resize(spec, args), dtype, args.seed, set().union(*(v.refs for v in chosen)))
-    ctx = {"rd_threads": None, "blas_threads": machine.numpy_blas_info()["num_threads"]}
-    rec = run_case(c, chosen, V.Env(), timing_options(args), ctx, lambda s: print(s, file=sys.stderr))
+    ctx = {"rd_threads": None, "blas_threads": C.numpy_blas_info()["num_threads"]}
+    rec = run_case(c, chosen, timing_options(args), ctx, log)
     print(json.dumps({s: sec for s, sec in rec["variants"].items() if sec}, default=float))
     return 0
 
@@ -421,70 +355,55 @@ def main(argv=None) -> int:
         return run(args, op, chosen_specs)
 
 
-def environment(args, op: str, chosen: list):
-    """(frameworks, context of the figures, machine info): torch and jax as the chosen
-    variants need them, the FMA peaks (ragged_dot), and what the JSON records."""
-    names = {v.name for v in chosen}
-    limit = args.jax_time_limit if args.jax_time_limit is not None else JAX_TIME_LIMIT[op] / (4 if args.quick else 1)
-    env = V.Env(jax_time_limit=limit)
-    if any(n.startswith("torch") or n.startswith("hf-") for n in names):
-        env.setup_torch()
-    if "jax" in names:
-        env.setup_jax(x64="float64" in args.dtype)
-    blas = machine.numpy_blas_info()
-    ctx = {"rd_threads": runtime.get_num_threads(), "blas_threads": blas["num_threads"]}
-    peaks, warnings = {}, []
-    bandwidth, native = None, None
-    if op in ("ragged_dot", "quant"):  # first, while this process is quiet
-        seconds = 0.02 if args.smoke else 0.2 if args.quick else 0.5
-        peaks = machine.measure_peaks(seconds)
-        ctx["peak_isa"] = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"].get("1") else "avx2"
-        ctx["peaks"], ctx["peak_warnings"] = peaks, machine.peak_warnings(peaks)
-        warnings += ctx["peak_warnings"]
-        ctx["native_peaks"] = native = machine.native_peaks(peaks, ctx["peak_isa"], seconds)
-        bandwidth = machine.measure_read_bandwidth(runtime.get_num_threads(), 0.05 if args.smoke else 0.5,
-                                                   64 if args.smoke else 256)
-        ctx["read_gbs"] = bandwidth["gbs"]
-    la = machine.loadavg()
+def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
+    """(context of the figures, machine info): the yardsticks (ragged_dot and quant: measured
+    first, while this process is quiet), thread counts, torch's version where a variant uses it."""
+    ys = {}
+    if op in ("ragged_dot", "quant"):
+        ys = C.yardsticks(0.02 if args.smoke else 0.2 if args.quick else 0.5, *((0.05, 64) if args.smoke else (0.5, 256)))
+    warnings = []
+    la = C.loadavg()
     if la and la[0] >= 1.0:
         warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
                         "figures will be low and noisy")
-    coretype = args.coretype if args.coretype.lower() != "none" and machine.has_avx512f() else None
-    info = machine.machine_info({
-        "coretype": coretype, "fma_peak_gflops_f32": peaks or None, "peak_isa": ctx.get("peak_isa"),
-        "native_peaks": native, "read_bandwidth": bandwidth, "warnings": warnings,
-        "torch": {"version": env.torch.__version__, "threads": env.torch.get_num_threads(),
-                  "grouped_mm": env.torch_gmm, "note": env.torch_note} if env.torch else {"note": env.torch_note},
-        "jax": {"version": env.jax.__version__, "x64": bool(env.jax.config.jax_enable_x64),
-                "masked_lowering": env.jax_masked, "masked_gflops": env.jax_gflops, "note": env.jax_note}
-        if env.jax else {"note": env.jax_note},
-    })
-    return env, ctx, info
+    torch = None
+    if any(v.name.startswith(("torch", "hf-")) for v in chosen):
+        try:
+            import torch
+        except Exception as e:  # noqa: BLE001 - an optional baseline
+            warnings.append(f"torch not importable: {type(e).__name__}")
+    blas = C.numpy_blas_info()
+    cpu_flags = C.cpu_info()["flags"]
+    info = C.machine_info(dict(ys, warnings=warnings, torch={"version": torch.__version__,
+                                                             "threads": torch.get_num_threads()} if torch else None,
+                               coretype=args.coretype if args.coretype.lower() != "none" and "avx512f" in cpu_flags
+                               else None))
+    ctx = dict(ys, rd_threads=runtime.get_num_threads(), blas_threads=blas["num_threads"],
+               read_gbs=ys["read_bandwidth"]["gbs"] if ys else None)
+    return ctx, info
 
 
 def run(args, op: str, chosen_specs: list) -> int:
     t_start = time.perf_counter()
     opts, chosen = timing_options(args), select_variants(op, args)
-    env, ctx, info = environment(args, op, chosen)
-    peaks, coretype = info["fma_peak_gflops_f32"] or {}, info["coretype"]
+    ctx, info = environment(args, op, chosen)
     report.print_header(info)
     print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {'smoke' if args.smoke else args.mode}; "
           f"scale {args.scale:g}; seed {args.seed}", flush=True)
-
     records, cache = [], {}
     jobs = [(d, s) for d in args.dtype for s in chosen_specs if d in s.dtypes]
-    it, log = progress(jobs, op, not args.no_progress)
     needed = set().union(*(v.refs for v in chosen))
-    for dtype, spec in it:
+    for i, (dtype, spec) in enumerate(jobs):
+        log(f"[{op} {i + 1}/{len(jobs)}] {spec.name} {dtype}")
         try:
             c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
-            rec = run_case(c, chosen, env, opts, ctx, log, op)
+            rec = run_case(c, chosen, opts, ctx, log, op)
             if op == "moe":
-                rec["gathers"] = V.run_gathers(c, lambda fn: time_fn(fn, None, _call(fn, None)[1], opts))
+                rec["gathers"] = V.run_gathers(c, lambda fn: timed(fn, call_time(fn)[1], opts))
             del c
             gc.collect()
-            if coretype and any(v.numpy for v in chosen):
-                for section, found in coretype_run(args, spec, dtype, coretype, log).items():
+            if info["coretype"] and any(v.numpy for v in chosen):
+                for section, found in coretype_run(args, spec, dtype, info["coretype"], log).items():
                     rec["variants"][section].update(found)
         except MemoryError:
             log(f"  {spec.name} [{dtype}]: out of memory, skipped")
@@ -497,39 +416,31 @@ def run(args, op: str, chosen_specs: list) -> int:
     scaling = None
     sname = args.scaling_spec or SCALING_SPEC[args.mode]
     if op == "ragged_dot" and sname.lower() != "none":
-        print(f"scaling: {sname} ...", file=sys.stderr, flush=True)
+        log(f"scaling: {sname} ...")
         sdtype = "float32" if "float32" in args.dtype else args.dtype[0]
         # the yardstick of the dtype's product: the FMA peak, or vdpbf16ps's for bfloat16 where measured
-        native = (ctx.get("native_peaks") or {}).get(sdtype, {}).get("gflops")
-        scaling = run_scaling(sname, sdtype, args, env, opts, native or peaks.get(ctx["peak_isa"]), log)
+        native = ctx["native_peaks"].get(sdtype, {}).get("gflops")
+        scaling = run_scaling(sname, sdtype, args, opts, native or ctx["peaks"][ctx["peak_isa"]], log)
 
-    result = {"benchmark": op, "machine": info, "context": ctx,
+    result = {"benchmark": op, "machine": info,
               "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
                          "specs": [s.name for s in chosen_specs], "variants": [v.name for v in chosen],
                          "seed": args.seed, "timing": opts, "quant": args.quant,
                          "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
-                         "quant_modes": {k: V.QUANT_MODES[k] for k in args.quant or ()},
-                         "jax_time_limit_s": env.jax_time_limit, "jax_max_mask_bytes": V.JAX_MAX_MASK_BYTES,
-                         "argv": sys.argv[1:]},
+                         "quant_modes": {k: V.QUANT_MODES[k] for k in args.quant or ()}, "argv": sys.argv[1:]},
               "specs": {s.name: {"op": s.op, "shape": s.shape, "pattern": s.pattern, "tags": sorted(s.tags),
                                  "note": s.note} for s in chosen_specs},
               "results": records, "scaling": scaling}
     result["targets"] = report.evaluate(op, records, scaling, ctx)
     report.print_run(result)
-    result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=machine.loadavg())
+    result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=C.loadavg())
     path = os.path.join(args.out, f"bench_{op}.json")
-    report.write_json(path, result)
+    C.write_json(path, result)
     print(f"\nwrote {path}")
-    if op == "ragged_dot" and not args.no_plot:
-        png = os.path.join(args.out, "bench_ragged_dot.png")
-        err = report.plot(result, png)
-        print(f"plot: {err}" if err else f"wrote {png}")
     print(f"total {result['elapsed_s']:.0f} s; load average at start {info['loadavg_start']}, at end "
           f"{result['loadavg_end']}")
-    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-bf16", *V.QUANT_MODES,
-            *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
-    failed = [(r["spec"], r["dtype"], s) for r in records for s, sec in r["variants"].items()
-              for name, vr in sec.items() if name in ours and vr["status"] == "FAILED"]
+    failed = [(r["spec"], r["dtype"], s, name) for r in records for s, sec in r["variants"].items()
+              for name, vr in sec.items() if name in OURS and vr["status"] == "FAILED"]
     if failed:
         print(f"raggeddot FAILED the accuracy check on: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -156,7 +156,7 @@ def _smoke(tmp_path, argv):
     import json
 
     run = _runner()
-    base = ["--smoke", "--no-progress", "--no-plot", "--coretype", "none", "--out", str(tmp_path)]
+    base = ["--smoke", "--coretype", "none", "--out", str(tmp_path)]
     assert run.main(argv + base) == 0
     name = "quant" if "--quant" in argv else argv[0]
     with open(tmp_path / f"bench_{name}.json") as f:

@@ -16,7 +16,6 @@ import numpy as np
 
 from raggeddot import runtime
 
-ISAS = ("avx2", "avx512")
 #: the instruction a bfloat16 or int8 product runs natively, and the peak_gflops isas probing it
 NATIVE = {"bfloat16": ("vdpbf16ps", ("avx512_bf16",)), "int8": ("vpdpbusd", ("avx512_vnni", "avx_vnni"))}
 
@@ -59,15 +58,15 @@ def cpu_info() -> dict:
     info = {"machine": platform.machine(), "logical_cpus": os.cpu_count(), "flags": []}
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = (s.strip() for s in line.partition(":"))
-                if key in ("model name", "cpu family") and key not in info:
-                    info[key] = value
-                elif key == "flags" and not info["flags"]:
-                    info["flags"] = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
-                                                 "amx_tile") if x in value.split()]
+            lines = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in f)]
     except OSError:
-        info["model name"] = platform.processor() or "unknown"
+        lines = [("model name", platform.processor())]
+    for key, value in lines:
+        if key in ("model name", "cpu family") and key not in info:
+            info[key] = value
+        elif key == "flags" and not info["flags"]:
+            info["flags"] = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni")
+                             if x in value.split()]
     return info
 
 
@@ -115,57 +114,44 @@ def describe_machine(info: dict) -> str:
 # Yardsticks
 
 
-def measure_peaks(seconds: float, repeats: int = 2) -> dict:
-    """{isa: {threads: float32 GFLOP/s or None}}: the best of ``repeats`` runs of
-    runtime.peak_gflops for 1..ncpu threads; None where the CPU lacks the ISA."""
-    ncpu = os.cpu_count() or 1
-    return {isa: {str(t): (max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None)
-                  for t in range(1, ncpu + 1)} for isa in ISAS}
-
-
-def native_peaks(peaks: dict, fma_isa: str, seconds: float) -> dict:
-    """{float16, bfloat16, int8: {instruction, gflops: {threads: GFLOP/s} or None, basis}}: the
-    yardstick of each low-precision product. bfloat16 and int8: their native instruction's peak
-    where the CPU has it (basis 'native'); else bfloat16 is compared with the FMA peak of
-    ``fma_isa`` (raggeddot then widens to float32 and runs FMAs: basis 'fma') and int8 has none
-    ('absent'). float16 always runs FMAs."""
-    fma, threads = peaks.get(fma_isa) or None, range(1, (os.cpu_count() or 1) + 1)
-    out = {"float16": {"instruction": f"{fma_isa} FMA", "gflops": fma, "basis": "fma"}}
-    for dtype, (instruction, isas) in NATIVE.items():
-        rec = {"instruction": instruction, "gflops": None, "basis": "absent"}
-        for isa in isas:
-            gflops = {str(t): runtime.peak_gflops(isa, t, seconds) for t in threads}
-            if all(gflops.values()):
-                rec.update(gflops=gflops, basis="native", isa=isa)
-                break
-        if rec["gflops"] is None and dtype == "bfloat16":
-            rec.update(instruction=f"{fma_isa} FMA", gflops=fma, basis="fma")
-        out[dtype] = rec
-    return out
-
-
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
-    """The FMA peaks, the ISA of raggeddot's kernel ('avx512' or 'avx2'), the native peaks (each
-    probe run for ``seconds``) and the best of two runs of runtime.read_bandwidth at raggeddot's
-    thread count; measured while the process is quiet. 'warnings': an implausible FMA probe (512-bit FMAs more than ~2x the
-    256-bit ones: it did not time independent FMAs, or the machine was busy)."""
-    peaks = measure_peaks(seconds)
-    isa = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"].get("1") else "avx2"
+    """Measured while the process is quiet, each probe (runtime.peak_gflops) run for ``seconds``
+    at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
+    peaks: the float32 FMA peaks of avx2 and avx512 (the best of two runs); peak_isa: the one
+    of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
+    basis}}, the yardstick of each low-precision product: bfloat16 and int8 their native
+    instruction's peak where the CPU has it (basis 'native'), else bfloat16 the FMA peak
+    (raggeddot widens to float32: basis 'fma') and int8 none ('absent'); float16 the FMA peak.
+    read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads.
+    peak_warnings: an implausible FMA probe (512-bit FMAs more than ~2x the 256-bit ones)."""
+    def probe(isa, repeats=1):
+        return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
+                for t in range(1, (os.cpu_count() or 1) + 1)}
+
+    peaks = {isa: probe(isa, 2) for isa in ("avx2", "avx512")}
+    isa = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"]["1"] else "avx2"
+    fma = {"instruction": f"{isa} FMA", "gflops": peaks[isa], "basis": "fma"}
+    native = {"float16": fma}
+    for dtype, (instruction, probes) in NATIVE.items():
+        found = next((g for g in map(probe, probes) if all(g.values())), None)
+        native[dtype] = ({"instruction": instruction, "gflops": found, "basis": "native"} if found else
+                         fma if dtype == "bfloat16" else {"instruction": instruction, "gflops": None, "basis": "absent"})
     threads = runtime.get_num_threads()
     gbs = max(runtime.read_bandwidth(threads, bandwidth_mb, bandwidth_s) for _ in range(2))
-    a2, a5 = peaks["avx2"].get("1"), peaks["avx512"].get("1")
+    a2, a5 = peaks["avx2"]["1"], peaks["avx512"]["1"]
     warn = [f"FMA peak probe suspect: avx512/avx2 ratio {a5 / a2:.1f} on 1 thread, at most 2 is possible"
             ] if a2 and a5 and a5 / a2 > 2.3 else []
-    return {"peaks": peaks, "peak_isa": isa, "native_peaks": native_peaks(peaks, isa, seconds),
-            "read_bandwidth": {"threads": threads, "megabytes": bandwidth_mb, "gbs": gbs}, "peak_warnings": warn}
+    return {"peaks": peaks, "peak_isa": isa, "native_peaks": native, "peak_warnings": warn,
+            "read_bandwidth": {"threads": threads, "megabytes": bandwidth_mb, "gbs": gbs}}
 
 
 def describe_yardsticks(ys: dict) -> list[str]:
-    lines = [f"FMA peak {isa} (float32 GFLOP/s; float64 half): " + ", ".join(f"{t} thr {fmt(p)}" for t, p in pk.items())
-             for isa, pk in ys["peaks"].items()]
-    for dtype, pk in ys["native_peaks"].items():
-        figs = ", ".join(f"{t} thr {fmt(p)}" for t, p in (pk["gflops"] or {}).items()) or "absent"
-        lines.append(f"{dtype} peak ({pk['instruction']}, {pk['basis']}): {figs}")
+    def figs(gflops):
+        return ", ".join(f"{t} thr {fmt(p)}" for t, p in gflops.items()) if gflops else "absent"
+
+    lines = [f"FMA peak {isa} (float32 GFLOP/s; float64 half): {figs(p)}" for isa, p in ys["peaks"].items()]
+    lines += [f"{dtype} peak ({pk['instruction']}, {pk['basis']}): {figs(pk['gflops'])}"
+              for dtype, pk in ys["native_peaks"].items()]
     bw = ys["read_bandwidth"]
     lines.append(f"read bandwidth ({bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s")
     return lines + [f"warning: {w}" for w in ys["peak_warnings"]]

@@ -7,12 +7,9 @@ MPI ranks.
                 [--latency-us A] [--json PATH] [--smoke]
     python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec itself for each P
 
-Shapes: the MoE specs of raggeddot.specs ("mixtral", "deepseek" = "deepseek-v3", "qwen3-moe",
-"gpt-oss", "small-e8"; `python benchmarks/run.py moe --list` shows them), with their options.
-T tokens in all (default 4096), split evenly over the ranks; rank r holds experts
-[r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32 and two timed runs, to check that the
-script runs end to end.
-
+Shapes: the MoE specs of raggeddot.specs ("deepseek" = "deepseek-v3"; `python benchmarks/run.py
+moe --list`), with their options. T tokens in all (default 4096), split evenly over the ranks;
+rank r holds experts [r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32, two timed runs.
 Before timing, every rank checks the distributed layer against single-process moe_block on
 the first tokens of every rank concatenated (all experts): the outputs must be bitwise equal.
 
@@ -24,20 +21,16 @@ Per rank, after one warm-up call, medians over --runs calls (a barrier before ea
   experts    the held experts' three grouped matmuls (experts.forward)
   combine    weighted combine and shared experts (combine.forward, shared.forward)
   other      the rest: argument checks and their agreement, the per-expert count allgather
-  bytes      rows sent to other ranks by the two exchanges, in bytes
+  sent MB    rows sent to other ranks by the two exchanges
 and tokens/s = T / (the slowest rank's median layer time).
 
 Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
-way, every rank sending at once through a non-blocking switch) and latency a per collective,
-with no overlap of compute and transfer:
-
-    t(P, B) = c(P) + V(P) / B + 4 a
-              (4 collectives: the argument agreement, the counts, rows out, rows back)
-
-c(P) is the measured per-rank compute time (route + dispatch + experts + combine, the slowest
-rank), V(P) the measured bytes a rank sends (the largest over ranks); with balanced
-routing V(P) = 2 (T / P) k d s (P - 1) / P for k experts per token and s bytes per value.
-The predicted throughput is T / t(P, B). With --ranks the table also gives the model with
+way, every rank sending at once through a non-blocking switch) and latency a per collective
+(4: the argument agreement, the counts, rows out, rows back), no overlap of compute and
+transfer: t(P, B) = c(P) + V(P) / B + 4 a, with c(P) the measured compute time (route +
+dispatch + experts + combine) and V(P) the bytes sent, both of the slowest rank (balanced
+routing: V(P) = 2 (T / P) k d s (P - 1) / P for k experts a token, s bytes a value); the
+predicted throughput is T / t(P, B). With --ranks the table also gives the model with
 c(P) = c(1) / P, compute scaling perfectly (each rank on its own cores), since ranks that
 share one machine's cores (as P = 4 on 2 cores does) inflate the measured c(P).
 """
@@ -87,24 +80,19 @@ def parse_args(argv=None):
 # The layer
 
 
-def make_layer(spec, T, dtype, smoke, seed=0):
-    """(x [T, d], router [d, E], w0, w1, wo, moe_block kwargs) of a raggeddot.specs MoE spec
-    with T tokens, the same on every rank (one seed); --smoke shrinks d and f to 64 and 32."""
-    s = S.get(SPECS[spec])
-    shape = dict(T=T, d=64, f=32, shared=32 if s.shape.get("shared") else 0) if smoke else dict(T=T)
-    inputs = S.make_inputs(s.resized(**shape), dtype, seed)
-    return (*(inputs[name] for name in S.MOE_ARGS), inputs["options"])
-
-
-def local_share(layer, comm, T_per_rank, first=None):
-    """This rank's tokens (its first `first` of them when given) and experts."""
-    x, rw, w0, w1, wo, kw = layer
-    P, r, E = comm.size, comm.rank, rw.shape[1]
+def local_share(args, comm, T: int, first: int | None = None):
+    """The layer of the spec at T tokens (the same on every rank: one seed; --smoke: d = 64,
+    f = 32) and this rank's share: (x, router, w0, w1, wo) of its tokens (its first `first`
+    of them when given) and experts, moe_block's keyword arguments, the whole layer."""
+    s = S.get(SPECS[args.spec])
+    shape = dict(T=T, d=64, f=32, shared=32 if s.shape.get("shared") else 0) if args.smoke else dict(T=T)
+    inputs = S.make_inputs(s.resized(**shape), args.dtype)
+    layer = [inputs[name] for name in S.MOE_ARGS]
+    P, r, E, Tr = comm.size, comm.rank, layer[1].shape[1], T // comm.size
     held = slice(r * E // P, (r + 1) * E // P)
-    start = r * T_per_rank
-    mine = x[start:start + (T_per_rank if first is None else min(first, T_per_rank))]
-    kw = {n: (a[held] if n in ("w0_bias", "w1_bias", "wo_bias") else a) for n, a in kw.items()}
-    return (mine, rw, w0[held], w1[held], wo[held]), kw
+    kw = {n: (a[held] if n in ("w0_bias", "w1_bias", "wo_bias") else a) for n, a in inputs["options"].items()}
+    mine = layer[0][r * Tr:r * Tr + (Tr if first is None else min(first, Tr))]
+    return (mine, layer[1], *(w[held] for w in layer[2:])), kw, (layer, inputs["options"])
 
 
 class StepClock:
@@ -154,27 +142,19 @@ def run_ranks(args):
     P, r = comm.size, comm.rank
     threads = args.threads or int(os.environ.get("RAGGEDDOT_NUM_THREADS", "1"))
     raggeddot.set_num_threads(threads)
-    T = args.tokens or (64 if args.smoke else 4096)
-    runs = args.runs or (2 if args.smoke else 10)
-    if T % P:
-        raise SystemExit(f"--tokens {T} is not a multiple of the {P} ranks")
-    layer = make_layer(args.spec, T, np.dtype(args.dtype), args.smoke)
-    E = layer[1].shape[1]
-    if E % P:
-        raise SystemExit(f"spec {args.spec} has E={E} experts, not a multiple of {P} ranks")
-    Tr = T // P
-
+    T, runs = args.tokens or (64 if args.smoke else 4096), args.runs or (2 if args.smoke else 10)
+    E = S.get(SPECS[args.spec]).shape["E"]
+    if T % P or E % P:
+        raise SystemExit(f"--tokens {T} and the E={E} experts of {args.spec} must be multiples of the {P} ranks")
     # check: bitwise equal to single-process moe_block on every rank's first tokens
-    n = min(CHECK_TOKENS, Tr)
-    arrays, kw = local_share(layer, comm, Tr, first=n)
+    Tr, n = T // P, min(CHECK_TOKENS, T // P)
+    arrays, kw, (layer, options) = local_share(args, comm, T, first=n)
     got = dist.moe_block(*arrays, comm=comm, **kw)
     x = layer[0]
-    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:5], **layer[5])
-    ok = np.array_equal(got, want[r * n:(r + 1) * n])
-    if not all(comm.allgather(ok)):
+    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:], **options)
+    if not all(comm.allgather(np.array_equal(got, want[r * n:(r + 1) * n]))):
         raise SystemExit("check FAILED: the distributed layer differs from single-process moe_block")
-
-    arrays, kw = local_share(layer, comm, Tr)
+    arrays, kw, _ = local_share(args, comm, T)
     clock = StepClock(comm)
     dist.moe_block(*arrays, comm=comm, **kw)        # warm-up
     samples = defaultdict(list)

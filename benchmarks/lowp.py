@@ -18,7 +18,7 @@ dequantized weights, 5e-2 relative). Rows, with run.py's variant in brackets:
     loop [torch-loop] and torch._grouped_mm [torch-gmm]
   moe_block T=2048 d=2048 f=768 E=32 top 4 (Mixtral/Qwen3-MoE shaped) forward: float32,
     bfloat16, bfloat16 widening, w8a8 (int8 weights per channel, activation_qtype="int8"; plain
-    QArrays, and prepacked for int8 activations), the torch bfloat16 expert loop [torch]
+    QArrays, and prepacked for int8 activations), a torch bfloat16 expert loop [torch]
 
 --quick halves every size; --smoke runs at 1/16 of them, one round (its figures mean nothing).
 """

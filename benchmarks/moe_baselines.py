@@ -1,4 +1,4 @@
-"""The MoE layer of raggeddot.moe_block written other ways, for the moe benchmark.
+"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark.
 
 Each takes the inputs of an MoE spec (raggeddot.specs.make_inputs: x, router_weights, w0,
 w1, wo, ct and ``options``, moe_block's keyword arguments with top_k) and returns
@@ -9,11 +9,9 @@ moe_block_vjp names them (``shared_experts[i]`` for the shared expert's three).
   np.matmul per expert for each of the three projections, the activation, a weighted
   combine; its backward is the same per-expert loop (d_in = d_out @ w.T, d_w = in.T @ d_out).
   It is the oracle of the timed runs (itself checked against raggeddot.reference).
-- torch, 16-bit: a per-expert loop in transformers' eager style with bfloat16 / float16
-  experts and a float32 router (forward).
-- hf: transformers' own sparse-MoE block (Mixtral, Qwen3-MoE, DeepSeek-V3 or gpt-oss, as the
-  spec's options say) with the spec's weights, its experts run by transformers' per-expert
-  loop or by torch._grouped_mm; backward by autograd.
+- torch: transformers' eager expert loop (Mixtral's, Qwen3-MoE's) with a float32 router, the
+  experts in the spec's dtype; backward by autograd. (transformers' own experts implementations
+  are compared in benchmarks/torch_experts.py.)
 """
 from __future__ import annotations
 
@@ -256,197 +254,44 @@ def numpy_fn(inputs: dict, backward: bool):
 
 
 # ----------------------------------------------------------------------------------------------
-# torch, 16-bit
+# torch
 
 
-def torch_half_fn(torch, i32: dict, dtype: str):
-    """A torch per-expert loop with the expert weights and matmuls in the 16-bit ``dtype``, on
-    the float32 inputs ``i32`` (forward only). The router runs in float32, as in raggeddot's
-    moe_block: a 16-bit router picks other experts for near-tied tokens, which makes it another
-    layer. Then, per expert that got tokens, F.linear on HF's [out, in] weights in the 16-bit
-    dtype, the activation, and the weighted combine accumulated in float32 (index_add_); the
-    result rounded."""
+def torch_fn(torch, i32: dict, backward: bool, dtype: str):
+    """transformers' sparse-MoE forward as its eager experts run it (Mixtral, Qwen3-MoE: softmax
+    routing, the top-k renormalised or not, SiLU experts; other layers are Unsupported): the
+    router in float32 on the float32 inputs ``i32``, then, per expert that got tokens, F.linear
+    on [out, in] weights in ``dtype`` (a 16-bit router would pick other experts for near-tied
+    tokens, which makes another layer: raggeddot's moe_block routes in float32 too), the SiLU
+    gate, and the weighted combine accumulated in float32 (index_add_), the result in ``dtype``.
+    The backward (float32) by autograd."""
     kw = i32["options"]
-    if kw.get("n_groups"):
-        raise Unsupported("group-limited routing is not in the 16-bit torch loop")
+    other = sorted(k for k, v in kw.items() if k not in ("top_k", "norm_topk_prob") and v is not None)
+    if other:
+        raise Unsupported(f"the torch expert loop has no {', '.join(other)}")
     F, dt = torch.nn.functional, getattr(torch, dtype)
-    act, limit, k = kw.get("activation", "silu"), kw.get("swiglu_limit", 7.0), kw["top_k"]
-    sigmoid = kw.get("score_func", "softmax") == "sigmoid"
+    x32, rw, ct = (torch.from_numpy(i32[n]) for n in ("x", "router_weights", "ct"))
+    ws = [torch.from_numpy(np.ascontiguousarray(i32[n].transpose(0, 2, 1))).to(dt) for n in ("w0", "w1", "wo")]
 
-    def t32(a):
-        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
-
-    x32, rw, rb, sb = (t32(a) for a in (i32["x"], i32["router_weights"], kw.get("router_bias"),
-                                         kw.get("selection_bias")))
-    xh = x32.to(dt)
-    w0, w1, wo = (t32(i32[n].transpose(0, 2, 1)).to(dt) for n in ("w0", "w1", "wo"))
-    b0, b1, bo = (None if kw.get(n) is None else t32(kw[n]).to(dt) for n in ("w0_bias", "w1_bias", "wo_bias"))
-    shared = [t32(w.T).to(dt) for w in kw["shared_experts"]] if kw.get("shared_experts") is not None else None
-
-    def mlp(h, e0, e1, eo, c0=None, c1=None, co=None):
-        g, u = F.linear(h, e0, c0), F.linear(h, e1, c1)
-        if act == "silu":
-            z = F.silu(g) * u
-        else:
-            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
-            z = g * torch.sigmoid(g * 1.702) * (u + 1)
-        return F.linear(z, eo, co)
+    def layer(x, rw, w0, w1, wo):
+        w, idx = torch.topk(F.softmax(x @ rw, dim=1), kw["top_k"], dim=1)
+        w = w / w.sum(dim=1, keepdim=True) if kw.get("norm_topk_prob") else w
+        out, xh = torch.zeros(x.shape, dtype=x.dtype), x.to(dt)
+        for e in torch.unique(idx).tolist():
+            tok, slot = torch.where(idx == e)
+            y = F.linear(F.silu(F.linear(xh[tok], w0[e])) * F.linear(xh[tok], w1[e]), wo[e])
+            out.index_add_(0, tok, y.to(x.dtype) * w[tok, slot, None])
+        return out.to(dt)
 
     def fwd():
         with torch.inference_mode():
-            logits = x32 @ rw if rb is None else x32 @ rw + rb
-            scores = logits.sigmoid() if sigmoid else F.softmax(logits, dim=1)
-            idx = torch.topk(scores if sb is None else scores + sb, k, dim=1)[1]
-            w = scores.gather(1, idx)
-            if kw.get("norm_topk_prob"):
-                w = w / (w.sum(dim=1, keepdim=True) + (1e-20 if sigmoid else 0.0))
-            w = w * kw.get("routed_scaling_factor", 1.0)
-            out = torch.zeros(x32.shape, dtype=torch.float32)
-            for e in torch.unique(idx).tolist():
-                tok, slot = torch.where(idx == e)
-                bias = [None if b is None else b[e] for b in (b0, b1, bo)]
-                out.index_add_(0, tok, mlp(xh[tok], w0[e], w1[e], wo[e], *bias).float() * w[tok, slot, None])
-            if shared is not None:
-                out += mlp(xh, *shared).float()
-            return {"out": out.to(dt)}
-
-    return fwd
-
-
-# ----------------------------------------------------------------------------------------------
-# Hugging Face transformers: the library's own sparse-MoE blocks
-
-#: transformers' experts implementations timed (config._experts_implementation): its plain
-#: per-expert loop, and torch._grouped_mm (float32/bfloat16/float16 only)
-HF_IMPLEMENTATIONS = ("eager", "grouped_mm")
-
-
-def _hf_family(kw: dict, f: int, shared_width: int) -> str:
-    """The transformers block that computes moe_block with options ``kw``:
-    sigmoid + groups -> DeepSeek-V3; gpt-oss's clipped SwiGLU -> gpt-oss; softmax + SiLU ->
-    Mixtral (renormalised top-k) or Qwen3-MoE (not renormalised)."""
-    act, score = kw.get("activation", "silu"), kw.get("score_func", "softmax")
-    has = {n for n in ("router_bias", "selection_bias", "w0_bias", "w1_bias", "wo_bias") if kw.get(n) is not None}
-    if score == "sigmoid":
-        if act != "silu" or has - {"selection_bias"} or not kw.get("n_groups"):
-            raise Unsupported("sigmoid routing: DeepSeek-V3's block needs SiLU, groups and no biases")
-        if shared_width % f:
-            raise Unsupported(f"DeepSeek-V3's shared experts are n x f wide; got {shared_width} for f={f}")
-        return "deepseek_v3"
-    if kw.get("shared_experts") is not None or kw.get("n_groups") or kw.get("routed_scaling_factor", 1.0) != 1.0:
-        raise Unsupported("softmax routing with shared experts, groups or scaling has no transformers block")
-    if act == "swiglu_oai":
-        if not kw.get("norm_topk_prob") or "selection_bias" in has:
-            raise Unsupported("gpt-oss's block takes the softmax of the top-k logits (renormalised)")
-        return "gpt_oss"
-    if act != "silu" or has:
-        raise Unsupported(f"activation {act!r} with biases {sorted(has)}: no transformers block")
-    return "mixtral" if kw.get("norm_topk_prob") else "qwen3_moe"
-
-
-def hf_block(torch, inputs: dict, implementation: str):
-    """``(block, family)``: transformers' float32 block computing the spec's layer with its
-    weights, in eval mode, its experts run by ``implementation``."""
-    import transformers as tf
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    kw, x = inputs["options"], inputs["x"]
-    w0, w1, wo = inputs["w0"], inputs["w1"], inputs["wo"]
-    (E, d, f), k = w0.shape, kw["top_k"]
-    shared = kw.get("shared_experts")
-    family = _hf_family(kw, f, 0 if shared is None else shared[0].shape[1])
-    common = dict(hidden_size=d, num_experts_per_tok=k, hidden_act="silu")
-    if family == "mixtral":
-        cfg = tf.MixtralConfig(intermediate_size=f, num_local_experts=E, **common)
-        cls = MixtralSparseMoeBlock
-    elif family == "qwen3_moe":
-        cfg = tf.Qwen3MoeConfig(moe_intermediate_size=f, num_experts=E, norm_topk_prob=False, **common)
-        cls = Qwen3MoeSparseMoeBlock
-    elif family == "deepseek_v3":
-        cfg = tf.DeepseekV3Config(moe_intermediate_size=f, n_routed_experts=E, n_group=kw["n_groups"],
-                                  topk_group=kw["topk_groups"], norm_topk_prob=bool(kw.get("norm_topk_prob")),
-                                  routed_scaling_factor=kw.get("routed_scaling_factor", 1.0),
-                                  n_shared_experts=0 if shared is None else shared[0].shape[1] // f, **common)
-        cls = DeepseekV3MoE
-    else:
-        cfg = tf.GptOssConfig(intermediate_size=f, num_local_experts=E, swiglu_limit=kw.get("swiglu_limit", 7.0),
-                              **common)
-        cls = GptOssMLP
-    cfg._experts_implementation = implementation
-    block = cls(cfg).to(torch.float32).eval()
-
-    def put(param, value):
-        with torch.no_grad():
-            param.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-
-    def zeros(*shape):
-        return np.zeros(shape, dtype=x.dtype)
-
-    e = block.experts
-    if family == "gpt_oss":        # [E, d, 2f] and [E, 2f], gate and up interleaved
-        put(block.router.weight, inputs["router_weights"].T)
-        put(block.router.bias, kw["router_bias"] if kw.get("router_bias") is not None else zeros(E))
-        gate_up, gate_up_bias = np.empty((E, d, 2 * f), x.dtype), np.empty((E, 2 * f), x.dtype)
-        gate_up[..., 0::2], gate_up[..., 1::2] = w0, w1
-        gate_up_bias[:, 0::2] = kw["w0_bias"] if kw.get("w0_bias") is not None else 0
-        gate_up_bias[:, 1::2] = kw["w1_bias"] if kw.get("w1_bias") is not None else 0
-        put(e.gate_up_proj, gate_up)
-        put(e.gate_up_proj_bias, gate_up_bias)
-        put(e.down_proj, wo)
-        put(e.down_proj_bias, kw["wo_bias"] if kw.get("wo_bias") is not None else zeros(E, d))
-        return block, family
-    put(block.gate.weight, inputs["router_weights"].T)       # [E, 2f, d]: gate rows, then up rows
-    put(e.gate_up_proj, np.concatenate([w0.transpose(0, 2, 1), w1.transpose(0, 2, 1)], axis=1))
-    put(e.down_proj, wo.transpose(0, 2, 1))
-    if family == "deepseek_v3":
-        sb = kw.get("selection_bias")
-        put(block.gate.e_score_correction_bias, sb if sb is not None else zeros(E))
-        if shared is not None:
-            s = block.shared_experts
-            for param, w in ((s.gate_proj.weight, shared[0]), (s.up_proj.weight, shared[1]),
-                             (s.down_proj.weight, shared[2])):
-                put(param, w.T)
-    return block, family
-
-
-def _hf_grads(block, family: str, x_grad) -> dict:
-    """The block's gradients named and laid out as moe_block_vjp's main ones."""
-    e = block.experts
-    gu, down = e.gate_up_proj.grad.numpy(), e.down_proj.grad.numpy()
-    if family == "gpt_oss":
-        return {"x": x_grad, "router_weights": block.router.weight.grad.numpy().T,
-                "w0": gu[..., 0::2], "w1": gu[..., 1::2], "wo": down}
-    f = gu.shape[1] // 2
-    return {"x": x_grad, "router_weights": block.gate.weight.grad.numpy().T,
-            "w0": gu[:, :f].transpose(0, 2, 1), "w1": gu[:, f:].transpose(0, 2, 1), "wo": down.transpose(0, 2, 1)}
-
-
-def hf_fn(torch, inputs: dict, backward: bool, implementation: str):
-    """transformers' float32 block on the spec (see hf_block); forward under
-    torch.inference_mode, forward + backward by autograd."""
-    block, family = hf_block(torch, inputs, implementation)
-    x = torch.from_numpy(inputs["x"])[None]            # [1, T, d]: the blocks take [batch, seq, d]
-
-    def run(xt):
-        out = block(xt)
-        return out[0] if isinstance(out, tuple) else out  # gpt-oss: (out, router scores)
-
-    if not backward:
-        def fwd():
-            with torch.inference_mode():
-                return {"out": run(x)[0].numpy()}
-        return fwd
-
-    ct = torch.from_numpy(inputs["ct"])[None]
+            return {"out": layer(x32, rw, *ws)}
 
     def fwd_bwd():
-        block.zero_grad(set_to_none=True)
-        xt = x.detach().requires_grad_(True)
-        out = run(xt)
+        leaves = [a.detach().requires_grad_(True) for a in (x32, rw, *ws)]
+        out = layer(*leaves)
         out.backward(ct)
-        return dict(_hf_grads(block, family, xt.grad[0].numpy()), out=out.detach()[0].numpy())
+        grads = [a.grad if i < 2 else a.grad.transpose(1, 2) for i, a in enumerate(leaves)]
+        return dict(zip(MAIN_GRADS, grads), out=out.detach())
 
-    return fwd_bwd
+    return fwd_bwd if backward else fwd

@@ -68,7 +68,7 @@ class Figures:
 #: the baselines computing the same thing, per section: every NumPy flavour, torch and (moe)
 #: transformers' blocks; "best" is the fastest of them
 BASELINES = {"ragged_dot": ("np-loop", "torch-loop", "torch-gmm"), "quant": ("torch-int8", "torch-int8w"),
-             "step": ("np-loop",), "tgmm": ("np-loop",), "fwd": ("numpy", "torch", "hf-eager", "hf-gmm")}
+             "step": ("np-loop",), "tgmm": ("np-loop",), "fwd": ("numpy", "torch")}
 BASELINES["fwd+bwd"] = BASELINES["fwd"]
 QUANT = ("int8", "int8-sub128", "int8w", "fp8w")
 PRE = ("int8w", "fp8w")

@@ -5,85 +5,50 @@
     python benchmarks/run.py backward     # the forward + vjp step, and tgmm (the weight gradient)
     python benchmarks/run.py moe          # moe_block, forward and forward + backward
     python benchmarks/run.py quant        # ragged_dot on int8 / float8 operands (raggeddot.quantize)
-    options: [--quick | --smoke] [--spec NAME/GLOB ...] [--tag TAG ...]
-             [--dtype float32 float64 bfloat16 float16] [--quant MODE ...] [--threads N]
-             [--kernel NAME] [--variants NAME ...] [--out DIR] [--list] ...
 
---quick runs the specs tagged 'quick' (or those --spec names; moe: at 1024 tokens) with
-shorter timing; --smoke runs them at 1/16 of their sizes, each variant once, to show that the
-whole run works (its figures mean nothing). --list shows the specs.
+--quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
+those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
+Every variant is checked first: max |out - ref| / max |ref| within 1e-4 float32, 1e-10
+float64, 1e-2 bfloat16, 2e-3 float16 of the oracle (raggeddot.reference; moe: the NumPy
+layer, itself checked against raggeddot.reference on 48 tokens; quant: the reference product
+of the dequantized operands), else it is FAILED and not timed. Then raggeddot._timing.measure
+times it: the median of >= 3 calls after warm-up (~0.75 s a variant, 0.2 s with --quick).
+'*': while timed, the variant got < 75% of its threads' CPU time or > 5% of the CPU time was
+stolen (a busy machine: unreliable figure).
 
-Every variant is first checked against the oracle (raggeddot.reference; for moe the NumPy
-version, itself checked against raggeddot.reference on the first 48 tokens): every output it
-returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64, 1e-2 bfloat16,
-2e-3 float16 (the oracle's dtype: a float32 baseline of a 16-bit case is rounded to it first;
-a quantized product's oracle is the reference product of the dequantized operands). A variant
-that fails is reported FAILED and is not timed. Then raggeddot._timing.measure times it: the
-median of an adaptive number of calls after warm-up (>= 3, ~0.75 s per variant; 0.2 s with
---quick), each variant in turn.
-
-Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU time, or
-> 5% of the machine's CPU time was stolen, while timed: busy machine, figure unreliable)
-  raggeddot        raggeddot (ragged_dot; vjp step; moe_block / moe_block_vjp)
-  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed once outside the timing
-  np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline
-  np-loop, numpy   NumPy, one np.matmul per group (moe: the whole layer, argsort + per-expert loop)
-  NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
-                   (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
-                   Zen5); the JSON has OpenBLAS's core name of every NumPy variant
-  torch-dense      torch lhs @ rhs[0] in the case's dtype (the roofline of torch's matmul)
-  torch-loop       the per-group loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
-  hf-eager, hf-gmm moe: transformers' own sparse-MoE block of the family the spec's options
-                   describe (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss), weights loaded from the
-                   spec, eval mode; its experts run by the per-expert loop ("eager") or by
-                   torch._grouped_mm ("grouped_mm", float32 only); forward under
-                   torch.inference_mode, backward by autograd; float64 with float64 routing
-  tgmm, tgmm-fresh tgmm(lhs.T, ct, gs), with raggeddot's result-buffer cache on / off (off: every
-                   call pays the OS's zeroing of fresh pages, as NumPy does); forward: ragged_dot
-16-bit cases (--dtype bfloat16 / float16; the inputs are the float32 draws rounded):
-  raggeddot        on the 16-bit arrays, result in that dtype
-  rd-f32           raggeddot float32 on the same values converted (outside the timing)
-  rd-widen         raggeddot on the bfloat16 arrays with a float kernel family named, which
-                   forces the widening path (float32 FMAs) where vdpbf16ps would run; moe too
-  np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul)
-  torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it); moe
-                   "torch": a per-expert loop, 16-bit experts, float32 router, forward only
-  rd/f32           raggeddot 16-bit over raggeddot float32, GFLOP/s; %peak against the
-                   native instruction's peak (vdpbf16ps) where measured, else the FMA peak
-memory-bound specs (tag 'memory-bound' or <= 32 rows per group): GB/s = bytes of the weights
-  of the groups with rows (rhs of every non-empty group, in the variant's storage, scales
-  included) over the time; %bw = that over runtime.read_bandwidth() measured at start
-quant (python benchmarks/run.py quant [--quant MODE ...], or ragged_dot --quant MODE): on the
-  float32 specs, operands quantized by raggeddot.quantize outside the timing:
-  int8             int8 x int8: lhs one scale per row, rhs one per group and output column
-  int8-sub128      int8 x int8, scales per block of 128 along k on both operands
-  int8w, fp8w      float32 lhs x int8 / float8_e4m3fn rhs, one scale per group and column
-  int8w-prepacked, fp8w-prepacked  the same on raggeddot.prepack(rhs QArray) made outside the
-                   timing: one byte a weight read in place, dequantized in the micro-kernel; its
-                   GB/s counts the layout's bytes (values, panel padding, scales)
-  rd-f32, rd-bf16  raggeddot float32, and bfloat16 on the inputs rounded
-  torch-int8       torch._int_mm per group (int32), scales applied after ("int8")
-  torch-int8w      torch._weight_int8pack_mm per group ("int8w")
-  X/f32, X/bf16    mode X's GFLOP/s over rd-f32's / rd-bf16's; %fma: over the FMA peak; %vnni:
-                   over the vpdpbusd peak (absent without AVX512_VNNI / AVX-VNNI)
-  best, best_is    the fastest baseline computing the same thing: every NumPy flavour, torch
-                   and (moe) transformers' blocks
-  rd/X             raggeddot's GFLOP/s over X's (moe: X's time over raggeddot's); rd/best over
-                   'best', rd/loop over the best NumPy loop, rd/dense over the best np-dense
-  %peak            raggeddot's GFLOP/s over the FMA peak measured at start (runtime.peak_gflops)
-                   of the kernel's ISA at raggeddot's thread count (float64: half)
-FLOPs: 2*sum(group_sizes)*k*n per grouped product (the step makes three); np-dense counts its
-own 2*m*k*n; moe counts 3 expert products of 2*T*top_k*d*f, the router and the shared expert
-(forward + backward: 3x the forward). The ragged_dot run also times raggeddot at 1..ncpu
-threads on one spec (results must be bitwise identical). Targets come from targets.toml.
-Outputs: tables on stdout, <out>/bench_<benchmark>.json (machine info included).
+Variants (GFLOP/s; moe: ms). 16-bit cases hold the float32 draws rounded; "f32" variants run
+float32 on those values and their results are rounded for the check:
+  raggeddot        ragged_dot; the vjp step; moe_block / moe_block_vjp
+  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed outside the timing
+  rd-f32, rd-widen raggeddot float32 on a 16-bit case's values; raggeddot with the widening path
+                   (float32 FMAs) forced where vdpbf16ps would run
+  np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline (2*m*k*n FLOPs)
+  np-loop, numpy   NumPy float32, a matmul per group (moe: the layer, argsort + expert loop)
+  NAME:skx         the NumPy variant in a process with OPENBLAS_CORETYPE=SkylakeX (avx512f CPUs,
+                   where OpenBLAS may pick its AVX2 kernels, as on AMD Zen5; --coretype)
+  torch-*          torch lhs @ rhs[0], a matmul per group, torch._grouped_mm; moe "torch":
+                   transformers' eager expert loop (Mixtral, Qwen3-MoE: the softmax specs) with a
+                   float32 router, the experts in the case's dtype, backward by autograd
+  tgmm, -fresh     tgmm(lhs.T, ct, gs), raggeddot's result-buffer cache on / off (off: a call
+                   pays the OS's zeroing of new pages, as NumPy does); forward: ragged_dot
+  quant modes      on the float32 specs: int8 (int8 x int8, a scale per row and per group
+                   column), int8-sub128 (scales per 128 along k), int8w / fp8w (float32 x int8 /
+                   float8_e4m3fn weights), -prepacked (weights prepacked outside the timing);
+                   rd-f32, rd-bf16: raggeddot float32 and bfloat16
+Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
+over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured
+at start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has
+them); memory-bound specs (<= 32 rows a group): GB/s of the weight bytes of the groups with
+rows (the variant's storage, scales included), %bw: of runtime.read_bandwidth() measured at
+start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (backward: 3x).
+ragged_dot also times raggeddot at 1..ncpu threads on one spec (results bitwise identical).
+Targets: targets.toml. Output: tables, <out>/bench_<benchmark>.json.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -103,7 +68,6 @@ from raggeddot._timing import call_time, measure, summary  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
-SMOKE_SCALE = 1 / 16
 #: tags the runner selects specs by (tests check they exist)
 TAGS_USED = ("quick",)
 #: raggeddot's own variants: one that fails its check makes the run fail
@@ -116,16 +80,16 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("benchmark", choices=specs.OPS + ("quant",))
     p.add_argument("--quick", action="store_true", help="the specs tagged 'quick', shorter timing")
-    p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run per variant (checks the run)")
-    p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs (e.g. 'qwen3-*')")
+    p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run a variant")
+    p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs ('qwen3-*')")
     p.add_argument("--tag", nargs="+", default=(), help="only specs with all these tags (e.g. primary)")
     p.add_argument("--dtype", nargs="+", choices=list(specs.DTYPES), default=["float32"],
                    help="quant: ignored (float32 specs, quantized)")
     p.add_argument("--quant", nargs="+", choices=list(V.QUANT_MODES), default=None,
                    help="quantized modes (implies the quant benchmark; default there: all)")
     p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: its own)")
-    p.add_argument("--kernel", default=None, help="raggeddot micro-kernel family (runtime.runnable_kernels())")
-    p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (raggeddot always runs)")
+    p.add_argument("--kernel", default=None, help="raggeddot kernel family (runtime.runnable_kernels())")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (and raggeddot)")
     p.add_argument("--scale", type=float, default=None, help="multiply every spec's sizes by this")
     p.add_argument("--coretype", default="SkylakeX",
                    help="OPENBLAS_CORETYPE of the second NumPy timing on avx512f CPUs ('none': skip it)")
@@ -144,8 +108,7 @@ def parse_args(argv=None):
         args.quant, args.dtype = list(args.quant or V.QUANT_MODES), ["float32"]
     args.quick = args.quick or args.smoke
     args.mode = "quick" if args.quick else "full"
-    if args.scale is None:
-        args.scale = SMOKE_SCALE if args.smoke else 1.0
+    args.scale = args.scale or (1 / 16 if args.smoke else 1.0)
     return args
 
 
@@ -165,9 +128,10 @@ def timing_options(args) -> dict:
 # One variant: check, then time
 
 
-def timed(fn, first_s: float, opts: dict) -> dict:
-    """The summary of _timing.measure(fn) (see timing_options), with the process's CPU use and
-    the machine's stolen time over the timed calls; first_s: the time of the checking call."""
+def timed(fn, first_s: float, opts: dict, threads: int | None = None) -> dict:
+    """The summary of _timing.measure(fn) (see timing_options); 'contended': the process got
+    < 75% of `threads` CPUs' time, or > 5% of the machine's CPU time was stolen, while timed.
+    first_s: the time of the checking call."""
     if first_s > opts["single_s"]:
         return {"median_s": first_s, "min_s": first_s, "runs": 1, "times_s": [first_s], "single_sample": True}
     slow = first_s > opts["slow_s"]
@@ -176,18 +140,13 @@ def timed(fn, first_s: float, opts: dict) -> dict:
     st0, c0, w0 = C.steal_seconds(), time.process_time(), time.perf_counter()
     times = measure(fn, first_s=first_s, min_runs=1 if slow else opts["min_runs"], max_runs=opts["max_runs"],
                     target_s=opts["target_s"])
-    util = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
-    st1, s = C.steal_seconds(), summary(times)
-    return {"median_s": s["median"], "min_s": s["min"], "spread": s["spread"], "runs": s["runs"], "warmup_s": first_s,
-            "cpu_util": util, "steal_s": st1 - st0 if None not in (st0, st1) else None, "times_s": times}
-
-
-def is_contended(vr: dict, threads: int | None) -> bool:
-    """< 75% of `threads` CPUs' time, or > 5% of the machine's CPU time stolen, while timed."""
-    u, st, wall = vr.get("cpu_util"), vr.get("steal_s"), sum(vr.get("times_s", ())) or math.nan
-    low = threads is not None and u is not None and u < report.CONTENDED_SHARE * threads
-    stolen = st is not None and st > report.STOLEN_SHARE * wall * (os.cpu_count() or 1)
-    return bool(low or stolen)
+    wall, st1, s = time.perf_counter() - w0, C.steal_seconds(), summary(times)
+    util, stolen = (time.process_time() - c0) / max(wall, 1e-9), st1 - st0 if None not in (st0, st1) else None
+    contended = (threads is not None and util < report.CONTENDED_SHARE * threads
+                 or stolen is not None and stolen > report.STOLEN_SHARE * wall * (os.cpu_count() or 1))
+    return {"median_s": s["median"], "min_s": s["min"], "spread": s["spread"], "runs": s["runs"],
+            "times_s": times, "warmup_s": first_s, "cpu_util": util, "steal_s": stolen,
+            "contended": bool(contended)}
 
 
 def peak_extra_memory(fn) -> int:
@@ -211,9 +170,8 @@ def run_variant(v: V.Variant, fn, c: V.Case, opts: dict, threads: int | None) ->
     if rec["status"] != "ok":
         return rec
     time.sleep(0.05)
-    rec.update(first_call_s=first, **timed(fn, first, opts))
+    rec.update(first_call_s=first, **timed(fn, first, opts, threads))
     rec.update(flops=c.flops[v.flops], gflops=c.flops[v.flops] / rec["median_s"] / 1e9)
-    rec["contended"] = is_contended(rec, threads)
     if c.spec.op == "ragged_dot" and c.memory_bound and v.flops == "flops":
         rec["weight_bytes"] = c.weight_bytes(v)
         rec["weight_gbs"] = rec["weight_bytes"] / rec["median_s"] / 1e9
@@ -233,7 +191,7 @@ def resize(spec: specs.Spec, args) -> specs.Spec:
 def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
     spec, op = c.spec, c.spec.op
     rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
-           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]}, "memory_bound": c.memory_bound}
+           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]}}
     if op == "moe":
         rec.update(note=spec.note, numpy_vs_reference=c.extra["numpy_vs_reference"],
                    options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
@@ -249,8 +207,8 @@ def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | N
             rec["variants"][v.section][v.name] = {"status": "skip", "reason": str(s)}
             continue
         big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
-        vr = run_variant(v, fn, c, opts, {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}
-                         .get(v.threads))
+        threads = {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}.get(v.threads)
+        vr = run_variant(v, fn, c, opts, threads)
         del fn
         gc.collect()
         if vr["status"] == "FAILED":
@@ -264,8 +222,8 @@ def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | N
 def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict:
     """The NumPy variants of ``spec`` timed in a fresh process with OPENBLAS_CORETYPE set (it
     is read when OpenBLAS loads): {section: {name:<flavour>: record}}."""
-    cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name, "--dtype", dtype,
-           "--seed", str(args.seed), "--scale", repr(args.scale)]
+    cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name,
+           "--dtype", dtype, "--seed", str(args.seed), "--scale", repr(args.scale)]
     cmd += ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     cmd += ["--target-time", repr(args.target_time)] if args.target_time is not None else []
     cmd += ["--variants", *args.variants] if args.variants else []
@@ -316,9 +274,9 @@ def log(line: str) -> None:
 def select_variants(op: str, args) -> list:
     """The variants of ``op`` named by --variants (all when not given; raggeddot always;
     quant: rd-f32 always, and only the variants of the --quant modes)."""
-    unknown = set(args.variants or ()) - {v.name for v in V.VARIANTS[op]}
-    if unknown:
-        sys.exit(f"unknown {op} variants {sorted(unknown)}; known: {sorted({v.name for v in V.VARIANTS[op]})}")
+    known = {v.name for v in V.VARIANTS[op]}
+    if set(args.variants or ()) - known:
+        sys.exit(f"unknown {op} variants {sorted(set(args.variants) - known)}; known: {sorted(known)}")
     keep = set(args.variants or ()) | {"raggeddot", "rd-f32"}
     modes = set(args.quant or ())
     return [v for v in V.VARIANTS[op] if (not args.variants or v.name in keep)
@@ -358,27 +316,22 @@ def main(argv=None) -> int:
 def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
     """(context of the figures, machine info): the yardsticks (ragged_dot and quant: measured
     first, while this process is quiet), thread counts, torch's version where a variant uses it."""
-    ys = {}
+    ys, warnings, torch, la = {}, [], None, C.loadavg()
     if op in ("ragged_dot", "quant"):
-        ys = C.yardsticks(0.02 if args.smoke else 0.2 if args.quick else 0.5, *((0.05, 64) if args.smoke else (0.5, 256)))
-    warnings = []
-    la = C.loadavg()
+        seconds = 0.02 if args.smoke else 0.2 if args.quick else 0.5
+        ys = C.yardsticks(seconds, *((0.05, 64) if args.smoke else ()))
     if la and la[0] >= 1.0:
         warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
                         "figures will be low and noisy")
-    torch = None
-    if any(v.name.startswith(("torch", "hf-")) for v in chosen):
+    if any(v.name.startswith("torch") for v in chosen):
         try:
             import torch
         except Exception as e:  # noqa: BLE001 - an optional baseline
             warnings.append(f"torch not importable: {type(e).__name__}")
-    blas = C.numpy_blas_info()
-    cpu_flags = C.cpu_info()["flags"]
-    info = C.machine_info(dict(ys, warnings=warnings, torch={"version": torch.__version__,
-                                                             "threads": torch.get_num_threads()} if torch else None,
-                               coretype=args.coretype if args.coretype.lower() != "none" and "avx512f" in cpu_flags
-                               else None))
-    ctx = dict(ys, rd_threads=runtime.get_num_threads(), blas_threads=blas["num_threads"],
+    skx = args.coretype.lower() != "none" and "avx512f" in C.cpu_info()["flags"]
+    torch = torch and {"version": torch.__version__, "threads": torch.get_num_threads()}
+    info = C.machine_info(dict(ys, warnings=warnings, coretype=args.coretype if skx else None, torch=torch))
+    ctx = dict(ys, rd_threads=runtime.get_num_threads(), blas_threads=info["numpy_blas"]["num_threads"],
                read_gbs=ys["read_bandwidth"]["gbs"] if ys else None)
     return ctx, info
 
@@ -388,8 +341,9 @@ def run(args, op: str, chosen_specs: list) -> int:
     opts, chosen = timing_options(args), select_variants(op, args)
     ctx, info = environment(args, op, chosen)
     report.print_header(info)
-    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {'smoke' if args.smoke else args.mode}; "
-          f"scale {args.scale:g}; seed {args.seed}", flush=True)
+    mode = "smoke" if args.smoke else args.mode
+    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {mode}; scale {args.scale:g}; "
+          f"seed {args.seed}", flush=True)
     records, cache = [], {}
     jobs = [(d, s) for d in args.dtype for s in chosen_specs if d in s.dtypes]
     needed = set().union(*(v.refs for v in chosen))
@@ -422,15 +376,10 @@ def run(args, op: str, chosen_specs: list) -> int:
         native = ctx["native_peaks"].get(sdtype, {}).get("gflops")
         scaling = run_scaling(sname, sdtype, args, opts, native or ctx["peaks"][ctx["peak_isa"]], log)
 
-    result = {"benchmark": op, "machine": info,
+    result = {"benchmark": op, "machine": info, "results": records, "scaling": scaling,
               "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
                          "specs": [s.name for s in chosen_specs], "variants": [v.name for v in chosen],
-                         "seed": args.seed, "timing": opts, "quant": args.quant,
-                         "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
-                         "quant_modes": {k: V.QUANT_MODES[k] for k in args.quant or ()}, "argv": sys.argv[1:]},
-              "specs": {s.name: {"op": s.op, "shape": s.shape, "pattern": s.pattern, "tags": sorted(s.tags),
-                                 "note": s.note} for s in chosen_specs},
-              "results": records, "scaling": scaling}
+                         "seed": args.seed, "timing": opts, "quant": args.quant, "argv": sys.argv[1:]}}
     result["targets"] = report.evaluate(op, records, scaling, ctx)
     report.print_run(result)
     result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=C.loadavg())

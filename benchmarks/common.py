@@ -20,38 +20,23 @@ from raggeddot import runtime
 NATIVE = {"bfloat16": ("vdpbf16ps", ("avx512_bf16",)), "int8": ("vpdpbusd", ("avx512_vnni", "avx_vnni"))}
 
 
-def _openblas_call(name: str, restype):
-    """openblas_<name>() of the OpenBLAS NumPy wheels bundle, under any symbol spelling, or None."""
-    base = os.path.dirname(os.path.dirname(np.__file__))
-    for pattern in ("numpy.libs/libscipy_openblas*.so*", "numpy.libs/libopenblas*.so*", "numpy/.dylibs/libopenblas*"):
-        for path in glob.glob(os.path.join(base, pattern)):
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for symbol in (f"{p}openblas_{name}{s}" for p in ("scipy_", "") for s in ("64_", "_64", "")):
-                fn = getattr(lib, symbol, None)
-                if fn is not None:
-                    fn.restype = restype
-                    return fn()
+def openblas(name: str, restype=ctypes.c_int):
+    """openblas_<name>() of the OpenBLAS bundled with NumPy's wheel (numpy.libs/), or None:
+    get_corename, the core type it chose at load time (e.g. b'Haswell'), get_num_threads."""
+    for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "lib*openblas*.so*")):
+        for symbol in (f"{p}openblas_{name}{s}" for p in ("scipy_", "") for s in ("64_", "_64", "")):
+            fn = getattr(ctypes.CDLL(path), symbol, None)
+            if fn is not None:
+                fn.restype = restype
+                return fn()
     return None
 
 
-def blas_core() -> str | None:
-    """The core type OpenBLAS chose at load time (e.g. 'Haswell', 'SkylakeX')."""
-    core = _openblas_call("get_corename", ctypes.c_char_p)
-    return core.decode(errors="replace") if core is not None else None
-
-
 def numpy_blas_info() -> dict:
-    info = {"corename": blas_core(), "num_threads": _openblas_call("get_num_threads", ctypes.c_int),
-            "coretype_env": os.environ.get("OPENBLAS_CORETYPE")}
-    try:
-        blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-        info.update(name=blas.get("name"), version=blas.get("version"))
-    except Exception:  # noqa: BLE001 - show_config's layout is not a stable interface
-        pass
-    return info
+    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    core = openblas("get_corename", ctypes.c_char_p)
+    return {"name": blas.get("name"), "version": blas.get("version"), "corename": core and core.decode(),
+            "num_threads": openblas("get_num_threads"), "coretype_env": os.environ.get("OPENBLAS_CORETYPE")}
 
 
 def cpu_info() -> dict:
@@ -88,30 +73,22 @@ def steal_seconds() -> float | None:
 
 def machine_info(extra: dict | None = None) -> dict:
     """CPU, versions, NumPy's BLAS, raggeddot's build and the thread-related environment."""
-    info = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "hostname": platform.node(),
-        "python": sys.version.split()[0], "cpu": cpu_info(), "numpy": np.__version__,
-        "numpy_blas": numpy_blas_info(),
-        "raggeddot": {"build_info": runtime.build_info(), "kernel": runtime.get_kernel(),
-                      "threads": runtime.get_num_threads(), "runnable_kernels": runtime.runnable_kernels()},
-        "env": {k: v for k, v in sorted(os.environ.items()) if k in (
-            "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-            "XLA_FLAGS", "RAGGEDDOT_NUM_THREADS")},
-        "loadavg_start": loadavg(),
-    }
-    return dict(info, **(extra or {}))
+    env = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
+           "GOMP_SPINCOUNT", "RAGGEDDOT_NUM_THREADS")
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "hostname": platform.node(),
+            "python": sys.version.split()[0], "cpu": cpu_info(), "numpy": np.__version__,
+            "numpy_blas": numpy_blas_info(), "env": {k: os.environ[k] for k in env if k in os.environ},
+            "raggeddot": {"build_info": runtime.build_info(), "kernel": runtime.get_kernel(),
+                          "threads": runtime.get_num_threads(), "runnable": runtime.runnable_kernels()},
+            "loadavg_start": loadavg(), **(extra or {})}
 
 
 def describe_machine(info: dict) -> str:
     """One line: CPU, its flags, raggeddot's kernel and threads, the load."""
     cpu, rd = info["cpu"], info["raggeddot"]
-    return (f"CPU: {cpu.get('model name')} (family {cpu.get('cpu family')}, {cpu.get('logical_cpus')} cpus, "
+    return (f"CPU: {cpu.get('model name')} (family {cpu.get('cpu family')}, {cpu['logical_cpus']} cpus, "
             f"{' '.join(cpu['flags'])}); raggeddot kernel={rd['kernel']} threads={rd['threads']}; "
             f"load average {info['loadavg_start']}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Yardsticks
 
 
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
@@ -134,8 +111,8 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
     native = {"float16": fma}
     for dtype, (instruction, probes) in NATIVE.items():
         found = next((g for g in map(probe, probes) if all(g.values())), None)
-        native[dtype] = ({"instruction": instruction, "gflops": found, "basis": "native"} if found else
-                         fma if dtype == "bfloat16" else {"instruction": instruction, "gflops": None, "basis": "absent"})
+        own = {"instruction": instruction, "gflops": found, "basis": "native" if found else "absent"}
+        native[dtype] = fma if dtype == "bfloat16" and not found else own
     threads = runtime.get_num_threads()
     gbs = max(runtime.read_bandwidth(threads, bandwidth_mb, bandwidth_s) for _ in range(2))
     a2, a5 = peaks["avx2"]["1"], peaks["avx512"]["1"]
@@ -157,38 +134,27 @@ def describe_yardsticks(ys: dict) -> list[str]:
     return lines + [f"warning: {w}" for w in ys["peak_warnings"]]
 
 
-# ----------------------------------------------------------------------------------------------
-# Output
-
-
 def fmt(x, digits: int = 1) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
-    if isinstance(x, str):
-        return x
-    return str(x) if isinstance(x, int) else f"{x:.{digits}f}"
+    return x if isinstance(x, str) else str(x) if isinstance(x, int) else f"{x:.{digits}f}"
 
 
 def format_table(headers, rows) -> str:
     """Columns aligned: the first to the left, the others to the right."""
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    rows = [[str(c) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
+    rows.insert(1, ["-" * w for w in widths])
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
 
 
 def write_json(path: str, obj) -> None:
     """``obj`` as indented JSON (NumPy scalars and arrays converted), written atomically."""
     def default(o):
-        if isinstance(o, (np.generic, np.ndarray)):
-            return o.tolist()
-        return list(o) if isinstance(o, (set, frozenset, tuple)) else str(o)
+        return o.tolist() if isinstance(o, (np.generic, np.ndarray)) else str(o)
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=1, default=default)
-        f.write("\n")
     os.replace(path + ".tmp", path)

@@ -76,10 +76,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------------------------
-# The layer
-
-
 def local_share(args, comm, T: int, first: int | None = None):
     """The layer of the spec at T tokens (the same on every rank: one seed; --smoke: d = 64,
     f = 32) and this rank's share: (x, router, w0, w1, wo) of its tokens (its first `first`
@@ -95,40 +91,31 @@ def local_share(args, comm, T: int, first: int | None = None):
     return (mine, layer[1], *(w[held] for w in layer[2:])), kw, (layer, inputs["options"])
 
 
-class StepClock:
-    """Time spent in each step of raggeddot.distributed.moe_block, and the bytes its exchanges
-    send to other ranks, by wrapping the step functions the layer calls."""
+def step_clock(comm):
+    """({step: seconds}, [bytes sent to other ranks]) that the step functions of
+    raggeddot.distributed.moe_block add to, once wrapped here (the layer calls them through
+    their modules)."""
+    from raggeddot.distributed import moe
 
-    def __init__(self, comm):
-        from raggeddot.distributed import moe
+    acc, sent = defaultdict(float), [0]
 
-        self.acc = defaultdict(float)
-        self.bytes = 0
-        for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
-                                   (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
-                                   (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
-            setattr(module, name, self._timed(getattr(module, name), step, comm))
-
-    def _timed(self, fn, step, comm):
-        def timed(*args, **kwargs):
-            if step == "exchange":
-                rows, moves = args[1], args[2]
-                row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:]))
-                self.bytes += moves.bytes_to_peers(comm.rank, comm.size, row_bytes)
+    def timed(fn, step):
+        def call(*args, **kwargs):
+            if step == "exchange":  # move(comm, rows, moves, ...)
+                row = args[1].dtype.itemsize * int(np.prod(args[1].shape[1:]))
+                sent[0] += args[2].bytes_to_peers(comm.rank, comm.size, row)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.acc[step] += time.perf_counter() - t0
-        return timed
+                acc[step] += time.perf_counter() - t0
+        return call
 
-    def reset(self):
-        self.acc.clear()
-        self.bytes = 0
-
-
-# ----------------------------------------------------------------------------------------------
-# One MPI run
+    for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
+                               (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
+                               (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
+        setattr(module, name, timed(getattr(module, name), step))
+    return acc, sent
 
 
 def run_ranks(args):
@@ -145,30 +132,29 @@ def run_ranks(args):
     T, runs = args.tokens or (64 if args.smoke else 4096), args.runs or (2 if args.smoke else 10)
     E = S.get(SPECS[args.spec]).shape["E"]
     if T % P or E % P:
-        raise SystemExit(f"--tokens {T} and the E={E} experts of {args.spec} must be multiples of the {P} ranks")
+        raise SystemExit(f"--tokens {T} and the E={E} experts of {args.spec}: not multiples of the {P} ranks")
     # check: bitwise equal to single-process moe_block on every rank's first tokens
     Tr, n = T // P, min(CHECK_TOKENS, T // P)
     arrays, kw, (layer, options) = local_share(args, comm, T, first=n)
     got = dist.moe_block(*arrays, comm=comm, **kw)
     x = layer[0]
-    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:], **options)
+    firsts = np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)])
+    want = raggeddot.moe_block(firsts, *layer[1:], **options)
     if not all(comm.allgather(np.array_equal(got, want[r * n:(r + 1) * n]))):
         raise SystemExit("check FAILED: the distributed layer differs from single-process moe_block")
     arrays, kw, _ = local_share(args, comm, T)
-    clock = StepClock(comm)
+    acc, sent = step_clock(comm)
     dist.moe_block(*arrays, comm=comm, **kw)        # warm-up
     samples = defaultdict(list)
     for _ in range(runs):
-        clock.reset()
+        acc.clear()
+        sent[0] = 0
         comm.Barrier()
         total = call_time(lambda: dist.moe_block(*arrays, comm=comm, **kw))[1]
-        for s in STEPS[:-1]:
-            samples[s].append(clock.acc[s])
-        samples["other"].append(total - sum(clock.acc.values()))
-        samples["total_s"].append(total)
-        samples["bytes"].append(clock.bytes)
+        for step, value in [(s, acc[s]) for s in STEPS[:-1]] + [("other", total - sum(acc.values())),
+                                                               ("total_s", total), ("bytes", sent[0])]:
+            samples[step].append(value)
     mine = {"rank": r, **{s: summary(v)["median"] for s, v in samples.items()}}
-    mine["bytes"] = int(mine["bytes"])
     per_rank = comm.gather(mine, root=0)
     if r != 0:
         return None
@@ -192,19 +178,14 @@ def report(res, args, c1=None):
     rows = [[p["rank"], *(f"{1e3 * p[s]:.2f}" for s in STEPS), f"{1e3 * p['total_s']:.2f}",
              f"{p['bytes'] / 1e6:.2f}"] for p in res["per_rank"]]
     out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
-    out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest rank; "
-               f"compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
-    bws = [float(b) for b in args.bandwidth.split(",")]
-    model = [[f"{b:g}", f"{res['T'] / predict(res['compute_s'], res['bytes_max'], b, args.latency_us):.0f}"]
-             + ([f"{res['T'] / predict(c1 / res['P'], res['bytes_max'], b, args.latency_us):.0f}"] if c1 else [])
-             for b in bws]
+    out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest "
+               f"rank; compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
+    cs = [res["compute_s"]] + ([c1 / res["P"]] if c1 else [])
+    model = [[f"{b:g}", *(f"{res['T'] / predict(c, res['bytes_max'], b, args.latency_us):.0f}" for c in cs)]
+             for b in (float(b) for b in args.bandwidth.split(","))]
     heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
     out.append(C.format_table(heads, model))
     return "\n".join(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Entry points
 
 
 def launch(args, argv):

@@ -1,21 +1,18 @@
-"""raggeddot.jax's FFI custom calls inside jax.jit, against jax's own CPU
-lowering of ragged_dot and against raggeddot's NumPy call on the same arrays.
+"""raggeddot.jax's FFI custom calls inside jax.jit, against jax's own CPU lowering of ragged_dot
+and against raggeddot's NumPy call on the same arrays.
 
   python benchmarks/jax_ffi.py [--repeats 5] [--quick]
 
-1. ragged_dot, float32, m=4096 k=2048 n=768 g=64 (and a smaller shape):
-   jax.jit(raggeddot.jax.ragged_dot) vs jax.jit(jax.lax.ragged_dot) (on the
-   CPU a [g, m, k] masked lhs and one dense dot over g*k), and vs
-   raggeddot.ragged_dot on NumPy views of the same buffers (the FFI's cost).
-2. A MoE layer written in JAX (routing, argsort, gathers, three ragged_dot
-   calls, combine; 16 experts), forward + backward (jax.value_and_grad under
-   jit) with raggeddot.jax.ragged_dot vs with jax.lax.ragged_dot.
+1. ragged_dot, float32, m=4096 k=2048 n=768 g=64 (and a smaller shape): jax.jit(raggeddot.jax.
+   ragged_dot) vs jax.jit(jax.lax.ragged_dot) (on the CPU a [g, m, k] masked lhs and one dense
+   dot over g*k), and vs raggeddot.ragged_dot on NumPy views of the same buffers (the FFI's cost).
+2. A MoE layer written in JAX (routing, argsort, gathers, three ragged_dot calls, combine; 16
+   experts), forward + backward (jax.value_and_grad under jit), raggeddot.jax vs jax.lax.
 
-Each variant is checked against the others before it is timed. Times are
-medians of --repeats rounds after one warm-up call (and compilation), the
-variants of a case timed in interleaved rounds (raggeddot._timing.interleaved);
-jax.lax.ragged_dot alone, at most 3 calls (it is slow). Output: one JSON line
-per case, after one line of machine info.
+Each variant is checked against the others before it is timed. Times: medians of --repeats
+rounds after a warm-up call (and compilation), the variants of a case in interleaved rounds
+(raggeddot._timing.interleaved); jax.lax.ragged_dot alone, at most 3 calls (it is slow).
+Output: a line of machine info, then one JSON line per case.
 """
 import argparse
 import json
@@ -34,7 +31,7 @@ import raggeddot.jax as rj  # noqa: E402
 from raggeddot._timing import interleaved, summary  # noqa: E402
 
 
-def medians(fns: dict, repeats: int) -> dict:
+def medians(repeats: int, **fns) -> dict:
     """{name + '_s': median seconds} of the callables, timed in interleaved rounds."""
     times = interleaved(fns, rounds=repeats, sync=jax.block_until_ready)
     return {f"{name}_s": summary(ts)["median"] for name, ts in times.items()}
@@ -51,24 +48,21 @@ def bench_ragged_dot(m, k, n, g, repeats):
     a = np.asarray(ours(x, w, gs))
     np.testing.assert_allclose(a, raggeddot.ragged_dot(xn, wn, gn), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a, np.asarray(lax(x, w, gs)), rtol=1e-3, atol=1e-3)
-    res = {"case": "ragged_dot", "m": m, "k": k, "n": n, "g": g, "dtype": "float32", "gflop": 2.0 * m * k * n / 1e9}
-    res.update(medians({"raggeddot.jax": lambda: ours(x, w, gs), "numpy": lambda: raggeddot.ragged_dot(xn, wn, gn)},
-                       repeats))
-    res.update(medians({"jax.lax": lambda: lax(x, w, gs)}, max(1, min(repeats, 3))))
-    res["ffi_over_numpy"] = res["raggeddot.jax_s"] / res["numpy_s"]
-    res["speedup_vs_lax"] = res["jax.lax_s"] / res["raggeddot.jax_s"]
-    return res
+    res = dict(case="ragged_dot", m=m, k=k, n=n, g=g, dtype="float32", gflop=2.0 * m * k * n / 1e9)
+    res.update(medians(repeats, **{"raggeddot.jax": lambda: ours(x, w, gs),
+                                   "numpy": lambda: raggeddot.ragged_dot(xn, wn, gn)}))
+    res.update(medians(max(1, min(repeats, 3)), **{"jax.lax": lambda: lax(x, w, gs)}))
+    return dict(res, ffi_over_numpy=res["raggeddot.jax_s"] / res["numpy_s"],
+                speedup_vs_lax=res["jax.lax_s"] / res["raggeddot.jax_s"])
 
 
 def moe_layer(params, x, ragged_dot, top_k=2):
     """Top-k routing, tokens sorted by expert, SwiGLU experts, weighted combine."""
     router, w0, w1, wo = params
-    E = router.shape[1]
     weights, experts = jax.lax.top_k(jax.nn.softmax(x @ router, axis=-1), top_k)
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
-    token = order // top_k
-    sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    token, sizes = order // top_k, jnp.bincount(flat, length=router.shape[1]).astype(jnp.int32)
     xs = x[token]
     h = jax.nn.silu(ragged_dot(xs, w0, sizes)) * ragged_dot(xs, w1, sizes)
     y = ragged_dot(h, wo, sizes) * weights.reshape(-1)[order][:, None]
@@ -81,7 +75,8 @@ def bench_moe(tokens, d, f, E, repeats):
     def a(*shape, scale=1.0):
         return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale)
 
-    params = (a(d, E, scale=0.1), a(E, d, f, scale=d ** -0.5), a(E, d, f, scale=d ** -0.5), a(E, f, d, scale=f ** -0.5))
+    params = (a(d, E, scale=0.1), a(E, d, f, scale=d ** -0.5), a(E, d, f, scale=d ** -0.5),
+              a(E, f, d, scale=f ** -0.5))
     x = a(tokens, d)
 
     def step(rd):
@@ -90,10 +85,10 @@ def bench_moe(tokens, d, f, E, repeats):
     ours, lax = step(rj.ragged_dot), step(jax.lax.ragged_dot)
     for p, q in zip(jax.tree.leaves(ours(params, x)), jax.tree.leaves(lax(params, x))):
         np.testing.assert_allclose(np.asarray(p), np.asarray(q), rtol=2e-3, atol=2e-5)
-    res = {"case": "moe_fwd_bwd", "tokens": tokens, "d": d, "f": f, "experts": E, "top_k": 2, "dtype": "float32"}
-    res.update(medians({"raggeddot.jax": lambda: ours(params, x), "jax.lax": lambda: lax(params, x)}, repeats))
-    res["speedup_vs_lax"] = res["jax.lax_s"] / res["raggeddot.jax_s"]
-    return res
+    res = dict(case="moe_fwd_bwd", tokens=tokens, d=d, f=f, experts=E, top_k=2, dtype="float32")
+    res.update(medians(repeats, **{"raggeddot.jax": lambda: ours(params, x),
+                                   "jax.lax": lambda: lax(params, x)}))
+    return dict(res, speedup_vs_lax=res["jax.lax_s"] / res["raggeddot.jax_s"])
 
 
 def main():
@@ -101,9 +96,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small shapes only")
     args = ap.parse_args()
-    info = C.machine_info()
-    print(json.dumps({"cpu": info["cpu"].get("model name"), "jax": jax.__version__, "load": info["loadavg_start"],
-                      "threads": raggeddot.get_num_threads(), "kernel": info["raggeddot"]["kernel"]}))
+    print(C.describe_machine(C.machine_info()) + f"; jax {jax.__version__}", flush=True)
     for shape in [(512, 256, 128, 8)] + ([] if args.quick else [(4096, 2048, 768, 64)]):
         print(json.dumps(bench_ragged_dot(*shape, args.repeats)), flush=True)
     moe = (256, 64, 128, 16) if args.quick else (2048, 512, 1024, 16)

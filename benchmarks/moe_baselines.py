@@ -139,7 +139,7 @@ def np_forward(inputs: dict, x=None, save: bool = False):
     np.cumsum(np.bincount(flat, minlength=E), out=bounds[1:])
     xs = x[tok]
     b0, b1, bo = kw.get("w0_bias"), kw.get("w1_bias"), kw.get("wo_bias")
-    h0, h1, y = (np.empty((N, f), dtype=x.dtype), np.empty((N, f), dtype=x.dtype), np.empty((N, d), dtype=x.dtype))
+    h0, h1, y = (np.empty(shape, dtype=x.dtype) for shape in ((N, f), (N, f), (N, d)))
 
     for e, s, t in _experts(bounds):
         np.matmul(xs[s:t], w0[e], out=h0[s:t])
@@ -271,7 +271,7 @@ def torch_fn(torch, i32: dict, backward: bool, dtype: str):
         raise Unsupported(f"the torch expert loop has no {', '.join(other)}")
     F, dt = torch.nn.functional, getattr(torch, dtype)
     x32, rw, ct = (torch.from_numpy(i32[n]) for n in ("x", "router_weights", "ct"))
-    ws = [torch.from_numpy(np.ascontiguousarray(i32[n].transpose(0, 2, 1))).to(dt) for n in ("w0", "w1", "wo")]
+    ws = [torch.from_numpy(np.ascontiguousarray(i32[n].transpose(0, 2, 1))).to(dt) for n in MAIN_GRADS[2:]]
 
     def layer(x, rw, w0, w1, wo):
         w, idx = torch.topk(F.softmax(x @ rw, dim=1), kw["top_k"], dim=1)

@@ -18,9 +18,9 @@ CONTENDED_SHARE, STOLEN_SHARE = 0.75, 0.05
 
 
 class Figures:
-    """The figures of one section of a record (its variants' records) that metrics use; a
-    variant name stands for the variant in every flavour (np-loop and np-loop:skx), a tuple of
-    names for the best of them. Every method gives None where a figure is missing."""
+    """The figures of one section of a record that metrics use; a variant name stands for the
+    variant in every flavour (np-loop and np-loop:skx), a tuple of names for the best of them.
+    Every figure is None where one it needs is missing."""
 
     def __init__(self, sec: dict, rec: dict, ctx: dict):
         self.sec, self.rec, self.ctx = sec, rec, ctx
@@ -39,17 +39,22 @@ class Figures:
     def pct(self, x, of):
         return 100 * x / of if x and of else None
 
-    def peak(self, name: str, dtype: str | None = None, isa: str | None = None):
+    def peak(self, name: str, dtype: str | None = None):
         """% of the yardstick of ``dtype`` (default the record's) at raggeddot's thread count:
-        the FMA peak of the kernel's ISA (or ``isa``; float64: half), for bfloat16 / float16 /
-        int8 the native_peaks entry."""
-        dtype, t, ctx = dtype or self.rec["dtype"], str(self.ctx.get("rd_threads")), self.ctx
-        if dtype in ("bfloat16", "float16", "int8") and isa is None:
-            p = ((ctx.get("native_peaks") or {}).get(dtype, {}).get("gflops") or {}).get(t)
-        else:
-            p = (ctx.get("peaks", {}).get(isa or ctx.get("peak_isa")) or {}).get(t)
-            p = p / 2 if p and dtype == "float64" else p
-        return self.pct(self.best(name)[0], p)
+        the FMA peak of the kernel's ISA (float64: half), for bfloat16 / float16 / int8 the
+        native_peaks entry."""
+        x, dtype, ctx = self.best(name)[0], dtype or self.rec["dtype"], self.ctx
+        t = str(ctx.get("rd_threads"))
+        if x is None:
+            return None
+        if dtype in ("bfloat16", "float16", "int8"):
+            return self.pct(x, (ctx["native_peaks"][dtype]["gflops"] or {}).get(t))
+        p = ctx["peaks"][ctx["peak_isa"]].get(t)
+        return self.pct(x, p / 2 if p and dtype == "float64" else p)
+
+    def bw(self, name: str):
+        """% of the read bandwidth measured at start that the variant's weight bytes stream at."""
+        return self.pct(self.best(name, "weight_gbs")[0], self.ctx.get("read_gbs"))
 
     def mem(self):
         """raggeddot's peak extra memory over the NumPy layer's, both traced in this process."""
@@ -60,76 +65,59 @@ class Figures:
         """% of raggeddot's forward time that its dispatch and combine (the ragged gathers) take."""
         return self.pct(self.rec.get("gathers", {}).get("total_s"), self.best("raggeddot", "median_s")[0])
 
-    def bw(self, name: str):
-        """% of the read bandwidth measured at start that the variant's weight bytes stream at."""
-        return self.pct(self.best(name, "weight_gbs")[0], self.ctx.get("read_gbs"))
 
-
-#: the baselines computing the same thing, per section: every NumPy flavour, torch and (moe)
-#: transformers' blocks; "best" is the fastest of them
-BASELINES = {"ragged_dot": ("np-loop", "torch-loop", "torch-gmm"), "quant": ("torch-int8", "torch-int8w"),
+#: per section, the baselines computing the same thing (every NumPy flavour, torch); "best":
+#: the fastest of them
+BASELINES = {"ragged_dot": ("np-loop", "torch-loop", "torch-gmm"), "quant": ("torch-int8",),
              "step": ("np-loop",), "tgmm": ("np-loop",), "fwd": ("numpy", "torch")}
 BASELINES["fwd+bwd"] = BASELINES["fwd"]
-QUANT = ("int8", "int8-sub128", "int8w", "fp8w")
-PRE = ("int8w", "fp8w")
-
-
-def _moe_metrics(p: str) -> dict:
-    """moe: times over raggeddot's (the inverse ratio of the GFLOP/s); mem: peak extra memory."""
-    return {f"{p} best/rd": lambda f: f.ratio("raggeddot", BASELINES[p]),
-            f"{p} np/rd": lambda f: f.ratio("raggeddot", "numpy"), f"{p} f32/rd": lambda f: f.ratio("raggeddot", "rd-f32"),
-            f"{p} torch/rd": lambda f: f.ratio("raggeddot", "torch"),
-            f"{p} mem rd/np": Figures.mem, **({"gathers %fwd": Figures.gathers} if p == "fwd" else {})}
-
-
-#: per benchmark, its tables: (section, title, figure shown per variant (gflops, ms, or gbs:
-#: weight GB/s, memory-bound records only), {metric: its figure from a Figures}); every table
-#: also shows "best" and "best_is" (BASELINES)
+MOE = {"best/rd": ("raggeddot", ("numpy", "torch")), "np/rd": ("raggeddot", "numpy"),
+       "f32/rd": ("raggeddot", "rd-f32"), "torch/rd": ("raggeddot", "torch"), "mem rd/np": Figures.mem}
+#: per benchmark, its tables: (section, title, the figure shown per variant (gflops; ms; gbs:
+#: weight GB/s, memory-bound specs only), {metric: (a, b): a's GFLOP/s over b's, or a function
+#: of a Figures}); every table but a gbs one shows "best" and "best_is" first
 TABLES = {
     "ragged_dot": [
         ("ragged_dot", "ragged_dot: GFLOP/s (median); FLOPs = 2*sum(gs)*k*n (np-dense: 2*m*k*n)", "gflops", {
-            "rd/best": lambda f: f.ratio("raggeddot", BASELINES["ragged_dot"]),
-            "rd/dense": lambda f: f.ratio("raggeddot", "np-dense"), "rd/loop": lambda f: f.ratio("raggeddot", "np-loop"),
-            "rd/torch": lambda f: f.ratio("raggeddot", ("torch-loop", "torch-gmm")),
-            "rd/tdense": lambda f: f.ratio("raggeddot", "torch-dense"),
-            "rd/f32": lambda f: f.ratio("raggeddot", "rd-f32"), "pre/rd": lambda f: f.ratio("rd-prepacked", "raggeddot"),
-            "pct_peak": lambda f: f.peak("raggeddot"), "pct_peak_avx2": lambda f: f.peak("raggeddot", isa="avx2")}),
-        ("ragged_dot", "weights streamed (memory-bound specs): GB/s of the weight bytes of the groups with rows; "
-                       "%bw: raggeddot's share of the read bandwidth measured at start", "gbs", {
-            "%bw": lambda f: f.bw("raggeddot"), "f32 %bw": lambda f: f.bw("rd-f32"),
-            "pre %bw": lambda f: f.bw("rd-prepacked")})],
+            "rd/best": ("raggeddot", BASELINES["ragged_dot"]), "rd/dense": ("raggeddot", "np-dense"),
+            "rd/loop": ("raggeddot", "np-loop"), "rd/torch": ("raggeddot", ("torch-loop", "torch-gmm")),
+            "rd/tdense": ("raggeddot", "torch-dense"), "rd/f32": ("raggeddot", "rd-f32"),
+            "pre/rd": ("rd-prepacked", "raggeddot"), "pct_peak": lambda f: f.peak("raggeddot")}),
+        ("ragged_dot", "weights streamed (memory-bound specs): GB/s of the weight bytes of the groups "
+                       "with rows; %bw: of the read bandwidth measured at start", "gbs",
+         {"%bw": lambda f: f.bw("raggeddot"), "f32 %bw": lambda f: f.bw("rd-f32"),
+          "pre %bw": lambda f: f.bw("rd-prepacked")})],
     "quant": [
-        ("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32, X/bf16: over raggeddot "
-                  "float32 / bfloat16; %fma: of the FMA peak; %vnni: of the vpdpbusd peak", "gflops", {
-            **{f"{q}/{b}": (lambda f, q=q, v=v: f.ratio(q, v)) for q in QUANT
-               for b, v in (("f32", "rd-f32"), ("bf16", "rd-bf16"), ("torch", f"torch-{q}"))},
-            **{f"{q} %fma": (lambda f, q=q: f.peak(q, "float32")) for q in ("int8", "int8w")},
+        ("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32, X/bf16: "
+                  "over raggeddot float32 / bfloat16; %fma: of the FMA peak; %vnni: of the vpdpbusd peak",
+         "gflops", {
+            **{f"{q}/{b}": (q, v) for q in ("int8", "int8-sub128", "int8w", "fp8w")
+               for b, v in (("f32", "rd-f32"), ("bf16", "rd-bf16"))},
+            "int8/torch": ("int8", "torch-int8"), "int8 %fma": lambda f: f.peak("int8", "float32"),
             "int8 %vnni": lambda f: f.peak("int8", "int8"),
-            **{f"{q}-pre/{b}": (lambda f, q=q, v=v: f.ratio(f"{q}-prepacked", v)) for q in PRE
+            **{f"{q}-pre/{b}": (f"{q}-prepacked", v) for q in ("int8w", "fp8w")
                for b, v in (("f32", "rd-f32"), (q, q))}}),
-        ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); %bw: of the "
-                  "read bandwidth measured at start", "gbs", {
-            f"{short} %bw": (lambda f, v=v: f.bw(v)) for short, v in (
-                ("f32", "rd-f32"), ("bf16", "rd-bf16"), ("int8w", "int8w"), ("fp8w", "fp8w"),
-                ("int8w-pre", "int8w-prepacked"), ("fp8w-pre", "fp8w-prepacked"))})],
+        ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); "
+                  "%bw: of the read bandwidth measured at start", "gbs",
+         {f"{short} %bw": (lambda f, v=v: f.bw(v)) for short, v in (
+             ("f32", "rd-f32"), ("bf16", "rd-bf16"), ("int8w", "int8w"), ("fp8w", "fp8w"),
+             ("int8w-pre", "int8w-prepacked"), ("fp8w-pre", "fp8w-prepacked"))})],
     "backward": [
-        ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n", "gflops", {
-            "step rd/best": lambda f: f.ratio("raggeddot", BASELINES["step"]),
-            "step rd/loop": lambda f: f.ratio("raggeddot", "np-loop")}),
-        ("tgmm", "tgmm: GFLOP/s of d_rhs = tgmm(lhs.T, ct, gs); FLOPs = 2*sum(gs)*k*n (np-dense: lhs @ rhs[0], "
-                 "2*m*k*n)", "gflops", {
-            "tgmm/fwd": lambda f: f.ratio("tgmm", "forward"), "tgmm/loop": lambda f: f.ratio("tgmm", "np-loop"),
-            "tgmm/dense": lambda f: f.ratio("tgmm", "np-dense"), "fresh/fwd": lambda f: f.ratio("tgmm-fresh", "forward"),
-            "fresh/loop": lambda f: f.ratio("tgmm-fresh", "np-loop")})],
+        ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n", "gflops",
+         {"step rd/best": ("raggeddot", BASELINES["step"]), "step rd/loop": ("raggeddot", "np-loop")}),
+        ("tgmm", "tgmm: GFLOP/s of d_rhs = tgmm(lhs.T, ct, gs); FLOPs = 2*sum(gs)*k*n (np-dense: "
+                 "lhs @ rhs[0], 2*m*k*n)", "gflops",
+         {"tgmm/fwd": ("tgmm", "forward"), "tgmm/loop": ("tgmm", "np-loop"),
+          "tgmm/dense": ("tgmm", "np-dense"), "fresh/fwd": ("tgmm-fresh", "forward"),
+          "fresh/loop": ("tgmm-fresh", "np-loop")})],
     "moe": [
         ("fwd", "moe_block forward: median ms; X/rd = X's time / raggeddot's; mem = peak extra memory "
                 "(tracemalloc) raggeddot / numpy; gathers = dispatch + combine share of the forward", "ms",
-         _moe_metrics("fwd")),
+         {**{f"fwd {k}": how for k, how in MOE.items()}, "gathers %fwd": Figures.gathers}),
         ("fwd+bwd", "moe_block forward + backward (moe_block_vjp, vjp_fn(ct)): median ms", "ms",
-         _moe_metrics("fwd+bwd"))],
+         {f"fwd+bwd {k}": how for k, how in MOE.items()})],
 }
-SHAPE_COLS = {"ragged_dot": ["m", "k", "n", "g"], "backward": ["m", "k", "n", "g"], "quant": ["m", "k", "n", "g"],
-              "moe": ["T", "d", "f", "E", "top_k"]}
+SHAPE_COLS = {"moe": ["T", "d", "f", "E", "top_k"]}
 
 
 def _prefix(section: str) -> str:
@@ -141,10 +129,11 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
     m = {}
     for section, _, kind, metrics in TABLES[op]:
         f = Figures(rec["variants"][section], rec, ctx)
-        for name, figure in metrics.items():
-            m[name] = figure(f)
+        m.update({name: f.ratio(*how) if isinstance(how, tuple) else how(f) for name, how in metrics.items()})
         best, m[f"{_prefix(section)}best_is"] = f.best(BASELINES[section])
-        m[f"{_prefix(section)}best"] = 1e3 * rec["flops"][section] / best / 1e9 if best and kind == "ms" else best
+        if best and kind == "ms":  # the best baseline's time
+            best = 1e3 * rec["flops"][section] / (best * 1e9)
+        m[f"{_prefix(section)}best"] = best
     rec["metrics"] = m
 
 
@@ -153,10 +142,8 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
 
 
 def cell(vr: dict | None, kind: str) -> str:
-    if vr is None:
-        return "-"
-    if vr["status"] != "ok":
-        return vr["status"]
+    if vr is None or vr["status"] != "ok":
+        return vr["status"] if vr else "-"
     x = {"ms": 1e3 * vr["median_s"], "gbs": vr.get("weight_gbs"), "gflops": vr["gflops"]}[kind]
     return fmt(x, 0 if kind == "ms" and x > 100 else 1) + ("*" if vr.get("contended") and x else "")
 
@@ -169,15 +156,16 @@ def section_table(op: str, records: list[dict], section: str, kind: str, metrics
     metrics = [x for x in metrics if any(r["metrics"].get(x) is not None for r in records)]
     seen = list(dict.fromkeys(n for r in records for n, vr in r["variants"][section].items()
                               if kind != "gbs" or vr.get("weight_gbs")))
-    names = sorted(seen, key=lambda n: seen.index(n.split(":")[0]) if n.split(":")[0] in seen else seen.index(n))
-    headers = ["spec", *SHAPE_COLS[op]] + (["pattern"] if op != "moe" else []) + names
+    # a flavour (np-loop:skx) right after its variant
+    names = sorted(seen, key=lambda n: seen.index(n.split(":")[0] if n.split(":")[0] in seen else n))
+    shape = SHAPE_COLS.get(op, ["m", "k", "n", "g", "pattern"])
+    headers = ["spec", *shape, *names]
     headers += [re.sub(r"^(step|tgmm|fwd\+bwd|fwd) ", "", x).replace("pct_peak", "%peak") for x in metrics]
-    rows = []
-    for r in records:
-        row = [r["spec"], *(r["shape"][x] for x in SHAPE_COLS[op])] + ([r["pattern"]] if op != "moe" else [])
-        row += [cell(r["variants"][section].get(n), kind) for n in names]
-        rows.append(row + [fmt(r["metrics"].get(x), 1 if "%" in x or "pct" in x or x.split()[-1] == "best" else 2)
-                           for x in metrics])
+    rows = [[r["spec"], *(r["shape"].get(x, r.get(x)) for x in shape)]
+            + [cell(r["variants"][section].get(n), kind) for n in names]
+            + [fmt(r["metrics"].get(x), 1 if "%" in x or "pct" in x or x.split()[-1] == "best" else 2)
+               for x in metrics]
+            for r in records]
     return format_table(headers, rows) if records else None
 
 
@@ -194,27 +182,23 @@ def notes(records: list[dict]) -> list[str]:
             reasons.setdefault(("numpy", "vs raggeddot.reference", "FAILED", ""), []).append(r["spec"])
     out = []
     for (section, v, status, why), names in reasons.items():
-        where = "all" if len(names) == len(records) else ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
+        where = "all" if len(names) == len(records) else ", ".join(names[:4]) + (" ..." if names[4:] else "")
         out.append(f"  {section} {v} {status}: {why}  [{where}]")
     if any(vr.get("contended") for r in records for sec in r["variants"].values() for vr in sec.values()):
         out.append(f"  * got < {CONTENDED_SHARE:.0%} of its threads' CPU time (other processes), or > "
-                   f"{STOLEN_SHARE:.0%} of the CPU time was stolen by the hypervisor, while timed: figure unreliable")
+                   f"{STOLEN_SHARE:.0%} of the CPU time was stolen (hypervisor), while timed: unreliable")
     return out
 
 
 def print_header(info: dict) -> None:
     blas, torch = info["numpy_blas"], info.get("torch")
     print(describe_machine(info))
-    print(f"NumPy {info['numpy']}: {blas.get('name')} {blas.get('version')} core={blas.get('corename')} "
-          f"threads={blas.get('num_threads')}" + (f"; also timed with OPENBLAS_CORETYPE={info['coretype']}"
-                                                  if info.get("coretype") else ""))
-    if torch:
-        print(f"torch {torch['version']}, {torch['threads']} threads")
-    for line in describe_yardsticks(info) if info.get("peaks") else ():
-        print(line)
-    for w in info.get("warnings", []):
-        print(f"warning: {w}")
-    sys.stdout.flush()
+    also = f"; also timed with OPENBLAS_CORETYPE={info['coretype']}" if info["coretype"] else ""
+    print(f"NumPy {info['numpy']}: {blas.get('name')} {blas.get('version')} core={blas['corename']} "
+          f"threads={blas['num_threads']}{also}")
+    print("\n".join(([f"torch {torch['version']}, {torch['threads']} threads"] if torch else [])
+                    + (describe_yardsticks(info) if info.get("peaks") else [])
+                    + [f"warning: {w}" for w in info["warnings"]]), flush=True)
 
 
 def print_run(run: dict) -> None:
@@ -222,15 +206,13 @@ def print_run(run: dict) -> None:
     for dtype in dict.fromkeys(r["dtype"] for r in records):
         rows = [r for r in records if r["dtype"] == dtype]
         for section, title, kind, metrics in TABLES[op]:
-            columns = [f"{_prefix(section)}best", f"{_prefix(section)}best_is", *metrics] if kind != "gbs" else metrics
-            table = section_table(op, rows, section, kind, columns)
+            best = [f"{_prefix(section)}best", f"{_prefix(section)}best_is"] if kind != "gbs" else []
+            table = section_table(op, rows, section, kind, [*best, *metrics])
             if table is not None:
                 print(f"\n== {dtype} {title}\n{table}")
         lines = notes(rows)
         if lines:
             print("notes:\n" + "\n".join(lines))
-    if op == "quant" and not run["machine"]["native_peaks"]["int8"]["gflops"]:
-        print("\nint8 %vnni: this CPU has no vpdpbusd (AVX512_VNNI / AVX-VNNI); %fma is against the FMA peak")
     sc = run.get("scaling")
     if sc:
         print(f"\n== scaling: {sc['spec']} ({sc['dtype']}, {sc['describe']}), raggeddot at 1..ncpu threads")
@@ -239,8 +221,8 @@ def print_run(run: dict) -> None:
             for t, vr in sc["threads"].items()]))
         print(f"2 vs 1 thread: {fmt(sc.get('speedup_2_vs_1'), 2)}x; bitwise identical across thread counts: "
               f"{sc.get('bitwise_identical_across_threads', 'n/a')}")
-    print("\n== targets (benchmarks/targets.toml)" + ("; a smoke run: its figures mean nothing"
-                                                      if run["config"].get("smoke") else ""))
+    smoke = "; a smoke run: its figures mean nothing" if run["config"]["smoke"] else ""
+    print(f"\n== targets (benchmarks/targets.toml){smoke}")
     w = max((len(t["target"]) for t in run["targets"]), default=0)
     for t in run["targets"]:
         print(f"  {t['status']:7s}  {t['target']:{w}s}  {t['figure']}")
@@ -259,11 +241,11 @@ def _status(t: dict, v) -> str:
     if v is None:
         return "n/a"
     if "at_least" in t or "at_most" in t:
-        return "REACHED" if v >= t.get("at_least", -math.inf) and v <= t.get("at_most", math.inf) else "MISSED"
+        return "REACHED" if t.get("at_least", -math.inf) <= v <= t.get("at_most", math.inf) else "MISSED"
     return "REPORT"
 
 
-def evaluate(op: str, records: list[dict], scaling: dict | None, ctx: dict, path: str = TARGETS) -> list[dict]:
+def evaluate(op: str, records: list, scaling: dict | None, ctx: dict, path: str = TARGETS) -> list[dict]:
     """Each target of targets.toml as REACHED / MISSED / REPORT (no bound) / n/a with the
     measured figure."""
     out = []
@@ -289,7 +271,7 @@ def evaluate(op: str, records: list[dict], scaling: dict | None, ctx: dict, path
                      "figure": show(v) if v is not None else "not measured"} for v, where in vals]
         elif missing and ("at_least" in t or "at_most" in t):
             out.append({"target": t["target"], "status": "MISSED",
-                        "figure": f"no figure for {', '.join(missing[:3])} (raggeddot or a baseline did not run)"})
+                        "figure": f"no figure for {', '.join(missing[:3])} (raggeddot or a baseline failed)"})
         else:
             v, where = found[0] if over == "worst" else found[-1]
             fig = (f"{over} {show(v)} ({where}); median {show(found[len(found) // 2][0])}; "

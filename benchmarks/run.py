@@ -214,7 +214,7 @@ def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | N
         if vr["status"] == "FAILED":
             log(f"  {spec.name} [{c.dtype.name}] {v.section} {v.name}: FAILED ({vr.get('reason')})")
         if v.numpy:
-            vr["blas_core"] = C.blas_core()
+            vr["blas_core"] = C.numpy_blas_info()["corename"]
         rec["variants"][v.section][v.name] = vr
     return rec
 

@@ -29,9 +29,9 @@ import raggeddot.torch  # noqa: E402,F401 - registers the "raggeddot" experts im
 from raggeddot._timing import interleaved, summary  # noqa: E402
 
 IMPLS = ("eager", "grouped_mm", "raggeddot")
-SHAPE = dict(hidden_size=1024, num_hidden_layers=2, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
-             intermediate_size=2048, num_attention_heads=16, num_key_value_heads=4, head_dim=64, vocab_size=4096,
-             max_position_embeddings=4096, decoder_sparse_step=1, norm_topk_prob=True)
+SHAPE = dict(hidden_size=1024, num_hidden_layers=2, num_experts=32, num_experts_per_tok=4,
+             moe_intermediate_size=512, intermediate_size=2048, num_attention_heads=16, num_key_value_heads=4,
+             head_dim=64, vocab_size=4096, max_position_embeddings=4096, decoder_sparse_step=1, norm_topk_prob=True)
 
 
 def medians(model, impls, fn, repeats) -> dict:
@@ -44,12 +44,15 @@ def medians(model, impls, fn, repeats) -> dict:
 def measure_dtype(dtype, impls, a) -> dict:
     """{impl: {measure: ms}} of one dtype."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3MoeConfig(**SHAPE), dtype=dtype).eval()
+    cfg = transformers.Qwen3MoeConfig(**SHAPE)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     ids = torch.randint(0, SHAPE["vocab_size"], (1, a.seq), generator=torch.Generator().manual_seed(3))
     res = {}
     with torch.no_grad():
-        res["prefill"] = medians(model, impls, lambda: model(ids, use_cache=True, logits_to_keep=1), a.repeats)
-        out = model(ids, use_cache=True, logits_to_keep=1)
+        def prefill():
+            return model(ids, use_cache=True, logits_to_keep=1)
+        res["prefill"] = medians(model, impls, prefill, a.repeats)
+        out = prefill()
         cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
 
         def decode():
@@ -86,7 +89,8 @@ def main():
           f"transformers {transformers.__version__}")
     impls, rows, cols = a.impls.split(","), [], ["prefill", "decode", "train"]
     for dn in a.dtypes.split(","):
-        rows += [dict(r, dtype=dn, impl=impl) for impl, r in measure_dtype(getattr(torch, dn), impls, a).items()]
+        by_impl = measure_dtype(getattr(torch, dn), impls, a)
+        rows += [dict(r, dtype=dn, impl=impl) for impl, r in by_impl.items()]
     print(C.format_table(["dtype", "impl", *(f"{c} ms" for c in cols)],
                          [[r["dtype"], r["impl"], *(C.fmt(r.get(c), 2) for c in cols)] for r in rows]))
     if a.json:

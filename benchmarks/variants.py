@@ -1,14 +1,10 @@
 """The variants the benchmarks time, and the problem (inputs, FLOPs, oracle) they share.
 
-A variant's build(case) returns a function that computes the case and returns its outputs as
-a dict named like the oracle's (out, dense, d_lhs, d_rhs, the MoE gradients, the quant
-benchmark's out:<mode>), or raises Skip. check() compares every output a variant returns with
-the oracle; only then is the function timed.
-
+A variant's build(case) returns a function computing the case's outputs as a dict named like
+the oracle's (out, dense, d_lhs, d_rhs, the MoE gradients, quant's out:<mode>), or raises Skip.
 A 16-bit case (bfloat16, float16) holds the float32 draws rounded; its float32 copies
-(Case.inputs32, converted once, outside any timing) are exactly the same values, so the
-float32 variants ("f32" variants: rd-f32, the NumPy ones) compute the same product; their
-outputs are rounded to the case's dtype before the check.
+(Case.inputs32, made once, outside any timing) are the same values, so the "f32" variants
+(rd-f32, the NumPy ones) compute the same product, their results rounded for the check.
 """
 from __future__ import annotations
 
@@ -84,10 +80,10 @@ class Case:
 
     @property
     def memory_bound(self) -> bool:
-        """ragged_dot and quant: tagged 'memory-bound' or <= MEMORY_BOUND_ROWS rows per group
-        (after resizing): the time is reading the weights."""
+        """ragged_dot and quant: <= MEMORY_BOUND_ROWS rows a group (after resizing; the specs
+        tagged 'memory-bound'): the time is reading the weights."""
         s = self.spec.shape
-        return "m" in s and ("memory-bound" in self.spec.tags or s["m"] // s["g"] <= specs.MEMORY_BOUND_ROWS)
+        return "m" in s and s["m"] // s["g"] <= specs.MEMORY_BOUND_ROWS
 
     def weight_bytes(self, v: Variant) -> float:
         """Bytes of the weights ``v`` reads: rhs[i] of every group with rows, at v.wsize(case)
@@ -225,24 +221,20 @@ def _rd(key: str = "inputs"):
     return build
 
 
-def widening(fn):
-    """``fn`` run with the best float kernel family named: bfloat16 products then widen to
-    float32 and run FMAs (as on a CPU without vdpbf16ps) instead of the dot-product kernels."""
-    family = next(k["name"] for k in raggeddot.build_info()["kernels"]
-                  if k["runnable"] and "float32" in k["types"])
-
-    def call():
-        with raggeddot.runtime.configured(kernel=family):
-            return fn()
-    return call
-
-
 def _widened(build):
-    """The variant of ``build`` on a bfloat16 case with the widening path forced."""
+    """The variant of ``build`` on a bfloat16 case run with the best float kernel family named:
+    the products widen to float32 and run FMAs (as without vdpbf16ps), not the dot kernels."""
     def widened(c):
         if c.dtype.name != "bfloat16":
             raise Skip("the forced widening path of a bfloat16 case only")
-        return widening(build(c))
+        fn = build(c)
+        family = next(k["name"] for k in raggeddot.build_info()["kernels"]
+                      if k["runnable"] and "float32" in k["types"])
+
+        def call():
+            with raggeddot.runtime.configured(kernel=family):
+                return fn()
+        return call
 
     return widened
 
@@ -451,20 +443,6 @@ def _torch_int_mm(torch, tensor, c):
     return product
 
 
-def _torch_int8w(torch, tensor, c):
-    """Weight-only int8 per group with torch._weight_int8pack_mm (float32 activations, int8
-    weights in nn.Linear's [n, k] layout made once, one scale per output column): "int8w"."""
-    rq = quant_operands(c, "int8w")[1]
-    x = torch.from_numpy(c.inputs["lhs"])
-    w = torch.from_numpy(np.ascontiguousarray(rq.qvalue.transpose(0, 2, 1)))  # [g, n, k]
-    sc = torch.from_numpy(np.ascontiguousarray(rq.scale[:, 0, :]))  # [g, n]
-
-    def product(i, s, e, rows):
-        rows[:] = torch._weight_int8pack_mm(x[s:e], w[i], sc[i])
-
-    return product
-
-
 def _quant_variants() -> list[Variant]:
     out = [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd"),
            Variant("rd-bf16", "quant", _rd_quant("bf16"), ("out:bf16",), "flops", threads="rd",
@@ -473,9 +451,8 @@ def _quant_variants() -> list[Variant]:
                     wsize=_qsize(mode)) for mode in QUANT_MODES]
     out += [Variant(f"{mode}-prepacked", "quant", _rd_quant(mode, True), (f"out:{mode}",), "flops",
                     threads="rd", mode=mode, wsize=_qsize(mode, True)) for mode in QUANT_PREPACKED]
-    return out + [Variant(f"torch-{mode}", "quant", _torch(product, f"out:{mode}"), (f"out:{mode}",), "flops",
-                          mode=mode, wsize=_qsize(mode))
-                  for mode, product in (("int8", _torch_int_mm), ("int8w", _torch_int8w))]
+    return out + [Variant("torch-int8", "quant", _torch(_torch_int_mm, "out:int8"), ("out:int8",), "flops",
+                          mode="int8", wsize=_qsize("int8"))]
 
 
 STEP, DENSE = ("out", "d_lhs", "d_rhs"), dict(threads="blas", numpy=True, f32=True)

@@ -3,38 +3,29 @@
 MPI ranks.
 
     mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T]
-                [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...]
-                [--latency-us A] [--json PATH] [--smoke]
-    python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec itself for each P
+        [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...] [--latency-us A]
+        [--json PATH] [--smoke]
+    python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec for each P
 
-Shapes: the MoE specs of raggeddot.specs ("deepseek" = "deepseek-v3"; `python benchmarks/run.py
-moe --list`), with their options. T tokens in all (default 4096), split evenly over the ranks;
-rank r holds experts [r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32, two timed runs.
-Before timing, every rank checks the distributed layer against single-process moe_block on
-the first tokens of every rank concatenated (all experts): the outputs must be bitwise equal.
+The MoE specs of raggeddot.specs ("deepseek" = "deepseek-v3") at T tokens in all (default
+4096) split evenly over the ranks; rank r holds experts [r E/P, (r+1) E/P); --smoke: T = 64,
+d = 64, f = 32, two runs. Every rank first checks the layer against single-process moe_block
+on the first tokens of every rank (all experts): bitwise equal. Per rank, after a warm-up
+call, medians over --runs calls (a barrier before each) of: route (router, scores, top-k),
+dispatch (sort by expert, gather of the rows), exchange (the two ragged all-to-alls of rows,
+waiting for the slowest rank included), experts (the held experts' grouped matmuls), combine
+(weighted combine, shared experts), other (argument checks, the count allgather), and the
+bytes of rows sent to other ranks; tokens/s = T / the slowest rank's median layer time.
 
-Per rank, after one warm-up call, medians over --runs calls (a barrier before each):
-  route      router matmul, scores, top-k (route.forward)
-  dispatch   sort by expert and gather of the token rows (dispatch.forward)
-  exchange   the two ragged all-to-alls of rows (tokens to experts, outputs back); this includes
-             waiting for the slowest rank, so load imbalance shows here
-  experts    the held experts' three grouped matmuls (experts.forward)
-  combine    weighted combine and shared experts (combine.forward, shared.forward)
-  other      the rest: argument checks and their agreement, the per-expert count allgather
-  sent MB    rows sent to other ranks by the two exchanges
-and tokens/s = T / (the slowest rank's median layer time).
-
-Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
-way, every rank sending at once through a non-blocking switch) and latency a per collective
-(4: the argument agreement, the counts, rows out, rows back), no overlap of compute and
-transfer: t(P, B) = c(P) + V(P) / B + 4 a, with c(P) the measured compute time (route +
-dispatch + experts + combine) and V(P) the bytes sent, both of the slowest rank (balanced
-routing: V(P) = 2 (T / P) k d s (P - 1) / P for k experts a token, s bytes a value); the
-predicted throughput is T / t(P, B). With --ranks the table also gives the model with
-c(P) = c(1) / P, compute scaling perfectly (each rank on its own cores), since ranks that
-share one machine's cores (as P = 4 on 2 cores does) inflate the measured c(P).
+Model: a rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank each
+way, all sending at once through a non-blocking switch) and latency a per collective (4: the
+argument agreement, the counts, rows out, rows back), compute and transfer not overlapped:
+t(P, B) = c(P) + V(P) / B + 4 a, c(P) the measured compute time (route + dispatch + experts +
+combine) and V(P) the bytes sent, of the slowest rank (balanced routing: V(P) = 2 (T / P) k d s
+(P - 1) / P, k experts a token, s bytes a value); throughput T / t(P, B). With --ranks also
+with c(P) = c(1) / P (each rank on cores of its own), since ranks sharing one machine's cores
+(P = 4 on 2 cores) inflate the measured c(P).
 """
-
 from __future__ import annotations
 
 import argparse

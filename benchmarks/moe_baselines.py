@@ -1,17 +1,13 @@
-"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark.
-
-Each takes the inputs of an MoE spec (raggeddot.specs.make_inputs: x, router_weights, w0,
-w1, wo, ct and ``options``, moe_block's keyword arguments with top_k) and returns
-``{"out": ...}`` or, with the backward, the output and the gradients named as
-moe_block_vjp names them (``shared_experts[i]`` for the shared expert's three).
+"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark: from the
+inputs of an MoE spec (raggeddot.specs.make_inputs), ``{"out": ...}`` or, with the backward,
+the output and the gradients named as moe_block_vjp names them.
 
 - numpy: argsort routing, a stable argsort of the assignments by expert, a gather, one
-  np.matmul per expert for each of the three projections, the activation, a weighted
-  combine; its backward is the same per-expert loop (d_in = d_out @ w.T, d_w = in.T @ d_out).
-  It is the oracle of the timed runs (itself checked against raggeddot.reference).
+  np.matmul per expert and projection, the activation, a weighted combine; its backward the
+  same per-expert loops. The oracle of the timed runs (itself checked against
+  raggeddot.reference).
 - torch: transformers' eager expert loop (Mixtral's, Qwen3-MoE's) with a float32 router, the
-  experts in the spec's dtype; backward by autograd. (transformers' own experts implementations
-  are compared in benchmarks/torch_experts.py.)
+  experts in the spec's dtype; backward by autograd.
 """
 from __future__ import annotations
 
@@ -30,10 +26,6 @@ def flat_grads(grads: dict) -> dict:
     for i, a in enumerate(grads.get("shared_experts") or ()):
         out[f"shared_experts[{i}]"] = a
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# NumPy
 
 
 def np_gated(g, u, act, limit):
@@ -251,10 +243,6 @@ def numpy_fn(inputs: dict, backward: bool):
         return dict(flat_grads(np_backward(inputs, r, inputs["ct"])), out=out)
 
     return fwd_bwd
-
-
-# ----------------------------------------------------------------------------------------------
-# torch
 
 
 def torch_fn(torch, i32: dict, backward: bool, dtype: str):

@@ -80,19 +80,18 @@ TABLES = {
     "ragged_dot": [
         ("ragged_dot", "ragged_dot: GFLOP/s (median); FLOPs = 2*sum(gs)*k*n (np-dense: 2*m*k*n)", "gflops", {
             "rd/best": ("raggeddot", BASELINES["ragged_dot"]), "rd/dense": ("raggeddot", "np-dense"),
-            "rd/loop": ("raggeddot", "np-loop"), "rd/torch": ("raggeddot", ("torch-loop", "torch-gmm")),
-            "rd/tdense": ("raggeddot", "torch-dense"), "rd/f32": ("raggeddot", "rd-f32"),
+            "rd/loop": ("raggeddot", "np-loop"), "rd/f32": ("raggeddot", "rd-f32"),
             "pre/rd": ("rd-prepacked", "raggeddot"), "pct_peak": lambda f: f.peak("raggeddot")}),
         ("ragged_dot", "weights streamed (memory-bound specs): GB/s of the weight bytes of the groups "
                        "with rows; %bw: of the read bandwidth measured at start", "gbs",
          {"%bw": lambda f: f.bw("raggeddot"), "f32 %bw": lambda f: f.bw("rd-f32"),
           "pre %bw": lambda f: f.bw("rd-prepacked")})],
     "quant": [
-        ("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32, X/bf16: "
-                  "over raggeddot float32 / bfloat16; %fma: of the FMA peak; %vnni: of the vpdpbusd peak",
+        ("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32: over "
+                  "raggeddot float32; %fma: of the FMA peak; %vnni: of the vpdpbusd peak",
          "gflops", {
             **{f"{q}/{b}": (q, v) for q in ("int8", "int8-sub128", "int8w", "fp8w")
-               for b, v in (("f32", "rd-f32"), ("bf16", "rd-bf16"))},
+               for b, v in (("f32", "rd-f32"),)},
             "int8/torch": ("int8", "torch-int8"), "int8 %fma": lambda f: f.peak("int8", "float32"),
             "int8 %vnni": lambda f: f.peak("int8", "int8"),
             **{f"{q}-pre/{b}": (f"{q}-prepacked", v) for q in ("int8w", "fp8w")
@@ -100,16 +99,14 @@ TABLES = {
         ("quant", "weights streamed (memory-bound specs): GB/s of the weight bytes (scales included); "
                   "%bw: of the read bandwidth measured at start", "gbs",
          {f"{short} %bw": (lambda f, v=v: f.bw(v)) for short, v in (
-             ("f32", "rd-f32"), ("bf16", "rd-bf16"), ("int8w", "int8w"), ("fp8w", "fp8w"),
+             ("f32", "rd-f32"), ("int8w", "int8w"), ("fp8w", "fp8w"),
              ("int8w-pre", "int8w-prepacked"), ("fp8w-pre", "fp8w-prepacked"))})],
     "backward": [
         ("step", "forward + backward step: GFLOP/s (median); FLOPs = 3 x 2*sum(gs)*k*n", "gflops",
          {"step rd/best": ("raggeddot", BASELINES["step"]), "step rd/loop": ("raggeddot", "np-loop")}),
-        ("tgmm", "tgmm: GFLOP/s of d_rhs = tgmm(lhs.T, ct, gs); FLOPs = 2*sum(gs)*k*n (np-dense: "
-                 "lhs @ rhs[0], 2*m*k*n)", "gflops",
+        ("tgmm", "tgmm: GFLOP/s of d_rhs = tgmm(lhs.T, ct, gs); FLOPs = 2*sum(gs)*k*n", "gflops",
          {"tgmm/fwd": ("tgmm", "forward"), "tgmm/loop": ("tgmm", "np-loop"),
-          "tgmm/dense": ("tgmm", "np-dense"), "fresh/fwd": ("tgmm-fresh", "forward"),
-          "fresh/loop": ("tgmm-fresh", "np-loop")})],
+          "fresh/fwd": ("tgmm-fresh", "forward"), "fresh/loop": ("tgmm-fresh", "np-loop")})],
     "moe": [
         ("fwd", "moe_block forward: median ms; X/rd = X's time / raggeddot's; mem = peak extra memory "
                 "(tracemalloc) raggeddot / numpy; gathers = dispatch + combine share of the forward", "ms",
@@ -135,10 +132,6 @@ def derive(op: str, rec: dict, ctx: dict) -> None:
             best = 1e3 * rec["flops"][section] / (best * 1e9)
         m[f"{_prefix(section)}best"] = best
     rec["metrics"] = m
-
-
-# ----------------------------------------------------------------------------------------------
-# Tables
 
 
 def cell(vr: dict | None, kind: str) -> str:
@@ -170,35 +163,33 @@ def section_table(op: str, records: list[dict], section: str, kind: str, metrics
 
 
 def notes(records: list[dict]) -> list[str]:
-    """One line per distinct skip or failure reason with the specs it applies to, then the
-    contention mark's meaning when a figure carries it."""
+    """Each distinct skip or failure reason with the specs it applies to, and the '*' mark's
+    meaning when a figure carries it."""
     reasons: dict[tuple, list] = {}
     for r in records:
         for section, sec in r["variants"].items():
             for v, vr in sec.items():
                 if vr["status"] != "ok":
-                    reasons.setdefault((section, v, vr["status"], vr.get("reason", "")), []).append(r["spec"])
-        if r.get("numpy_vs_reference", {}).get("status") == "FAILED":
-            reasons.setdefault(("numpy", "vs raggeddot.reference", "FAILED", ""), []).append(r["spec"])
-    out = []
-    for (section, v, status, why), names in reasons.items():
-        where = "all" if len(names) == len(records) else ", ".join(names[:4]) + (" ..." if names[4:] else "")
-        out.append(f"  {section} {v} {status}: {why}  [{where}]")
+                    why = (f"{section} {v} {vr['status']}", vr.get("reason"))
+                    reasons.setdefault(why, []).append(r["spec"])
+    out = [f"  {what}: {why}  [{'all' if len(names) == len(records) else ', '.join(names[:4])}]"
+           for (what, why), names in reasons.items()]
     if any(vr.get("contended") for r in records for sec in r["variants"].values() for vr in sec.values()):
-        out.append(f"  * got < {CONTENDED_SHARE:.0%} of its threads' CPU time (other processes), or > "
-                   f"{STOLEN_SHARE:.0%} of the CPU time was stolen (hypervisor), while timed: unreliable")
+        out.append(f"  * got < {CONTENDED_SHARE:.0%} of its threads' CPU time, or > {STOLEN_SHARE:.0%} of "
+                   "the CPU time was stolen (hypervisor), while timed: unreliable")
     return out
 
 
 def print_header(info: dict) -> None:
     blas, torch = info["numpy_blas"], info.get("torch")
     print(describe_machine(info))
-    also = f"; also timed with OPENBLAS_CORETYPE={info['coretype']}" if info["coretype"] else ""
-    print(f"NumPy {info['numpy']}: {blas.get('name')} {blas.get('version')} core={blas['corename']} "
+    also = f"; also OPENBLAS_CORETYPE={info['coretype']}" if info["coretype"] else ""
+    print(f"NumPy {info['numpy']}: {blas['name']} {blas['version']} core={blas['corename']} "
           f"threads={blas['num_threads']}{also}")
-    print("\n".join(([f"torch {torch['version']}, {torch['threads']} threads"] if torch else [])
-                    + (describe_yardsticks(info) if info.get("peaks") else [])
-                    + [f"warning: {w}" for w in info["warnings"]]), flush=True)
+    lines = [f"torch {torch['version']}, {torch['threads']} threads"] if torch else []
+    lines += describe_yardsticks(info) if info.get("peaks") else []
+    print("\n".join(lines + [f"warning: {w}" for w in info["warnings"]]))
+    sys.stdout.flush()
 
 
 def print_run(run: dict) -> None:
@@ -226,10 +217,6 @@ def print_run(run: dict) -> None:
     w = max((len(t["target"]) for t in run["targets"]), default=0)
     for t in run["targets"]:
         print(f"  {t['status']:7s}  {t['target']:{w}s}  {t['figure']}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Targets
 
 
 def load_targets(op: str, path: str = TARGETS) -> list[dict]:

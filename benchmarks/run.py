@@ -6,6 +6,9 @@
     python benchmarks/run.py moe          # moe_block, forward and forward + backward
     python benchmarks/run.py quant        # ragged_dot on int8 / float8 operands (raggeddot.quantize)
     python benchmarks/run.py lowp         # bfloat16 / int8 products against float32 and torch
+    python benchmarks/run.py experts      # transformers' experts implementations in a model
+    python benchmarks/run.py jax          # raggeddot.jax's custom calls against jax.lax
+(the last three: benchmarks/suites.py, their variants timed in interleaved rounds)
 
 --quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
 those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
@@ -35,7 +38,7 @@ float32 on those values and their results are rounded for the check:
   quant modes      on the float32 specs: int8 (int8 x int8, a scale per row and per group
                    column), int8-sub128 (scales per 128 along k), int8w / fp8w (float32 x int8 /
                    float8_e4m3fn weights), -prepacked (weights prepacked outside the timing);
-                   rd-f32, rd-bf16: raggeddot float32 and bfloat16
+                   rd-f32: raggeddot float32; torch-int8: torch._int_mm per group
 Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
 over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured
 at start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has
@@ -45,16 +48,6 @@ start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (ba
 ragged_dot also times raggeddot at 1..ncpu threads on one spec (results bitwise identical).
 Targets: targets.toml. Output: tables, <out>/bench_<benchmark>.json.
 
-lowp: a table a shape, its variants (checked as above; w8a8: against moe_block on the
-dequantized weights, 5e-2) timed in --repeat interleaved rounds (raggeddot._timing: two warm-up
-calls each, a pause before each call for torch's spinning threads): dense 4096x2048x2048:
-raggeddot float32, bfloat16, rd-widen, int8, int8-sub128, torch bfloat16 / float32 matmul,
-torch._int_mm; qwen3-m4096-g64-skewed: raggeddot float32, bfloat16, rd-widen, torch bfloat16
-loop and _grouped_mm; moe_block forward T=2048 d=2048 f=768 E=32 top-4: float32, bfloat16,
-rd-widen, w8a8 (int8 weights per channel, activation_qtype="int8"; QArrays, and prepacked for
-int8 activations), the torch bfloat16 expert loop. Columns: median ms, GFLOP/s, x f32: over
-raggeddot float32, x torch: over the best torch row of the same dtype, %peak: of the measured
-peak of the instruction it runs (vdpbf16ps, vpdpbusd, else the FMA). --quick halves the sizes.
 """
 from __future__ import annotations
 
@@ -72,25 +65,26 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import report  # noqa: E402
+import suites  # noqa: E402
 import variants as V  # noqa: E402
 
 import raggeddot  # noqa: E402
 from raggeddot import runtime, specs  # noqa: E402
-from raggeddot._timing import call_time, interleaved, measure, summary  # noqa: E402
+from raggeddot._timing import call_time, measure, summary  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
 #: tags the runner selects specs by (tests check they exist)
 TAGS_USED = ("quick",)
 #: raggeddot's own variants: one that fails its check makes the run fail
-OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen", "rd-bf16",
+OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen",
         *V.QUANT_MODES, *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("benchmark", choices=specs.OPS + ("quant", "lowp"))
+    p.add_argument("benchmark", choices=specs.OPS + ("quant", *suites.SUITES))
     p.add_argument("--quick", action="store_true", help="the specs tagged 'quick', shorter timing")
     p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run a variant")
     p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs ('qwen3-*')")
@@ -108,7 +102,7 @@ def parse_args(argv=None):
     p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant")
     p.add_argument("--scaling-spec", default=None, help="spec of the thread-scaling section ('none' to skip)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=7, help="lowp: interleaved rounds")
+    p.add_argument("--repeat", type=int, default=None, help="suites: interleaved rounds")
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
     p.add_argument("--list", action="store_true", help="list the specs and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -135,10 +129,6 @@ def timing_options(args) -> dict:
     return dict(target_s=args.target_time if args.target_time is not None else (0.2 if quick else 0.75),
                 min_runs=3, max_runs=50 if quick else 200, warmup=0 if quick else 1,
                 slow_s=1.0 if quick else 3.0, single_s=2.5 if quick else 8.0)
-
-
-# ----------------------------------------------------------------------------------------------
-# One variant: check, then time
 
 
 def timed(fn, first_s: float, opts: dict, threads: int | None = None) -> dict:
@@ -193,10 +183,6 @@ def run_variant(v: V.Variant, fn, c: V.Case, opts: dict, threads: int | None) ->
     return rec
 
 
-# ----------------------------------------------------------------------------------------------
-# One spec
-
-
 def resize(spec: specs.Spec, args) -> specs.Spec:
     return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
 
@@ -210,9 +196,7 @@ def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | N
                    options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
                             c.inputs["options"].items()})
     else:
-        gs = c.inputs["group_sizes"]
-        rec.update(pattern=spec.pattern, group_sizes=gs.tolist(), rows=int(gs.sum()),
-                   empty_groups=int((gs == 0).sum()), max_group=int(gs.max()))
+        rec.update(pattern=spec.pattern, group_sizes=c.inputs["group_sizes"].tolist())
     for v in chosen:
         try:
             fn = v.build(c)
@@ -277,102 +261,6 @@ def run_scaling(name: str, dtype: str, args, opts, peaks: dict, log) -> dict:
     return res
 
 
-# ----------------------------------------------------------------------------------------------
-# lowp: low-precision products against float32 and torch, the variants of a table interleaved
-
-
-#: raggeddot float32, bfloat16, and bfloat16 with the widening path forced, rows of a table
-RD = [("rd float32", "float32", "raggeddot"), ("rd bfloat16", "bfloat16", "raggeddot"),
-      ("rd bfloat16 widening", "bfloat16", "rd-widen")]
-#: lowp: per table, its spec and rows (label, dtype, benchmark of run.py or "w8a8", variant)
-LOWP = [
-    (specs.Spec("dense-4096x2048x2048", "ragged_dot", dict(m=4096, k=2048, n=2048, g=1)), [
-        *((label, dt, "ragged_dot", name) for label, dt, name in RD),
-        ("rd int8 per-channel", "float32", "quant", "int8"),
-        ("rd int8 block-128", "float32", "quant", "int8-sub128"),
-        ("torch bfloat16 matmul", "bfloat16", "ragged_dot", "torch-dense"),
-        ("torch float32 matmul", "float32", "ragged_dot", "torch-dense"),
-        ("torch int8 _int_mm", "float32", "quant", "torch-int8")]),
-    (specs.get("qwen3-m4096-g64-skewed"), [
-        *((label, dt, "ragged_dot", name) for label, dt, name in RD),
-        ("torch bfloat16 loop", "bfloat16", "ragged_dot", "torch-loop"),
-        ("torch bfloat16 _grouped_mm", "bfloat16", "ragged_dot", "torch-gmm")]),
-    (specs.Spec("moe-T2048-d2048-f768-E32-top4", "moe", dict(T=2048, d=2048, f=768, E=32, top_k=4, shared=0),
-                options=dict(norm_topk_prob=True)), [
-        *((label, dt, "moe", name) for label, dt, name in RD), ("rd w8a8 int8", "float32", "w8a8", "plain"),
-        ("rd w8a8 int8 prepacked", "float32", "w8a8", "prepacked"),
-        ("torch bfloat16 expert loop", "bfloat16", "moe", "torch")]),
-]
-
-
-def w8a8(c: V.Case, prepacked: bool):
-    """moe_block with int8 weights (one scale per expert and output column) and
-    activation_qtype="int8", checked against moe_block on the dequantized weights."""
-    x, router, kw = c.inputs["x"], c.inputs["router_weights"], c.inputs["options"]
-    ws = [raggeddot.quantize(c.inputs[n], "int8", channelwise_axes=(0, 2)) for n in ("w0", "w1", "wo")]
-    ref = raggeddot.moe_block(x, router, *map(raggeddot.dequantize, ws), **kw)
-    ws = [raggeddot.prepack(w, lhs_dtype=np.int8) for w in ws] if prepacked else ws
-
-    def fn():
-        return raggeddot.moe_block(x, router, *ws, activation_qtype="int8", **kw)
-
-    err = specs.rel_err(fn(), ref)
-    if not err <= 5e-2:
-        raise SystemExit(f"w8a8 {'prepacked' if prepacked else ''}: relative error {err:.2e} > 5e-2")
-    return fn
-
-
-def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> None:
-    """One LOWP table: its rows checked, then timed in interleaved rounds, printed."""
-    cases, fns, rates, kinds = {}, {}, {}, {}
-    for label, dtype, op, name in rows:
-        v = V.variant(op, name) if op != "w8a8" else None
-        if dtype not in cases:
-            needed = {r for _, d, o, n in rows if d == dtype and o != "w8a8" for r in V.variant(o, n).refs}
-            cases[dtype] = V.prepare(spec, dtype, 0, needed)
-        c = cases[dtype]
-        try:
-            fns[label] = w8a8(c, name == "prepacked") if v is None else v.build(c)
-        except V.Skip as e:
-            log(f"  {label}: skipped ({e})")
-            continue
-        rec = V.check(v, fns[label], c)[0] if v else {"status": "ok"}
-        if rec["status"] != "ok":
-            raise SystemExit(f"{label}: {rec['reason']}")
-        rates[label] = c.flops["fwd" if v is None else v.flops]
-        kinds[label] = "int8" if op in ("quant", "w8a8") else "widen" if name == "rd-widen" else dtype
-    quiet = dict(warmup=2, pause_s=0.2) if rounds > 1 else dict(warmup=0)  # torch's threads spin: pause
-    times = {k: summary(ts)["median"] for k, ts in interleaved(fns, rounds=rounds, **quiet).items()}
-    torch_best = {}
-    for label, t in times.items():
-        if label.startswith("torch"):
-            torch_best[kinds[label]] = min(t, torch_best.get(kinds[label], t))
-    table = []
-    for label, t in times.items():
-        gf, tb, ours = rates[label] / t / 1e9, torch_best.get(kinds[label]), not label.startswith("torch")
-        table.append([label, C.fmt(1e3 * t, 2), C.fmt(gf), C.fmt(times["rd float32"] / t, 2),
-                      C.fmt(tb / t, 2) if tb and ours else "",
-                      C.fmt(100 * gf / peak_of[kinds[label]]) if ours else ""])
-    print(f"\n{spec.name} ({spec.describe()})")
-    print(C.format_table(["variant", "ms", "GFLOP/s", "x f32", "x torch", "%peak"], table))
-
-
-def lowp(args) -> int:
-    ctx, info = environment(args, "lowp", [])
-    report.print_header(info)
-    pk = {d: (p["gflops"] or {}).get(str(ctx["rd_threads"])) for d, p in ctx["native_peaks"].items()}
-    V.need_torch()[0].set_num_threads(ctx["rd_threads"])
-    for spec, rows in LOWP:  # float16's yardstick is the FMA's
-        lowp_table(spec.resized(0.5 if args.quick and not args.smoke else args.scale), rows,
-                   1 if args.smoke else args.repeat,
-                   {"float32": pk["float16"], "widen": pk["float16"], "bfloat16": pk["bfloat16"],
-                    "int8": pk["int8"] or pk["float16"]})
-    return 0
-
-
-# ----------------------------------------------------------------------------------------------
-
-
 def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -403,8 +291,8 @@ def worker(args) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     op = args.benchmark
-    if op == "lowp":
-        return lowp(args)
+    if op in suites.SUITES:
+        return run_suite(args, op)
     spec_op = "ragged_dot" if op == "quant" else op
     try:
         quick = ["quick"] if args.quick and not args.spec else []
@@ -436,12 +324,23 @@ def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
             import torch
         except Exception as e:  # noqa: BLE001 - an optional baseline
             warnings.append(f"torch not importable: {type(e).__name__}")
-    skx = args.coretype.lower() != "none" and "avx512f" in C.cpu_info()["flags"]
+    skx = op not in suites.SUITES and args.coretype.lower() != "none" and "avx512f" in C.cpu_info()["flags"]
     torch = torch and {"version": torch.__version__, "threads": torch.get_num_threads()}
     info = C.machine_info(dict(ys, warnings=warnings, coretype=args.coretype if skx else None, torch=torch))
     ctx = dict(ys, rd_threads=runtime.get_num_threads(), blas_threads=info["numpy_blas"]["num_threads"],
                read_gbs=ys["read_bandwidth"]["gbs"] if ys else None)
     return ctx, info
+
+
+def run_suite(args, op: str) -> int:
+    """A suite of benchmarks/suites.py: its tables on stdout, <out>/bench_<op>.json."""
+    fn, args.repeat = suites.SUITES[op][0], args.repeat or suites.SUITES[op][1]
+    with runtime.configured(kernel=args.kernel, num_threads=args.threads):
+        ctx, info = environment(args, op, [])
+        report.print_header(info)
+        result = {"benchmark": op, "machine": info, "results": fn(args, ctx), "argv": sys.argv[1:]}
+    C.write_json(os.path.join(args.out, f"bench_{op}.json"), result)
+    return 0
 
 
 def run(args, op: str, chosen_specs: list) -> int:
@@ -457,19 +356,15 @@ def run(args, op: str, chosen_specs: list) -> int:
     needed = set().union(*(v.refs for v in chosen))
     for i, (dtype, spec) in enumerate(jobs):
         log(f"[{op} {i + 1}/{len(jobs)}] {spec.name} {dtype}")
-        try:
-            c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
-            rec = run_case(c, chosen, opts, ctx, log, op)
-            if op == "moe":
-                rec["gathers"] = V.run_gathers(c, lambda fn: timed(fn, call_time(fn)[1], opts))
-            del c
-            gc.collect()
-            if info["coretype"] and any(v.numpy for v in chosen):
-                for section, found in coretype_run(args, spec, dtype, info["coretype"], log).items():
-                    rec["variants"][section].update(found)
-        except MemoryError:
-            log(f"  {spec.name} [{dtype}]: out of memory, skipped")
-            continue
+        c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
+        rec = run_case(c, chosen, opts, ctx, log, op)
+        if op == "moe":
+            rec["gathers"] = V.run_gathers(c, lambda fn: timed(fn, call_time(fn)[1], opts))
+        del c
+        gc.collect()
+        if info["coretype"] and any(v.numpy for v in chosen):
+            for section, found in coretype_run(args, spec, dtype, info["coretype"], log).items():
+                rec["variants"][section].update(found)
         report.derive(op, rec, ctx)
         records.append(rec)
     cache.clear()

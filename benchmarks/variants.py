@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import ml_dtypes
 import numpy as np
 
 import moe_baselines as MB
@@ -142,10 +141,6 @@ def check(v: Variant, fn, c: Case) -> tuple[dict, float]:
     return dict(rec, status="FAILED", reason="; ".join(bad)[:300]) if bad else dict(rec, status="ok"), first
 
 
-# ----------------------------------------------------------------------------------------------
-# The problem of a case: inputs, FLOPs and the oracle
-
-
 def prepare(spec: specs.Spec, dtype, seed: int, needed: set, cache: dict | None = None) -> Case:
     """The case of ``spec`` (already resized): its inputs, FLOPs and the oracle outputs in
     ``needed``. ragged_dot and backward: raggeddot.reference (``dense`` = reference of
@@ -187,26 +182,20 @@ def prepare(spec: specs.Spec, dtype, seed: int, needed: set, cache: dict | None 
 
 def quant_operands(c: Case, mode: str):
     """(lhs, rhs) of a quant mode: QUANT_MODES' quantized operands (QArray, made once and
-    kept in the case), "bf16": the inputs rounded to bfloat16; Skip when the mode cannot
-    run on the case (k not a multiple of QUANT_BLOCK)."""
-    key, k = f"q:{mode}", c.inputs["lhs"].shape[1]
-    hows = (None, None) if mode == "bf16" else QUANT_MODES[mode]
+    kept in the case); Skip when the mode cannot run on the case (k not a multiple of QUANT_BLOCK)."""
+    key, k, hows = f"q:{mode}", c.inputs["lhs"].shape[1], QUANT_MODES[mode]
     if any(how and how[1] == "sub128" for how in hows) and k % QUANT_BLOCK:
         raise Skip(f"k = {k} is not a multiple of the scale block {QUANT_BLOCK}")
 
     def q(a, how):  # the scales run along every axis but k (axis 1 of both operands)
-        if mode == "bf16" or how is None:
-            return a.astype(ml_dtypes.bfloat16) if mode == "bf16" else a
+        if how is None:
+            return a
         return raggeddot.quantize(a, how[0], channelwise_axes=tuple(x for x in range(a.ndim) if x != 1),
                                   tiled_axes={1: QUANT_BLOCK} if how[1] == "sub128" else None)
 
     if key not in c.extra:
         c.extra[key] = (q(c.inputs["lhs"], hows[0]), q(c.inputs["rhs"], hows[1]))
     return c.extra[key]
-
-
-# ----------------------------------------------------------------------------------------------
-# ragged_dot, the backward's step and tgmm
 
 
 def _rd(key: str = "inputs"):
@@ -332,10 +321,6 @@ def _torch_gmm(c):
     return gmm
 
 
-# ----------------------------------------------------------------------------------------------
-# moe
-
-
 def _moe(kind: str, backward: bool):
     def build(c):
         if kind == "numpy":
@@ -392,10 +377,6 @@ def run_gathers(c: Case, timer) -> dict:
             "bytes": int((tok.size * x.shape[1] * 2 + x.shape[0] * x.shape[1] * (k + 1)) * c.dtype.itemsize)}
 
 
-# ----------------------------------------------------------------------------------------------
-# quant: raggeddot on quantized operands against its float32 and bfloat16 products and torch
-
-
 def _prepacked(c: Case, mode: str):
     """The quantized rhs of ``mode`` prepacked once (kept in the case), or Skip."""
     key = f"qp:{mode}"
@@ -444,9 +425,7 @@ def _torch_int_mm(torch, tensor, c):
 
 
 def _quant_variants() -> list[Variant]:
-    out = [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd"),
-           Variant("rd-bf16", "quant", _rd_quant("bf16"), ("out:bf16",), "flops", threads="rd",
-                   wsize=lambda c: 2)]
+    out = [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd")]
     out += [Variant(mode, "quant", _rd_quant(mode), (f"out:{mode}",), "flops", threads="rd", mode=mode,
                     wsize=_qsize(mode)) for mode in QUANT_MODES]
     out += [Variant(f"{mode}-prepacked", "quant", _rd_quant(mode, True), (f"out:{mode}",), "flops",
@@ -455,14 +434,14 @@ def _quant_variants() -> list[Variant]:
                           mode="int8", wsize=_qsize("int8"))]
 
 
-STEP, DENSE = ("out", "d_lhs", "d_rhs"), dict(threads="blas", numpy=True, f32=True)
+STEP = ("out", "d_lhs", "d_rhs")
 VARIANTS: dict[str, list[Variant]] = {
     "ragged_dot": [
         Variant("raggeddot", "ragged_dot", _rd(), ("out",), "flops", threads="rd"),
         Variant("rd-f32", "ragged_dot", _rd("inputs32"), ("out",), "flops", threads="rd", f32=True),
         Variant("rd-widen", "ragged_dot", _widened(_rd()), ("out",), "flops", threads="rd"),
         Variant("rd-prepacked", "ragged_dot", _rd_prepacked, ("out",), "flops", threads="rd"),
-        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", **DENSE),
+        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True, f32=True),
         Variant("np-loop", "ragged_dot", _np_loop, ("out",), "flops", numpy=True, f32=True),
         Variant("torch-dense", "ragged_dot", _torch(_torch_matmul, dense=True), ("dense",), "dense"),
         Variant("torch-loop", "ragged_dot", _torch(_torch_matmul), ("out",), "flops"),
@@ -476,7 +455,6 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant("tgmm-fresh", "tgmm", _tgmm(True), ("d_rhs",), "flops", threads="rd"),
         Variant("forward", "tgmm", _rd(), ("out",), "flops", threads="rd"),
         Variant("np-loop", "tgmm", _np_tgmm, ("d_rhs",), "flops", numpy=True, f32=True),
-        Variant("np-dense", "tgmm", _np_dense, ("dense",), "dense", **DENSE),
     ],
     "moe": _moe_variants("fwd", False) + _moe_variants("fwd+bwd", True),
     "quant": _quant_variants(),

@@ -55,11 +55,8 @@ def cpu_info() -> dict:
     return info
 
 
-def loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def steal_seconds() -> float | None:
@@ -83,14 +80,6 @@ def machine_info(extra: dict | None = None) -> dict:
             "loadavg_start": loadavg(), **(extra or {})}
 
 
-def describe_machine(info: dict) -> str:
-    """One line: CPU, its flags, raggeddot's kernel and threads, the load."""
-    cpu, rd = info["cpu"], info["raggeddot"]
-    return (f"CPU: {cpu.get('model name')} (family {cpu.get('cpu family')}, {cpu['logical_cpus']} cpus, "
-            f"{' '.join(cpu['flags'])}); raggeddot kernel={rd['kernel']} threads={rd['threads']}; "
-            f"load average {info['loadavg_start']}")
-
-
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
     """Measured while the process is quiet, each probe (runtime.peak_gflops) run for ``seconds``
     at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
@@ -99,8 +88,7 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
     basis}}, the yardstick of each low-precision product: bfloat16 and int8 their native
     instruction's peak where the CPU has it (basis 'native'), else bfloat16 the FMA peak
     (raggeddot widens to float32: basis 'fma') and int8 none ('absent'); float16 the FMA peak.
-    read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads.
-    peak_warnings: an implausible FMA probe (512-bit FMAs more than ~2x the 256-bit ones)."""
+    read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads."""
     def probe(isa, repeats=1):
         return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
                 for t in range(1, (os.cpu_count() or 1) + 1)}
@@ -115,10 +103,7 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
         native[dtype] = fma if dtype == "bfloat16" and not found else own
     threads = runtime.get_num_threads()
     gbs = max(runtime.read_bandwidth(threads, bandwidth_mb, bandwidth_s) for _ in range(2))
-    a2, a5 = peaks["avx2"]["1"], peaks["avx512"]["1"]
-    warn = [f"FMA peak probe suspect: avx512/avx2 ratio {a5 / a2:.1f} on 1 thread, at most 2 is possible"
-            ] if a2 and a5 and a5 / a2 > 2.3 else []
-    return {"peaks": peaks, "peak_isa": isa, "native_peaks": native, "peak_warnings": warn,
+    return {"peaks": peaks, "peak_isa": isa, "native_peaks": native,
             "read_bandwidth": {"threads": threads, "megabytes": bandwidth_mb, "gbs": gbs}}
 
 
@@ -130,8 +115,7 @@ def describe_yardsticks(ys: dict) -> list[str]:
     lines += [f"{dtype} peak ({pk['instruction']}, {pk['basis']}): {figs(pk['gflops'])}"
               for dtype, pk in ys["native_peaks"].items()]
     bw = ys["read_bandwidth"]
-    lines.append(f"read bandwidth ({bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s")
-    return lines + [f"warning: {w}" for w in ys["peak_warnings"]]
+    return lines + [f"read bandwidth ({bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s"]
 
 
 def fmt(x, digits: int = 1) -> str:

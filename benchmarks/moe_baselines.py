@@ -23,9 +23,7 @@ class Unsupported(Exception):
 def flat_grads(grads: dict) -> dict:
     """{name: array}, shared_experts expanded to shared_experts[i], None entries dropped."""
     out = {k: v for k, v in grads.items() if k != "shared_experts" and v is not None}
-    for i, a in enumerate(grads.get("shared_experts") or ()):
-        out[f"shared_experts[{i}]"] = a
-    return out
+    return dict(out, **{f"shared_experts[{i}]": a for i, a in enumerate(grads.get("shared_experts") or ())})
 
 
 def np_gated(g, u, act, limit):
@@ -246,13 +244,11 @@ def numpy_fn(inputs: dict, backward: bool):
 
 
 def torch_fn(torch, i32: dict, backward: bool, dtype: str):
-    """transformers' sparse-MoE forward as its eager experts run it (Mixtral, Qwen3-MoE: softmax
-    routing, the top-k renormalised or not, SiLU experts; other layers are Unsupported): the
-    router in float32 on the float32 inputs ``i32``, then, per expert that got tokens, F.linear
-    on [out, in] weights in ``dtype`` (a 16-bit router would pick other experts for near-tied
-    tokens, which makes another layer: raggeddot's moe_block routes in float32 too), the SiLU
-    gate, and the weighted combine accumulated in float32 (index_add_), the result in ``dtype``.
-    The backward (float32) by autograd."""
+    """transformers' eager experts' layer (Mixtral, Qwen3-MoE: softmax routing, SiLU experts;
+    others are Unsupported): the router in float32 on the float32 inputs ``i32`` (as raggeddot's
+    moe_block: a 16-bit router picks other experts for near-tied tokens), per expert with tokens
+    F.linear on [out, in] weights in ``dtype``, the SiLU gate, the weighted combine accumulated
+    in float32 (index_add_). The backward (float32) by autograd."""
     kw = i32["options"]
     other = sorted(k for k, v in kw.items() if k not in ("top_k", "norm_topk_prob") and v is not None)
     if other:

@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-from common import describe_machine, describe_yardsticks, fmt, format_table
+from common import describe_yardsticks, fmt, format_table
 
 try:
     import tomllib
@@ -18,9 +18,8 @@ CONTENDED_SHARE, STOLEN_SHARE = 0.75, 0.05
 
 
 class Figures:
-    """The figures of one section of a record that metrics use; a variant name stands for the
-    variant in every flavour (np-loop and np-loop:skx), a tuple of names for the best of them.
-    Every figure is None where one it needs is missing."""
+    """A section's figures (None where one is missing); a variant name stands for its every flavour
+    (np-loop and np-loop:skx), a tuple of names for the best of them."""
 
     def __init__(self, sec: dict, rec: dict, ctx: dict):
         self.sec, self.rec, self.ctx = sec, rec, ctx
@@ -40,9 +39,8 @@ class Figures:
         return 100 * x / of if x and of else None
 
     def peak(self, name: str, dtype: str | None = None):
-        """% of the yardstick of ``dtype`` (default the record's) at raggeddot's thread count:
-        the FMA peak of the kernel's ISA (float64: half), for bfloat16 / float16 / int8 the
-        native_peaks entry."""
+        """% of the yardstick of ``dtype`` (default the record's) at raggeddot's threads: the FMA
+        peak of the kernel's ISA (float64: half), for bfloat16 / float16 / int8 native_peaks'."""
         x, dtype, ctx = self.best(name)[0], dtype or self.rec["dtype"], self.ctx
         t = str(ctx.get("rd_threads"))
         if x is None:
@@ -90,8 +88,7 @@ TABLES = {
         ("quant", "quantized ragged_dot: GFLOP/s (median; 2*sum(gs)*k*n operations); X/f32: over "
                   "raggeddot float32; %fma: of the FMA peak; %vnni: of the vpdpbusd peak",
          "gflops", {
-            **{f"{q}/{b}": (q, v) for q in ("int8", "int8-sub128", "int8w", "fp8w")
-               for b, v in (("f32", "rd-f32"),)},
+            **{f"{q}/f32": (q, "rd-f32") for q in ("int8", "int8-sub128", "int8w", "fp8w")},
             "int8/torch": ("int8", "torch-int8"), "int8 %fma": lambda f: f.peak("int8", "float32"),
             "int8 %vnni": lambda f: f.peak("int8", "int8"),
             **{f"{q}-pre/{b}": (f"{q}-prepacked", v) for q in ("int8w", "fp8w")
@@ -163,26 +160,21 @@ def section_table(op: str, records: list[dict], section: str, kind: str, metrics
 
 
 def notes(records: list[dict]) -> list[str]:
-    """Each distinct skip or failure reason with the specs it applies to, and the '*' mark's
-    meaning when a figure carries it."""
-    reasons: dict[tuple, list] = {}
-    for r in records:
-        for section, sec in r["variants"].items():
-            for v, vr in sec.items():
-                if vr["status"] != "ok":
-                    why = (f"{section} {v} {vr['status']}", vr.get("reason"))
-                    reasons.setdefault(why, []).append(r["spec"])
-    out = [f"  {what}: {why}  [{'all' if len(names) == len(records) else ', '.join(names[:4])}]"
-           for (what, why), names in reasons.items()]
-    if any(vr.get("contended") for r in records for sec in r["variants"].values() for vr in sec.values()):
+    """Each distinct skip or failure reason, and the '*' mark's meaning when a figure carries it."""
+    vrs = [(s, v, vr) for r in records for s, sec in r["variants"].items() for v, vr in sec.items()]
+    out = list(dict.fromkeys(f"  {s} {v} {vr['status']}: {vr.get('reason')}" for s, v, vr in vrs
+                             if vr["status"] != "ok"))
+    if any(vr.get("contended") for *_, vr in vrs):
         out.append(f"  * got < {CONTENDED_SHARE:.0%} of its threads' CPU time, or > {STOLEN_SHARE:.0%} of "
                    "the CPU time was stolen (hypervisor), while timed: unreliable")
     return out
 
 
 def print_header(info: dict) -> None:
-    blas, torch = info["numpy_blas"], info.get("torch")
-    print(describe_machine(info))
+    blas, torch, cpu, rd = info["numpy_blas"], info.get("torch"), info["cpu"], info["raggeddot"]
+    print(f"CPU: {cpu.get('model name')} (family {cpu.get('cpu family')}, {cpu['logical_cpus']} cpus, "
+          f"{' '.join(cpu['flags'])}); raggeddot kernel={rd['kernel']} threads={rd['threads']}; "
+          f"load average {info['loadavg_start']}")
     also = f"; also OPENBLAS_CORETYPE={info['coretype']}" if info["coretype"] else ""
     print(f"NumPy {info['numpy']}: {blas['name']} {blas['version']} core={blas['corename']} "
           f"threads={blas['num_threads']}{also}")
@@ -263,7 +255,5 @@ def evaluate(op: str, records: list, scaling: dict | None, ctx: dict, path: str 
             v, where = found[0] if over == "worst" else found[-1]
             fig = (f"{over} {show(v)} ({where}); median {show(found[len(found) // 2][0])}; "
                    f"range {show(found[0][0])}-{show(found[-1][0])} over {len(found)} specs")
-            if metric.startswith("pct_peak") and ctx.get("peak_warnings"):
-                fig += "  [FMA peak probe suspect: see warnings]"
             out.append({"target": t["target"], "status": _status(t, v), "value": v, "figure": fig + at})
     return out

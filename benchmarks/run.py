@@ -12,6 +12,7 @@
 
 --quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
 those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
+The specs: raggeddot/specs.py.
 Every variant is checked first: max |out - ref| / max |ref| within 1e-4 float32, 1e-10
 float64, 1e-2 bfloat16, 2e-3 float16 of the oracle (raggeddot.reference; moe: the NumPy
 layer, itself checked against raggeddot.reference on 48 tokens; quant: the reference product
@@ -40,14 +41,13 @@ float32 on those values and their results are rounded for the check:
                    float8_e4m3fn weights), -prepacked (weights prepacked outside the timing);
                    rd-f32: raggeddot float32; torch-int8: torch._int_mm per group
 Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
-over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured
-at start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has
-them); memory-bound specs (<= 32 rows a group): GB/s of the weight bytes of the groups with
-rows (the variant's storage, scales included), %bw: of runtime.read_bandwidth() measured at
+over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured at
+start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has them);
+GB/s (memory-bound specs: <= 32 rows a group): the weight bytes of the groups with rows (in the
+variant's storage, scales included) a second, %bw: of runtime.read_bandwidth() measured at
 start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (backward: 3x).
 ragged_dot also times raggeddot at 1..ncpu threads on one spec (results bitwise identical).
 Targets: targets.toml. Output: tables, <out>/bench_<benchmark>.json.
-
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", nargs="+", choices=list(specs.DTYPES), default=["float32"],
                    help="quant: ignored (float32 specs, quantized)")
     p.add_argument("--quant", nargs="+", choices=list(V.QUANT_MODES), default=None,
-                   help="quantized modes (implies the quant benchmark; default there: all)")
+                   help="quant: the quantized modes (default: all)")
     p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: its own)")
     p.add_argument("--kernel", default=None, help="raggeddot kernel family (runtime.runnable_kernels())")
     p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (and raggeddot)")
@@ -104,13 +104,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=None, help="suites: interleaved rounds")
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
-    p.add_argument("--list", action="store_true", help="list the specs and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quant and args.benchmark != "quant":
-        if args.benchmark != "ragged_dot":
-            p.error(f"--quant goes with the ragged_dot or quant benchmark, not {args.benchmark}")
-        args.benchmark = "quant"
     if args.benchmark == "quant":
         args.quant, args.dtype = list(args.quant or V.QUANT_MODES), ["float32"]
     args.quick = args.quick or args.smoke
@@ -120,9 +115,8 @@ def parse_args(argv=None):
 
 
 def timing_options(args) -> dict:
-    """Runs per variant: ~target_s of runs (>= min_runs, <= max_runs) after `warmup` calls
-    besides the checking call; a variant whose checking call took > slow_s gets no warm-up and
-    may get 1 run, > single_s: the checking call is its only sample."""
+    """Runs a variant: ~target_s of them (>= min_runs, <= max_runs) after `warmup` calls; a checking
+    call over slow_s: no warm-up, maybe 1 run; over single_s: the checking call is the sample."""
     if args.smoke:
         return dict(target_s=0.0, min_runs=1, max_runs=1, warmup=0, slow_s=1.0, single_s=2.5)
     quick = args.quick
@@ -132,9 +126,8 @@ def timing_options(args) -> dict:
 
 
 def timed(fn, first_s: float, opts: dict, threads: int | None = None) -> dict:
-    """The summary of _timing.measure(fn) (see timing_options); 'contended': the process got
-    < 75% of `threads` CPUs' time, or > 5% of the machine's CPU time was stolen, while timed.
-    first_s: the time of the checking call."""
+    """The summary of _timing.measure(fn) (first_s: the checking call's time); 'contended': the
+    process got < 75% of `threads` CPUs' time, or > 5% of the CPU time was stolen, while timed."""
     if first_s > opts["single_s"]:
         return {"median_s": first_s, "min_s": first_s, "runs": 1, "times_s": [first_s], "single_sample": True}
     slow = first_s > opts["slow_s"]
@@ -158,12 +151,10 @@ def peak_extra_memory(fn) -> int:
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        r = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-        del r
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    return peak - base
 
 
 def run_variant(v: V.Variant, fn, c: V.Case, opts: dict, threads: int | None) -> dict:
@@ -237,7 +228,7 @@ def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict
     return {s: {f"{name}:{flavour}": vr for name, vr in sec.items()} for s, sec in found.items()}
 
 
-def run_scaling(name: str, dtype: str, args, opts, peaks: dict, log) -> dict:
+def run_scaling(name: str, dtype: str, args, opts, peaks: dict) -> dict:
     """raggeddot.ragged_dot at 1..ncpu threads on one spec: speed-up and bitwise identity."""
     spec = resize(specs.get(name), args)
     c = V.prepare(spec, dtype, args.seed, {"out"})
@@ -245,15 +236,12 @@ def run_scaling(name: str, dtype: str, args, opts, peaks: dict, log) -> dict:
     res, outs = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}, []
     for t in range(1, (os.cpu_count() or 1) + 1):
         with runtime.configured(num_threads=t):
-            vr = run_variant(v, v.build(c), c, opts, t)
-            vr["actual_threads"] = runtime.get_num_threads()
+            vr = res["threads"][str(t)] = dict(run_variant(v, v.build(c), c, opts, t),
+                                               actual_threads=runtime.get_num_threads())
             if vr["status"] == "ok":
                 p = (peaks or {}).get(str(t))
                 vr["pct_peak"] = 100 * vr["gflops"] / (p / (2 if dtype == "float64" else 1)) if p else None
                 outs.append(raggeddot.ragged_dot(c.inputs["lhs"], c.inputs["rhs"], c.inputs["group_sizes"]))
-            else:
-                log(f"  scaling {name} at {t} threads: {vr['status']} ({vr.get('reason')})")
-        res["threads"][str(t)] = vr
     g = [res["threads"].get(t, {}).get("gflops") for t in ("1", "2")]
     res["speedup_2_vs_1"] = g[1] / g[0] if None not in g else None
     if len(outs) > 1:
@@ -272,9 +260,8 @@ def select_variants(op: str, args) -> list:
     if set(args.variants or ()) - known:
         sys.exit(f"unknown {op} variants {sorted(set(args.variants) - known)}; known: {sorted(known)}")
     keep = set(args.variants or ()) | {"raggeddot", "rd-f32"}
-    modes = set(args.quant or ())
     return [v for v in V.VARIANTS[op] if (not args.variants or v.name in keep)
-            and (op != "quant" or v.mode is None or v.mode in modes)]
+            and (op != "quant" or v.mode is None or v.mode in args.quant)]
 
 
 def worker(args) -> int:
@@ -299,10 +286,6 @@ def main(argv=None) -> int:
         chosen_specs = specs.select(spec_op, args.spec, list(args.tag) + quick)
     except ValueError as e:
         sys.exit(str(e))
-    if args.list:
-        for s in specs.select(spec_op):
-            print(f"{s.name:34s} {s.describe():44s} {' '.join(sorted(s.tags))}")
-        return 0
     with runtime.configured(kernel=args.kernel, num_threads=args.threads):
         if args.worker:
             return worker(args)
@@ -316,7 +299,7 @@ def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
     if op in ("ragged_dot", "quant", "lowp"):
         seconds = 0.02 if args.smoke else 0.2 if args.quick else 0.5
         ys = C.yardsticks(seconds, *((0.05, 64) if args.smoke else ()))
-    if la and la[0] >= 1.0:
+    if la[0] >= 1.0:
         warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
                         "figures will be low and noisy")
     if any(v.name.startswith("torch") for v in chosen):
@@ -377,7 +360,7 @@ def run(args, op: str, chosen_specs: list) -> int:
         sdtype = "float32" if "float32" in args.dtype else args.dtype[0]
         # the yardstick of the dtype's product: the FMA peak, or vdpbf16ps's for bfloat16 where measured
         native = ctx["native_peaks"].get(sdtype, {}).get("gflops")
-        scaling = run_scaling(sname, sdtype, args, opts, native or ctx["peaks"][ctx["peak_isa"]], log)
+        scaling = run_scaling(sname, sdtype, args, opts, native or ctx["peaks"][ctx["peak_isa"]])
 
     result = {"benchmark": op, "machine": info, "results": records, "scaling": scaling,
               "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
@@ -399,7 +382,4 @@ def run(args, op: str, chosen_specs: list) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(main())

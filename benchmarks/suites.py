@@ -1,8 +1,8 @@
-"""The benchmarks of run.py that time a fixed set of variants together, in interleaved rounds
-(raggeddot._timing.interleaved: each round calls every variant once, after warm-up calls, a
-pause before each call for torch's spinning threads), so that the drifting load of a shared
-machine weighs on all alike: medians of --repeat rounds (--quick: smaller shapes, --smoke:
-1/16 sizes, one round). Every variant is checked before it is timed.
+"""The benchmarks of run.py that time a fixed set of variants together in interleaved rounds
+(raggeddot._timing.interleaved: each round calls every variant once, after warm-up calls and a
+pause before each call for torch's spinning threads), so that a shared machine's drifting load
+weighs on all alike: medians of --repeat rounds (--quick: smaller shapes, --smoke: 1/16 sizes,
+one round). Every variant is checked before it is timed.
 
 lowp: a table a shape (dense 4096x2048x2048, qwen3-m4096-g64-skewed, moe_block forward T=2048
   d=2048 f=768 E=32 top-4); rows: run.py's variants (checked as there), and moe_block with int8
@@ -17,8 +17,8 @@ experts: transformers' experts implementations (--variants; default eager, group
   backward of the language-model loss at 512 tokens; float32).
 jax: raggeddot.jax's FFI custom calls in jax.jit against jax.jit(jax.lax.ragged_dot) (on the CPU
   a [g, m, k] masked lhs, one dense dot over g*k; at most 3 calls) and against raggeddot's NumPy
-  call on the same buffers (the FFI's cost): ragged_dot float32 m=4096 k=2048 n=768 g=64 (and a
-  small shape); a JAX MoE layer (16 experts) forward + backward (value_and_grad under jit).
+  call on the same buffers (the FFI's cost): ragged_dot float32 m=4096 k=2048 n=768 g=64 (--quick:
+  512, 256, 128, 8); a JAX MoE layer (16 experts) forward + backward (value_and_grad under jit).
 """
 from __future__ import annotations
 
@@ -228,8 +228,7 @@ def run_jax(args, ctx) -> list:
 
     jax.config.update("jax_platforms", "cpu")
     rounds = 1 if args.smoke else args.repeat
-    shapes = [(512, 256, 128, 8)] + ([] if args.quick else [(4096, 2048, 768, 64)])
-    out = [jax_ragged_dot(jax, *shape, rounds) for shape in shapes]
+    out = [jax_ragged_dot(jax, *((512, 256, 128, 8) if args.quick else (4096, 2048, 768, 64)), rounds)]
     out.append(jax_moe(jax, *((256, 64, 128, 16) if args.quick else (2048, 512, 1024, 16)), rounds))
     for rec in out:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items() if k != "seconds"},

@@ -113,9 +113,8 @@ def need_torch():
 
 
 def check(v: Variant, fn, c: Case) -> tuple[dict, float]:
-    """({status 'ok' or 'FAILED', rel_err(s), reason}, seconds) of one call of fn(), every output
-    compared with the oracle in the oracle's dtype (a float32 output of an f32 variant of a
-    16-bit case rounded to it first). A variant that raises FAILS."""
+    """({status 'ok' or 'FAILED', rel_err(s), reason}, seconds) of one call of fn() (raising:
+    FAILED), every output compared with the oracle in its dtype (f32 variants' outputs rounded)."""
     rec, bad, errs = {}, [], {}
     time.sleep(0.05)  # the spinning threads of the previous library (OpenMP, OpenBLAS) go idle
     try:
@@ -136,8 +135,7 @@ def check(v: Variant, fn, c: Case) -> tuple[dict, float]:
     except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
         return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}, 0.0
     if errs:
-        rec["worst"] = max(errs, key=errs.get)
-        rec.update(rel_err=errs[rec["worst"]], rel_errs=errs)
+        rec.update(rel_err=max(errs.values()), rel_errs=errs)
     return dict(rec, status="FAILED", reason="; ".join(bad)[:300]) if bad else dict(rec, status="ok"), first
 
 
@@ -360,9 +358,8 @@ def _moe_variants(phase: str, backward: bool) -> list[Variant]:
 
 
 def run_gathers(c: Case, timer) -> dict:
-    """ragged_gather (x -> [N, d]) and ragged_gather_reduce ([N, d] -> [T, d], weighted) on
-    the routing of the NumPy forward, checked, then timed with timer(fn) -> timing dict.
-    A 16-bit case gathers its own arrays (y and w rounded to its dtype)."""
+    """ragged_gather (x -> [N, d]) and ragged_gather_reduce ([N, d] -> [T, d], weighted) on the
+    NumPy forward's routing (a 16-bit case: y, w rounded), checked, then timed with timer(fn)."""
     r, x, k = c.extra["np_res"], c.inputs["x"], c.spec.shape["top_k"]
     tok, slot, w, y = r["tok"], r["slot"], *(r[a].astype(c.dtype, copy=False) for a in "wy")
     want = np.zeros(x.shape, dtype=np.float64)
@@ -389,9 +386,8 @@ def _prepacked(c: Case, mode: str):
 
 
 def _rd_quant(mode: str, prepacked: bool = False):
-    """ragged_dot on the operands of ``mode``; ``prepacked``: on its quantized rhs laid out once
-    by raggeddot.prepack (outside the timing), one byte a weight read in place and dequantized
-    in the micro-kernel."""
+    """ragged_dot on the operands of ``mode``; ``prepacked``: on its rhs prepacked outside the
+    timing, one byte a weight read in place and dequantized in the micro-kernel."""
     def build(c):
         lhs, rhs = quant_operands(c, mode)
         rhs, gs = _prepacked(c, mode) if prepacked else rhs, c.inputs["group_sizes"]
@@ -441,7 +437,8 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant("rd-f32", "ragged_dot", _rd("inputs32"), ("out",), "flops", threads="rd", f32=True),
         Variant("rd-widen", "ragged_dot", _widened(_rd()), ("out",), "flops", threads="rd"),
         Variant("rd-prepacked", "ragged_dot", _rd_prepacked, ("out",), "flops", threads="rd"),
-        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True, f32=True),
+        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True,
+                f32=True),
         Variant("np-loop", "ragged_dot", _np_loop, ("out",), "flops", numpy=True, f32=True),
         Variant("torch-dense", "ragged_dot", _torch(_torch_matmul, dense=True), ("dense",), "dense"),
         Variant("torch-loop", "ragged_dot", _torch(_torch_matmul), ("out",), "flops"),

@@ -158,7 +158,7 @@ def _smoke(tmp_path, argv):
     run = _runner()
     base = ["--smoke", "--coretype", "none", "--out", str(tmp_path)]
     assert run.main(argv + base) == 0
-    name = "quant" if "--quant" in argv else argv[0]
+    name = argv[0]
     with open(tmp_path / f"bench_{name}.json") as f:
         return json.load(f)
 
@@ -181,7 +181,7 @@ def test_runner_half_dtype_checks_raggeddot_and_its_float32_twin(tmp_path):
 
 
 def test_runner_quant_checks_every_mode_against_the_dequantized_product(tmp_path):
-    res = _smoke(tmp_path, ["ragged_dot", "--quant", "int8", "int8-sub128", "int8w", "fp8w",
+    res = _smoke(tmp_path, ["quant", "--quant", "int8", "int8-sub128", "int8w", "fp8w",
                             "--spec", "qwen3-m4096-g64-skewed",
                             "--variants", "int8", "int8-sub128", "int8w", "fp8w"])
     assert res["benchmark"] == "quant"

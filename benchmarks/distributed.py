@@ -3,63 +3,48 @@
 MPI ranks.
 
     mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T]
-                [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...]
-                [--latency-us A] [--json PATH] [--smoke]
-    python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec itself for each P
+        [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...] [--latency-us A]
+        [--json PATH] [--smoke]
+    python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec for each P
 
-Shapes: the MoE specs of raggeddot.specs ("mixtral", "deepseek" = "deepseek-v3", "qwen3-moe",
-"gpt-oss", "small-e8"; `python benchmarks/run.py moe --list` shows them), with their options.
-T tokens in all (default 4096), split evenly over the ranks; rank r holds experts
-[r E/P, (r+1) E/P). --smoke: T = 64, d = 64, f = 32 and two timed runs, to check that the
-script runs end to end.
+The MoE specs of raggeddot.specs ("deepseek" = "deepseek-v3") at T tokens in all (default
+4096) split evenly over the ranks; rank r holds experts [r E/P, (r+1) E/P); --smoke: T = 64,
+d = 64, f = 32, two runs. Every rank first checks the layer against single-process moe_block
+on the first tokens of every rank (all experts): bitwise equal. Per rank, after a warm-up
+call, medians over --runs calls (a barrier before each) of: route (router, scores, top-k),
+dispatch (sort by expert, gather of the rows), exchange (the two ragged all-to-alls of rows,
+waiting for the slowest rank included), experts (the held experts' grouped matmuls), combine
+(weighted combine, shared experts), other (argument checks, the count allgather), and the
+bytes of rows sent to other ranks; tokens/s = T / the slowest rank's median layer time.
 
-Before timing, every rank checks the distributed layer against single-process moe_block on
-the first tokens of every rank concatenated (all experts): the outputs must be bitwise equal.
-
-Per rank, after one warm-up call, medians over --runs calls (a barrier before each):
-  route      router matmul, scores, top-k (route.forward)
-  dispatch   sort by expert and gather of the token rows (dispatch.forward)
-  exchange   the two ragged all-to-alls of rows (tokens to experts, outputs back); this includes
-             waiting for the slowest rank, so load imbalance shows here
-  experts    the held experts' three grouped matmuls (experts.forward)
-  combine    weighted combine and shared experts (combine.forward, shared.forward)
-  other      the rest: argument checks and their agreement, the per-expert count allgather
-  bytes      rows sent to other ranks by the two exchanges, in bytes
-and tokens/s = T / (the slowest rank's median layer time).
-
-Model. A rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank, each
-way, every rank sending at once through a non-blocking switch) and latency a per collective,
-with no overlap of compute and transfer:
-
-    t(P, B) = c(P) + V(P) / B + 4 a
-              (4 collectives: the argument agreement, the counts, rows out, rows back)
-
-c(P) is the measured per-rank compute time (route + dispatch + experts + combine, the slowest
-rank), V(P) the measured bytes a rank sends (the largest over ranks); with balanced
-routing V(P) = 2 (T / P) k d s (P - 1) / P for k experts per token and s bytes per value.
-The predicted throughput is T / t(P, B). With --ranks the table also gives the model with
-c(P) = c(1) / P, compute scaling perfectly (each rank on its own cores), since ranks that
-share one machine's cores (as P = 4 on 2 cores does) inflate the measured c(P).
+Model: a rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank each
+way, all sending at once through a non-blocking switch) and latency a per collective (4: the
+argument agreement, the counts, rows out, rows back), compute and transfer not overlapped:
+t(P, B) = c(P) + V(P) / B + 4 a, c(P) the measured compute time (route + dispatch + experts +
+combine) and V(P) the bytes sent, of the slowest rank (balanced routing: V(P) = 2 (T / P) k d s
+(P - 1) / P, k experts a token, s bytes a value); throughput T / t(P, B). With --ranks also
+with c(P) = c(1) / P (each rank on cores of its own), since ranks sharing one machine's cores
+(P = 4 on 2 cores) inflate the measured c(P).
 """
-
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import defaultdict
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import machine  # noqa: E402
-import report as R  # noqa: E402
+import common as C  # noqa: E402
+
 from raggeddot import specs as S  # noqa: E402
+from raggeddot._timing import call_time, summary  # noqa: E402
 
 SPECS = {"deepseek": "deepseek-v3", **{s.name: s.name for s in S.select("moe")}}
 STEPS = ("route", "dispatch", "exchange", "experts", "combine", "other")
@@ -79,68 +64,49 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="write rank 0's results here")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, two runs: does it run")
     p.add_argument("--ranks", default=None, help="e.g. 1,2,4: launch mpiexec -n P for each and compare")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec launch with --ranks")
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------------------------
-# The layer
-
-
-def make_layer(spec, T, dtype, smoke, seed=0):
-    """(x [T, d], router [d, E], w0, w1, wo, moe_block kwargs) of a raggeddot.specs MoE spec
-    with T tokens, the same on every rank (one seed); --smoke shrinks d and f to 64 and 32."""
-    s = S.get(SPECS[spec])
-    shape = dict(T=T, d=64, f=32, shared=32 if s.shape.get("shared") else 0) if smoke else dict(T=T)
-    inputs = S.make_inputs(s.resized(**shape), dtype, seed)
-    return (*(inputs[name] for name in S.MOE_ARGS), inputs["options"])
-
-
-def local_share(layer, comm, T_per_rank, first=None):
-    """This rank's tokens (its first `first` of them when given) and experts."""
-    x, rw, w0, w1, wo, kw = layer
-    P, r, E = comm.size, comm.rank, rw.shape[1]
+def local_share(args, comm, T: int, first: int | None = None):
+    """The layer of the spec at T tokens (the same on every rank: one seed; --smoke: d = 64,
+    f = 32) and this rank's share: (x, router, w0, w1, wo) of its tokens (its first `first`
+    of them when given) and experts, moe_block's keyword arguments, the whole layer."""
+    s = S.get(SPECS[args.spec])
+    shape = dict(T=T, d=64, f=32, shared=32 if s.shape.get("shared") else 0) if args.smoke else dict(T=T)
+    inputs = S.make_inputs(s.resized(**shape), args.dtype)
+    layer = [inputs[name] for name in S.MOE_ARGS]
+    P, r, E, Tr = comm.size, comm.rank, layer[1].shape[1], T // comm.size
     held = slice(r * E // P, (r + 1) * E // P)
-    start = r * T_per_rank
-    mine = x[start:start + (T_per_rank if first is None else min(first, T_per_rank))]
-    kw = {n: (a[held] if n in ("w0_bias", "w1_bias", "wo_bias") else a) for n, a in kw.items()}
-    return (mine, rw, w0[held], w1[held], wo[held]), kw
+    kw = {n: (a[held] if n in ("w0_bias", "w1_bias", "wo_bias") else a) for n, a in inputs["options"].items()}
+    mine = layer[0][r * Tr:r * Tr + (Tr if first is None else min(first, Tr))]
+    return (mine, layer[1], *(w[held] for w in layer[2:])), kw, (layer, inputs["options"])
 
 
-class StepClock:
-    """Time spent in each step of raggeddot.distributed.moe_block, and the bytes its exchanges
-    send to other ranks, by wrapping the step functions the layer calls."""
+def step_clock(comm):
+    """({step: seconds}, [bytes sent to other ranks]) that the step functions of
+    raggeddot.distributed.moe_block add to, once wrapped here (the layer calls them through
+    their modules)."""
+    from raggeddot.distributed import moe
 
-    def __init__(self, comm):
-        from raggeddot.distributed import moe
+    acc, sent = defaultdict(float), [0]
 
-        self.acc = defaultdict(float)
-        self.bytes = 0
-        for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
-                                   (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
-                                   (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
-            setattr(module, name, self._timed(getattr(module, name), step, comm))
-
-    def _timed(self, fn, step, comm):
-        def timed(*args, **kwargs):
-            if step == "exchange":
-                rows, moves = args[1], args[2]
-                row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:]))
-                self.bytes += moves.bytes_to_peers(comm.rank, comm.size, row_bytes)
+    def timed(fn, step):
+        def call(*args, **kwargs):
+            if step == "exchange":  # move(comm, rows, moves, ...)
+                row = args[1].dtype.itemsize * int(np.prod(args[1].shape[1:]))
+                sent[0] += args[2].bytes_to_peers(comm.rank, comm.size, row)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.acc[step] += time.perf_counter() - t0
-        return timed
+                acc[step] += time.perf_counter() - t0
+        return call
 
-    def reset(self):
-        self.acc.clear()
-        self.bytes = 0
-
-
-# ----------------------------------------------------------------------------------------------
-# One MPI run
+    for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
+                               (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
+                               (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
+        setattr(module, name, timed(getattr(module, name), step))
+    return acc, sent
 
 
 def run_ranks(args):
@@ -154,42 +120,32 @@ def run_ranks(args):
     P, r = comm.size, comm.rank
     threads = args.threads or int(os.environ.get("RAGGEDDOT_NUM_THREADS", "1"))
     raggeddot.set_num_threads(threads)
-    T = args.tokens or (64 if args.smoke else 4096)
-    runs = args.runs or (2 if args.smoke else 10)
-    if T % P:
-        raise SystemExit(f"--tokens {T} is not a multiple of the {P} ranks")
-    layer = make_layer(args.spec, T, np.dtype(args.dtype), args.smoke)
-    E = layer[1].shape[1]
-    if E % P:
-        raise SystemExit(f"spec {args.spec} has E={E} experts, not a multiple of {P} ranks")
-    Tr = T // P
-
+    T, runs = args.tokens or (64 if args.smoke else 4096), args.runs or (2 if args.smoke else 10)
+    E = S.get(SPECS[args.spec]).shape["E"]
+    if T % P or E % P:
+        raise SystemExit(f"--tokens {T} and the E={E} experts of {args.spec}: not multiples of the {P} ranks")
     # check: bitwise equal to single-process moe_block on every rank's first tokens
-    n = min(CHECK_TOKENS, Tr)
-    arrays, kw = local_share(layer, comm, Tr, first=n)
+    Tr, n = T // P, min(CHECK_TOKENS, T // P)
+    arrays, kw, (layer, options) = local_share(args, comm, T, first=n)
     got = dist.moe_block(*arrays, comm=comm, **kw)
     x = layer[0]
-    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:5], **layer[5])
-    ok = np.array_equal(got, want[r * n:(r + 1) * n])
-    if not all(comm.allgather(ok)):
+    firsts = np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)])
+    want = raggeddot.moe_block(firsts, *layer[1:], **options)
+    if not all(comm.allgather(np.array_equal(got, want[r * n:(r + 1) * n]))):
         raise SystemExit("check FAILED: the distributed layer differs from single-process moe_block")
-
-    arrays, kw = local_share(layer, comm, Tr)
-    clock = StepClock(comm)
+    arrays, kw, _ = local_share(args, comm, T)
+    acc, sent = step_clock(comm)
     dist.moe_block(*arrays, comm=comm, **kw)        # warm-up
-    totals, steps, sent = [], defaultdict(list), []
+    samples = defaultdict(list)
     for _ in range(runs):
-        clock.reset()
+        acc.clear()
+        sent[0] = 0
         comm.Barrier()
-        t0 = time.perf_counter()
-        dist.moe_block(*arrays, comm=comm, **kw)
-        totals.append(time.perf_counter() - t0)
-        for s in STEPS[:-1]:
-            steps[s].append(clock.acc[s])
-        steps["other"].append(totals[-1] - sum(clock.acc.values()))
-        sent.append(clock.bytes)
-    mine = {"rank": r, "total_s": statistics.median(totals), "bytes": int(statistics.median(sent)),
-            **{s: statistics.median(v) for s, v in steps.items()}}
+        total = call_time(lambda: dist.moe_block(*arrays, comm=comm, **kw))[1]
+        for step, value in [(s, acc[s]) for s in STEPS[:-1]] + [("other", total - sum(acc.values())),
+                                                               ("total_s", total), ("bytes", sent[0])]:
+            samples[step].append(value)
+    mine = {"rank": r, **{s: summary(v)["median"] for s, v in samples.items()}}
     per_rank = comm.gather(mine, root=0)
     if r != 0:
         return None
@@ -198,7 +154,7 @@ def run_ranks(args):
     return {"spec": args.spec, "P": P, "T": T, "E": E, "d": x.shape[1], "top_k": kw["top_k"],
             "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
             "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
-            "bytes_max": max(p["bytes"] for p in per_rank), "machine": machine.machine_info()}
+            "bytes_max": max(p["bytes"] for p in per_rank), "machine": C.machine_info()}
 
 
 def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
@@ -212,20 +168,15 @@ def report(res, args, c1=None):
            f"E={res['E']}, d={res['d']}, top_k={res['top_k']}, {res['dtype']}, medians of {res['runs']} runs"]
     rows = [[p["rank"], *(f"{1e3 * p[s]:.2f}" for s in STEPS), f"{1e3 * p['total_s']:.2f}",
              f"{p['bytes'] / 1e6:.2f}"] for p in res["per_rank"]]
-    out.append(R.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
-    out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest rank; "
-               f"compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
-    bws = [float(b) for b in args.bandwidth.split(",")]
-    model = [[f"{b:g}", f"{res['T'] / predict(res['compute_s'], res['bytes_max'], b, args.latency_us):.0f}"]
-             + ([f"{res['T'] / predict(c1 / res['P'], res['bytes_max'], b, args.latency_us):.0f}"] if c1 else [])
-             for b in bws]
+    out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
+    out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest "
+               f"rank; compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
+    cs = [res["compute_s"]] + ([c1 / res["P"]] if c1 else [])
+    model = [[f"{b:g}", *(f"{res['T'] / predict(c, res['bytes_max'], b, args.latency_us):.0f}" for c in cs)]
+             for b in (float(b) for b in args.bandwidth.split(","))]
     heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
-    out.append(R.format_table(heads, model))
+    out.append(C.format_table(heads, model))
     return "\n".join(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Entry points
 
 
 def launch(args, argv):
@@ -241,17 +192,14 @@ def launch(args, argv):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "result.json")
             cmd = [exe, "-n", str(P), sys.executable, os.path.abspath(__file__), *forward, "--json", path]
-            subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
+            subprocess.run(cmd, check=True, env=env)
             with open(path) as f:
                 res = json.load(f)
         c1 = res["compute_s"] if P == 1 else c1
         results.append(res)
-    print()
-    for res in results:
-        print(report(res, args, c1))
-        print()
+    print("\n" + "\n\n".join(report(res, args, c1) for res in results))
     if args.json:
-        R.write_json(args.json, results)
+        C.write_json(args.json, results)
     return 0
 
 
@@ -262,23 +210,15 @@ def main(argv=None):
         return launch(args, argv)
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
     try:
         res = run_ranks(args)
-    except SystemExit:
-        raise
-    except BaseException:
-        if comm.size == 1:
-            raise
-        import traceback
-
-        sys.stderr.write(traceback.format_exc())      # one write, before the abort stops the output
+    except Exception:  # a failing rank ends the job rather than leave the others waiting in a collective
+        traceback.print_exc()
         sys.stderr.flush()
-        comm.Abort(1)
-        raise
+        MPI.COMM_WORLD.Abort(1)
     if res is not None:
         if args.json:
-            R.write_json(args.json, res)
+            C.write_json(args.json, res)
         else:
             print(report(res, args))
     return 0

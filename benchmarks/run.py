@@ -1,94 +1,59 @@
 #!/usr/bin/env python
-"""Benchmark raggeddot against NumPy, torch and jax on the named specs of raggeddot.specs.
+"""Benchmark raggeddot against NumPy and torch on the named specs of raggeddot.specs.
 
     python benchmarks/run.py ragged_dot   # ragged_dot(lhs [m,k], rhs [g,k,n], group_sizes [g])
     python benchmarks/run.py backward     # the forward + vjp step, and tgmm (the weight gradient)
     python benchmarks/run.py moe          # moe_block, forward and forward + backward
     python benchmarks/run.py quant        # ragged_dot on int8 / float8 operands (raggeddot.quantize)
-    options: [--quick | --smoke] [--spec NAME/GLOB ...] [--tag TAG ...]
-             [--dtype float32 float64 bfloat16 float16] [--quant MODE ...] [--threads N]
-             [--kernel NAME] [--variants NAME ...] [--out DIR] [--list] ...
+    python benchmarks/run.py lowp         # bfloat16 / int8 products against float32 and torch
+    python benchmarks/run.py experts      # transformers' experts implementations in a model
+    python benchmarks/run.py jax          # raggeddot.jax's custom calls against jax.lax
+(the last three: benchmarks/suites.py, their variants timed in interleaved rounds)
 
---quick runs the specs tagged 'quick' (or those --spec names; moe: at 1024 tokens) with
-shorter timing; --smoke runs them at 1/16 of their sizes, each variant once, to show that the
-whole run works (its figures mean nothing). --list shows the specs.
+--quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
+those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
+The specs: raggeddot/specs.py.
+Every variant is checked first: max |out - ref| / max |ref| within 1e-4 float32, 1e-10
+float64, 1e-2 bfloat16, 2e-3 float16 of the oracle (raggeddot.reference; moe: the NumPy
+layer, itself checked against raggeddot.reference on 48 tokens; quant: the reference product
+of the dequantized operands), else it is FAILED and not timed. Then raggeddot._timing.measure
+times it: the median of >= 3 calls after warm-up (~0.75 s a variant, 0.2 s with --quick).
+'*': while timed, the variant got < 75% of its threads' CPU time or > 5% of the CPU time was
+stolen (a busy machine: unreliable figure).
 
-Every variant is first checked against the oracle (raggeddot.reference; for moe the NumPy
-version, itself checked against raggeddot.reference on the first 48 tokens): every output it
-returns within max |out - ref| / max |ref| <= 1e-4 float32, 1e-10 float64, 1e-2 bfloat16,
-2e-3 float16 (the oracle's dtype: a float32 baseline of a 16-bit case is rounded to it first;
-a quantized product's oracle is the reference product of the dequantized operands). A variant
-that fails is reported FAILED and is not timed. Then it is warmed up and timed: the median of an
-adaptive number of runs (>= 3, ~0.75 s per variant; 0.2 s with --quick).
-
-Columns (GFLOP/s, or ms for moe; '*': the variant got < 75% of its threads' CPU time, or
-> 5% of the machine's CPU time was stolen, while timed: busy machine, figure unreliable)
-  raggeddot        raggeddot (ragged_dot; vjp step; moe_block / moe_block_vjp)
-  np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline
-  np-loop, numpy   NumPy, one np.matmul per group (moe: the whole layer, argsort + per-expert loop)
-  torch-loop       the same loop in torch (backward: with autograd); torch-gmm: torch._grouped_mm
-  torch            moe: HF transformers' expert loop, backward by autograd
-  hf-eager, hf-gmm moe: transformers' own sparse-MoE block of the family the spec's options
-                   describe (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss), weights loaded from the
-                   spec, eval mode; its experts run by the per-expert loop ("eager") or by
-                   torch._grouped_mm ("grouped_mm", float32 only); forward under
-                   torch.inference_mode, backward by autograd; float64 with float64 routing
-  jax              jax.jit of jax.lax.ragged_dot / jax.vjp on CPU. XLA:CPU lowers ragged_dot to
-                   a dense dot over a masked [m, g*k] copy (g x the FLOPs): a call estimated
-                   above --jax-time-limit, or a masked copy over 2 GiB, is "skip"
-  tgmm, tgmm-fresh tgmm(lhs.T, ct, gs), with raggeddot's result-buffer cache on / off (off: every
-                   call pays the OS's zeroing of fresh pages, as NumPy does); forward: ragged_dot
-  NAME:skx         a NumPy variant timed in a separate process with OPENBLAS_CORETYPE=SkylakeX
-                   (on CPUs with avx512f: OpenBLAS picks its half-speed AVX2 kernels on AMD
-                   Zen5); the JSON has OpenBLAS's core name of every NumPy variant
-  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed once outside the
-                   timing (skipped when raggeddot has no prepack)
-  torch-dense      torch lhs @ rhs[0] in the case's dtype (the roofline of torch's matmul)
-16-bit cases (--dtype bfloat16 / float16; the inputs are the float32 draws rounded):
-  raggeddot        on the 16-bit arrays, result in that dtype (as jax)
-  rd-f32           raggeddot float32 on the same values converted (outside the timing)
-  rd-widen         raggeddot on the bfloat16 arrays with a float kernel family named, which
-                   forces the widening path (float32 FMAs) where vdpbf16ps would run; moe too
-  np-*             NumPy float32 on the converted values (NumPy has no fast 16-bit matmul);
-                   np-half: NumPy's own 16-bit dense matmul, on small products only
-  torch-*          torch in the 16-bit dtype (torch-gmm: where torch._grouped_mm runs it)
-  rd/f32           raggeddot 16-bit over raggeddot float32, GFLOP/s; %peak against the
-                   native instruction's peak (vdpbf16ps) where measured, else the FMA peak
-memory-bound specs (tag 'memory-bound' or <= 32 rows per group): GB/s = bytes of the weights
-  of the groups with rows (rhs of every non-empty group, in the variant's storage, scales
-  included) over the time; %bw = that over runtime.read_bandwidth() measured at start
-quant (python benchmarks/run.py quant [--quant MODE ...], or ragged_dot --quant MODE): on the
-  float32 specs, operands quantized by raggeddot.quantize outside the timing:
-  int8             int8 x int8: lhs one scale per row, rhs one per group and output column
-  int8-sub128      int8 x int8, scales per block of 128 along k on both operands
-  int8w, fp8w      float32 lhs x int8 / float8_e4m3fn rhs, one scale per group and column
-  int8w-prepacked, fp8w-prepacked  the same on raggeddot.prepack(rhs QArray) made outside the
-                   timing: one byte a weight read in place, dequantized in the micro-kernel; its
-                   GB/s counts the layout's bytes (values, panel padding, scales)
-  rd-f32, rd-bf16  raggeddot float32, and bfloat16 on the inputs rounded
-  torch-int8       torch._int_mm per group (int32), scales applied after ("int8")
-  torch-int8w      torch._weight_int8pack_mm per group ("int8w")
-  X/f32, X/bf16    mode X's GFLOP/s over rd-f32's / rd-bf16's; %fma: over the FMA peak; %vnni:
-                   over the vpdpbusd peak (absent without AVX512_VNNI / AVX-VNNI)
-  best, best_is    the fastest baseline computing the same thing: every NumPy flavour, torch
-                   and (moe) transformers' blocks
-  rd/X             raggeddot's GFLOP/s over X's (moe: X's time over raggeddot's); rd/best over
-                   'best', rd/loop over the best NumPy loop, rd/dense over the best np-dense
-  %peak            raggeddot's GFLOP/s over the FMA peak measured at start (runtime.peak_gflops)
-                   of the kernel's ISA at raggeddot's thread count (float64: half)
-FLOPs: 2*sum(group_sizes)*k*n per grouped product (the step makes three); np-dense counts its
-own 2*m*k*n; moe counts 3 expert products of 2*T*top_k*d*f, the router and the shared expert
-(forward + backward: 3x the forward). The ragged_dot run also times raggeddot at 1..ncpu
-threads on one spec (results must be bitwise identical). Targets come from targets.toml.
-Outputs: tables on stdout, <out>/bench_<benchmark>.json (machine info included) and, for
-ragged_dot, <out>/bench_ragged_dot.png.
+Variants (GFLOP/s; moe: ms). 16-bit cases hold the float32 draws rounded; "f32" variants run
+float32 on those values and their results are rounded for the check:
+  raggeddot        ragged_dot; the vjp step; moe_block / moe_block_vjp
+  rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed outside the timing
+  rd-f32, rd-widen raggeddot float32 on a 16-bit case's values; raggeddot with the widening path
+                   (float32 FMAs) forced where vdpbf16ps would run
+  np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline (2*m*k*n FLOPs)
+  np-loop, numpy   NumPy float32, a matmul per group (moe: the layer, argsort + expert loop)
+  NAME:skx         the NumPy variant in a process with OPENBLAS_CORETYPE=SkylakeX (avx512f CPUs,
+                   where OpenBLAS may pick its AVX2 kernels, as on AMD Zen5; --coretype)
+  torch-*          torch lhs @ rhs[0], a matmul per group, torch._grouped_mm; moe "torch":
+                   transformers' eager expert loop (Mixtral, Qwen3-MoE: the softmax specs) with a
+                   float32 router, the experts in the case's dtype, backward by autograd
+  tgmm, -fresh     tgmm(lhs.T, ct, gs), raggeddot's result-buffer cache on / off (off: a call
+                   pays the OS's zeroing of new pages, as NumPy does); forward: ragged_dot
+  quant modes      on the float32 specs: int8 (int8 x int8, a scale per row and per group
+                   column), int8-sub128 (scales per 128 along k), int8w / fp8w (float32 x int8 /
+                   float8_e4m3fn weights), -prepacked (weights prepacked outside the timing);
+                   rd-f32: raggeddot float32; torch-int8: torch._int_mm per group
+Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
+over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured at
+start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has them);
+GB/s (memory-bound specs: <= 32 rows a group): the weight bytes of the groups with rows (in the
+variant's storage, scales included) a second, %bw: of runtime.read_bandwidth() measured at
+start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (backward: 3x).
+ragged_dot also times raggeddot at 1..ncpu threads on one spec (results bitwise identical).
+Targets: targets.toml. Output: tables, <out>/bench_<benchmark>.json.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -98,67 +63,60 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import machine  # noqa: E402
+import common as C  # noqa: E402
 import report  # noqa: E402
+import suites  # noqa: E402
 import variants as V  # noqa: E402
 
 import raggeddot  # noqa: E402
 from raggeddot import runtime, specs  # noqa: E402
+from raggeddot._timing import call_time, measure, summary  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}
-#: seconds per call above which jax is skipped (a quarter with --quick)
-JAX_TIME_LIMIT = {"ragged_dot": 4.0, "backward": 4.0, "moe": 6.0, "quant": 4.0}
-SMOKE_SCALE = 1 / 16
-#: tags the runner and its plot select specs by (tests check they exist)
-TAGS_USED = ("quick", "moe")
+#: tags the runner selects specs by (tests check they exist)
+TAGS_USED = ("quick",)
+#: raggeddot's own variants: one that fails its check makes the run fail
+OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen",
+        *V.QUANT_MODES, *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("benchmark", choices=specs.OPS + ("quant",))
+    p.add_argument("benchmark", choices=specs.OPS + ("quant", *suites.SUITES))
     p.add_argument("--quick", action="store_true", help="the specs tagged 'quick', shorter timing")
-    p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run per variant (checks the run)")
-    p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs (e.g. 'qwen3-*')")
+    p.add_argument("--smoke", action="store_true", help="--quick at 1/16 size, one run a variant")
+    p.add_argument("--spec", nargs="+", metavar="NAME", default=(), help="spec names or globs ('qwen3-*')")
     p.add_argument("--tag", nargs="+", default=(), help="only specs with all these tags (e.g. primary)")
     p.add_argument("--dtype", nargs="+", choices=list(specs.DTYPES), default=["float32"],
                    help="quant: ignored (float32 specs, quantized)")
     p.add_argument("--quant", nargs="+", choices=list(V.QUANT_MODES), default=None,
-                   help="quantized modes (implies the quant benchmark; default there: all)")
+                   help="quant: the quantized modes (default: all)")
     p.add_argument("--threads", type=int, default=None, help="raggeddot threads (default: its own)")
-    p.add_argument("--kernel", default=None, help="raggeddot micro-kernel family (runtime.runnable_kernels())")
-    p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (raggeddot always runs)")
+    p.add_argument("--kernel", default=None, help="raggeddot kernel family (runtime.runnable_kernels())")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (and raggeddot)")
     p.add_argument("--scale", type=float, default=None, help="multiply every spec's sizes by this")
     p.add_argument("--coretype", default="SkylakeX",
                    help="OPENBLAS_CORETYPE of the second NumPy timing on avx512f CPUs ('none': skip it)")
     p.add_argument("--target-time", type=float, default=None, help="seconds of timed runs per variant")
-    p.add_argument("--jax-time-limit", type=float, default=None, help="skip jax above this estimate (s per call)")
     p.add_argument("--scaling-spec", default=None, help="spec of the thread-scaling section ('none' to skip)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=None, help="suites: interleaved rounds")
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default benchmarks/results/)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--list", action="store_true", help="list the specs and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quant and args.benchmark != "quant":
-        if args.benchmark != "ragged_dot":
-            p.error(f"--quant goes with the ragged_dot or quant benchmark, not {args.benchmark}")
-        args.benchmark = "quant"
     if args.benchmark == "quant":
         args.quant, args.dtype = list(args.quant or V.QUANT_MODES), ["float32"]
     args.quick = args.quick or args.smoke
     args.mode = "quick" if args.quick else "full"
-    if args.scale is None:
-        args.scale = SMOKE_SCALE if args.smoke else 1.0
+    args.scale = args.scale or (1 / 16 if args.smoke else 1.0)
     return args
 
 
 def timing_options(args) -> dict:
-    """Runs per variant: ~target_s of runs (>= min_runs, <= max_runs) after `warmup` calls
-    besides the checking call; a variant whose checking call took > slow_s gets 1 run and no
-    warm-up, > single_s: the checking call is its only sample."""
+    """Runs a variant: ~target_s of them (>= min_runs, <= max_runs) after `warmup` calls; a checking
+    call over slow_s: no warm-up, maybe 1 run; over single_s: the checking call is the sample."""
     if args.smoke:
         return dict(target_s=0.0, min_runs=1, max_runs=1, warmup=0, slow_s=1.0, single_s=2.5)
     quick = args.quick
@@ -167,50 +125,24 @@ def timing_options(args) -> dict:
                 slow_s=1.0 if quick else 3.0, single_s=2.5 if quick else 8.0)
 
 
-# ----------------------------------------------------------------------------------------------
-# One variant: check, then time
-
-
-def settle(seconds: float = 0.05) -> None:
-    """Let the spin-waiting threads of the previous library (OpenMP, OpenBLAS, Eigen) go idle."""
-    time.sleep(seconds)
-
-
-def _call(fn, sync):
-    t0 = time.perf_counter()
-    r = fn()
-    if sync is not None:
-        sync(r)
-    return r, time.perf_counter() - t0
-
-
-def time_fn(fn, sync, first_s: float, opts: dict, jit: bool = False) -> dict:
-    """Median and samples of fn() (see timing_options), with the process's CPU use and the
-    machine's stolen time over the timed runs; first_s: the time of the checking call, which
-    for a jit-compiled fn included the compilation, so one more call replaces it."""
-    if jit:
-        first_s = _call(fn, sync)[1]
+def timed(fn, first_s: float, opts: dict, threads: int | None = None) -> dict:
+    """The summary of _timing.measure(fn) (first_s: the checking call's time); 'contended': the
+    process got < 75% of `threads` CPUs' time, or > 5% of the CPU time was stolen, while timed."""
     if first_s > opts["single_s"]:
         return {"median_s": first_s, "min_s": first_s, "runs": 1, "times_s": [first_s], "single_sample": True}
     slow = first_s > opts["slow_s"]
-    est = first_s
     for _ in range(0 if slow else opts["warmup"]):
-        est = _call(fn, sync)[1]
-    runs = max(1 if slow else opts["min_runs"], min(opts["max_runs"], math.ceil(opts["target_s"] / max(est, 1e-9))))
-    st0, c0, w0 = machine.steal_seconds(), time.process_time(), time.perf_counter()
-    times = [_call(fn, sync)[1] for _ in range(runs)]
-    util = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
-    st1 = machine.steal_seconds()
-    return {"median_s": float(np.median(times)), "min_s": min(times), "runs": runs, "warmup_s": est,
-            "cpu_util": util, "steal_s": st1 - st0 if None not in (st0, st1) else None, "times_s": times}
-
-
-def is_contended(vr: dict, threads: int | None) -> bool:
-    """< 75% of `threads` CPUs' time, or > 5% of the machine's CPU time stolen, while timed."""
-    u, st, wall = vr.get("cpu_util"), vr.get("steal_s"), sum(vr.get("times_s", ())) or math.nan
-    low = threads is not None and u is not None and u < report.CONTENDED_SHARE * threads
-    stolen = st is not None and st > report.STOLEN_SHARE * wall * (os.cpu_count() or 1)
-    return bool(low or stolen)
+        first_s = call_time(fn)[1]
+    st0, c0, w0 = C.steal_seconds(), time.process_time(), time.perf_counter()
+    times = measure(fn, first_s=first_s, min_runs=1 if slow else opts["min_runs"], max_runs=opts["max_runs"],
+                    target_s=opts["target_s"])
+    wall, st1, s = time.perf_counter() - w0, C.steal_seconds(), summary(times)
+    util, stolen = (time.process_time() - c0) / max(wall, 1e-9), st1 - st0 if None not in (st0, st1) else None
+    contended = (threads is not None and util < report.CONTENDED_SHARE * threads
+                 or stolen is not None and stolen > report.STOLEN_SHARE * wall * (os.cpu_count() or 1))
+    return {"median_s": s["median"], "min_s": s["min"], "spread": s["spread"], "runs": s["runs"],
+            "times_s": times, "warmup_s": first_s, "cpu_util": util, "steal_s": stolen,
+            "contended": bool(contended)}
 
 
 def peak_extra_memory(fn) -> int:
@@ -219,43 +151,20 @@ def peak_extra_memory(fn) -> int:
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        r = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-        del r
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    return peak - base
 
 
-def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
-    """Check every output of fn() against the oracle (in the oracle's dtype; a float32
-    variant of a 16-bit case rounded to it first), then time fn(): the variant's record.
-    On a memory-bound case, also the weight bytes it reads per second."""
-    rec, bad, errs = {}, [], {}
-    try:
-        settle()
-        res, first = _call(fn, v.sync)
-        bad = [f"missing output {name}" for name in v.refs if name not in res]
-        for name, out in res.items():
-            if name not in c.refs:
-                bad.append(f"unexpected output {name}")
-                continue
-            out, ref = V.as_numpy(out), c.refs[name]
-            if v.f32 and c.half and out.dtype == np.float32:
-                out = out.astype(c.dtype)
-            ok, errs[name] = specs.check(out, ref, ref.dtype)
-            if not ok:
-                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {out.dtype}")
-        del res
-    except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
-        return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}
-    if errs:
-        rec["worst"] = max(errs, key=errs.get)
-        rec.update(rel_err=errs[rec["worst"]], rel_errs=errs)
-    if bad:
-        return dict(rec, status="FAILED", reason="; ".join(bad)[:300])
-    settle()
-    rec.update(status="ok", first_call_s=first, **time_fn(fn, v.sync, first, opts, v.jit))
+def run_variant(v: V.Variant, fn, c: V.Case, opts: dict, threads: int | None) -> dict:
+    """The variant's record: its check against the oracle, then its timing; on a memory-bound
+    case also the weight bytes it reads per second; `threads`: the CPUs it should keep busy."""
+    rec, first = V.check(v, fn, c)
+    if rec["status"] != "ok":
+        return rec
+    time.sleep(0.05)
+    rec.update(first_call_s=first, **timed(fn, first, opts, threads))
     rec.update(flops=c.flops[v.flops], gflops=c.flops[v.flops] / rec["median_s"] / 1e9)
     if c.spec.op == "ragged_dot" and c.memory_bound and v.flops == "flops":
         rec["weight_bytes"] = c.weight_bytes(v)
@@ -265,44 +174,35 @@ def measure(v: V.Variant, fn, c: V.Case, opts: dict) -> dict:
     return rec
 
 
-# ----------------------------------------------------------------------------------------------
-# One spec
-
-
 def resize(spec: specs.Spec, args) -> specs.Spec:
     return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
 
 
-def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
+def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
     spec, op = c.spec, c.spec.op
     rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
-           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]},
-           "memory_bound": c.memory_bound}
+           "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]}}
     if op == "moe":
         rec.update(note=spec.note, numpy_vs_reference=c.extra["numpy_vs_reference"],
                    options={k: v if isinstance(v, (bool, int, float, str)) else "array" for k, v in
                             c.inputs["options"].items()})
     else:
-        gs = c.inputs["group_sizes"]
-        rec.update(pattern=spec.pattern, group_sizes=gs.tolist(), rows=int(gs.sum()),
-                   empty_groups=int((gs == 0).sum()), max_group=int(gs.max()))
+        rec.update(pattern=spec.pattern, group_sizes=c.inputs["group_sizes"].tolist())
     for v in chosen:
         try:
-            fn = v.build(env, c)
+            fn = v.build(c)
         except V.Skip as s:
             rec["variants"][v.section][v.name] = {"status": "skip", "reason": str(s)}
             continue
-        vr = measure(v, fn, c, opts)
+        big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
+        threads = {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}.get(v.threads)
+        vr = run_variant(v, fn, c, opts, threads)
         del fn
         gc.collect()
         if vr["status"] == "FAILED":
             log(f"  {spec.name} [{c.dtype.name}] {v.section} {v.name}: FAILED ({vr.get('reason')})")
-        elif vr["status"] == "ok":
-            big = c.flops[v.flops] >= 1e9  # OpenBLAS may run small products on one thread
-            threads = {"rd": ctx["rd_threads"], "blas": ctx["blas_threads"] if big else None}.get(v.threads)
-            vr["contended"] = is_contended(vr, threads)
         if v.numpy:
-            vr["blas_core"] = machine.blas_core()
+            vr["blas_core"] = C.numpy_blas_info()["corename"]
         rec["variants"][v.section][v.name] = vr
     return rec
 
@@ -310,13 +210,12 @@ def run_case(c: V.Case, chosen: list, env: V.Env, opts: dict, ctx: dict, log, be
 def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict:
     """The NumPy variants of ``spec`` timed in a fresh process with OPENBLAS_CORETYPE set (it
     is read when OpenBLAS loads): {section: {name:<flavour>: record}}."""
-    cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name, "--dtype", dtype,
-           "--seed", str(args.seed), "--scale", repr(args.scale)]
+    cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name,
+           "--dtype", dtype, "--seed", str(args.seed), "--scale", repr(args.scale)]
     cmd += ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     cmd += ["--target-time", repr(args.target_time)] if args.target_time is not None else []
-    if args.variants:
-        cmd += ["--variants", *args.variants]
-    settle()
+    cmd += ["--variants", *args.variants] if args.variants else []
+    time.sleep(0.05)
     p = subprocess.run(cmd, env=dict(os.environ, OPENBLAS_CORETYPE=coretype), capture_output=True, text=True)
     flavour = "skx" if coretype == "SkylakeX" else coretype.lower()
     try:
@@ -329,25 +228,20 @@ def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict
     return {s: {f"{name}:{flavour}": vr for name, vr in sec.items()} for s, sec in found.items()}
 
 
-def run_scaling(name: str, dtype: str, args, env, opts, peaks: dict, log) -> dict:
+def run_scaling(name: str, dtype: str, args, opts, peaks: dict) -> dict:
     """raggeddot.ragged_dot at 1..ncpu threads on one spec: speed-up and bitwise identity."""
     spec = resize(specs.get(name), args)
     c = V.prepare(spec, dtype, args.seed, {"out"})
-    v = V.VARIANTS["ragged_dot"][0]
-    res = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}
-    outs = []
+    v = V.variant("ragged_dot", "raggeddot")
+    res, outs = {"spec": name, "dtype": dtype, "describe": spec.describe(), "threads": {}}, []
     for t in range(1, (os.cpu_count() or 1) + 1):
         with runtime.configured(num_threads=t):
-            vr = measure(v, v.build(env, c), c, opts)
-            vr["actual_threads"] = runtime.get_num_threads()
+            vr = res["threads"][str(t)] = dict(run_variant(v, v.build(c), c, opts, t),
+                                               actual_threads=runtime.get_num_threads())
             if vr["status"] == "ok":
-                vr["contended"] = is_contended(vr, t)
                 p = (peaks or {}).get(str(t))
                 vr["pct_peak"] = 100 * vr["gflops"] / (p / (2 if dtype == "float64" else 1)) if p else None
                 outs.append(raggeddot.ragged_dot(c.inputs["lhs"], c.inputs["rhs"], c.inputs["group_sizes"]))
-            else:
-                log(f"  scaling {name} at {t} threads: {vr['status']} ({vr.get('reason')})")
-        res["threads"][str(t)] = vr
     g = [res["threads"].get(t, {}).get("gflops") for t in ("1", "2")]
     res["speedup_2_vs_1"] = g[1] / g[0] if None not in g else None
     if len(outs) > 1:
@@ -355,40 +249,19 @@ def run_scaling(name: str, dtype: str, args, env, opts, peaks: dict, log) -> dic
     return res
 
 
-# ----------------------------------------------------------------------------------------------
-
-
-def progress(items: list, desc: str, enabled: bool):
-    """(iterator, log): a tqdm bar on stderr when tqdm imports, else a plain line per item."""
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            return tqdm(items, desc=desc, file=sys.stderr, dynamic_ncols=True), tqdm.write
-        except ImportError:
-            pass
-
-    def log(line):
-        print(line, file=sys.stderr, flush=True)
-
-    def plain():
-        for i, (dtype, spec) in enumerate(items):
-            log(f"[{desc} {i + 1}/{len(items)}] {spec.name} {dtype}")
-            yield dtype, spec
-
-    return plain(), log
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def select_variants(op: str, args) -> list:
     """The variants of ``op`` named by --variants (all when not given; raggeddot always;
     quant: rd-f32 always, and only the variants of the --quant modes)."""
-    unknown = set(args.variants or ()) - {v.name for v in V.VARIANTS[op]}
-    if unknown:
-        sys.exit(f"unknown {op} variants {sorted(unknown)}; known: {sorted({v.name for v in V.VARIANTS[op]})}")
+    known = {v.name for v in V.VARIANTS[op]}
+    if set(args.variants or ()) - known:
+        sys.exit(f"unknown {op} variants {sorted(set(args.variants) - known)}; known: {sorted(known)}")
     keep = set(args.variants or ()) | {"raggeddot", "rd-f32"}
-    modes = set(args.quant or ())
     return [v for v in V.VARIANTS[op] if (not args.variants or v.name in keep)
-            and (op != "quant" or v.mode is None or v.mode in modes)]
+            and (op != "quant" or v.mode is None or v.mode in args.quant)]
 
 
 def worker(args) -> int:
@@ -396,8 +269,8 @@ def worker(args) -> int:
     spec, dtype = specs.get(args.spec[0]), args.dtype[0]
     chosen = [v for v in select_variants(spec.op, args) if v.numpy]
     c = V.prepare(resize(spec, args), dtype, args.seed, set().union(*(v.refs for v in chosen)))
-    ctx = {"rd_threads": None, "blas_threads": machine.numpy_blas_info()["num_threads"]}
-    rec = run_case(c, chosen, V.Env(), timing_options(args), ctx, lambda s: print(s, file=sys.stderr))
+    ctx = {"rd_threads": None, "blas_threads": C.numpy_blas_info()["num_threads"]}
+    rec = run_case(c, chosen, timing_options(args), ctx, log)
     print(json.dumps({s: sec for s, sec in rec["variants"].items() if sec}, default=float))
     return 0
 
@@ -405,90 +278,76 @@ def worker(args) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     op = args.benchmark
+    if op in suites.SUITES:
+        return run_suite(args, op)
     spec_op = "ragged_dot" if op == "quant" else op
     try:
         quick = ["quick"] if args.quick and not args.spec else []
         chosen_specs = specs.select(spec_op, args.spec, list(args.tag) + quick)
     except ValueError as e:
         sys.exit(str(e))
-    if args.list:
-        for s in specs.select(spec_op):
-            print(f"{s.name:34s} {s.describe():44s} {' '.join(sorted(s.tags))}")
-        return 0
     with runtime.configured(kernel=args.kernel, num_threads=args.threads):
         if args.worker:
             return worker(args)
         return run(args, op, chosen_specs)
 
 
-def environment(args, op: str, chosen: list):
-    """(frameworks, context of the figures, machine info): torch and jax as the chosen
-    variants need them, the FMA peaks (ragged_dot), and what the JSON records."""
-    names = {v.name for v in chosen}
-    limit = args.jax_time_limit if args.jax_time_limit is not None else JAX_TIME_LIMIT[op] / (4 if args.quick else 1)
-    env = V.Env(jax_time_limit=limit)
-    if any(n.startswith("torch") or n.startswith("hf-") for n in names):
-        env.setup_torch()
-    if "jax" in names:
-        env.setup_jax(x64="float64" in args.dtype)
-    blas = machine.numpy_blas_info()
-    ctx = {"rd_threads": runtime.get_num_threads(), "blas_threads": blas["num_threads"]}
-    peaks, warnings = {}, []
-    bandwidth, native = None, None
-    if op in ("ragged_dot", "quant"):  # first, while this process is quiet
+def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
+    """(context of the figures, machine info): the yardsticks (ragged_dot and quant: measured
+    first, while this process is quiet), thread counts, torch's version where a variant uses it."""
+    ys, warnings, torch, la = {}, [], None, C.loadavg()
+    if op in ("ragged_dot", "quant", "lowp"):
         seconds = 0.02 if args.smoke else 0.2 if args.quick else 0.5
-        peaks = machine.measure_peaks(seconds)
-        ctx["peak_isa"] = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"].get("1") else "avx2"
-        ctx["peaks"], ctx["peak_warnings"] = peaks, machine.peak_warnings(peaks)
-        warnings += ctx["peak_warnings"]
-        ctx["native_peaks"] = native = machine.native_peaks(peaks, ctx["peak_isa"], seconds)
-        bandwidth = machine.measure_read_bandwidth(runtime.get_num_threads(), 0.05 if args.smoke else 0.5,
-                                                   64 if args.smoke else 256)
-        ctx["read_gbs"] = bandwidth["gbs"]
-    la = machine.loadavg()
-    if la and la[0] >= 1.0:
+        ys = C.yardsticks(seconds, *((0.05, 64) if args.smoke else ()))
+    if la[0] >= 1.0:
         warnings.append(f"load average {la[0]:.2f} before the run: other processes are busy, multi-threaded "
                         "figures will be low and noisy")
-    coretype = args.coretype if args.coretype.lower() != "none" and machine.has_avx512f() else None
-    info = machine.machine_info({
-        "coretype": coretype, "fma_peak_gflops_f32": peaks or None, "peak_isa": ctx.get("peak_isa"),
-        "native_peaks": native, "read_bandwidth": bandwidth, "warnings": warnings,
-        "torch": {"version": env.torch.__version__, "threads": env.torch.get_num_threads(),
-                  "grouped_mm": env.torch_gmm, "note": env.torch_note} if env.torch else {"note": env.torch_note},
-        "jax": {"version": env.jax.__version__, "x64": bool(env.jax.config.jax_enable_x64),
-                "masked_lowering": env.jax_masked, "masked_gflops": env.jax_gflops, "note": env.jax_note}
-        if env.jax else {"note": env.jax_note},
-    })
-    return env, ctx, info
+    if any(v.name.startswith("torch") for v in chosen):
+        try:
+            import torch
+        except Exception as e:  # noqa: BLE001 - an optional baseline
+            warnings.append(f"torch not importable: {type(e).__name__}")
+    skx = op not in suites.SUITES and args.coretype.lower() != "none" and "avx512f" in C.cpu_info()["flags"]
+    torch = torch and {"version": torch.__version__, "threads": torch.get_num_threads()}
+    info = C.machine_info(dict(ys, warnings=warnings, coretype=args.coretype if skx else None, torch=torch))
+    ctx = dict(ys, rd_threads=runtime.get_num_threads(), blas_threads=info["numpy_blas"]["num_threads"],
+               read_gbs=ys["read_bandwidth"]["gbs"] if ys else None)
+    return ctx, info
+
+
+def run_suite(args, op: str) -> int:
+    """A suite of benchmarks/suites.py: its tables on stdout, <out>/bench_<op>.json."""
+    fn, args.repeat = suites.SUITES[op][0], args.repeat or suites.SUITES[op][1]
+    with runtime.configured(kernel=args.kernel, num_threads=args.threads):
+        ctx, info = environment(args, op, [])
+        report.print_header(info)
+        result = {"benchmark": op, "machine": info, "results": fn(args, ctx), "argv": sys.argv[1:]}
+    C.write_json(os.path.join(args.out, f"bench_{op}.json"), result)
+    return 0
 
 
 def run(args, op: str, chosen_specs: list) -> int:
     t_start = time.perf_counter()
     opts, chosen = timing_options(args), select_variants(op, args)
-    env, ctx, info = environment(args, op, chosen)
-    peaks, coretype = info["fma_peak_gflops_f32"] or {}, info["coretype"]
+    ctx, info = environment(args, op, chosen)
     report.print_header(info)
-    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {'smoke' if args.smoke else args.mode}; "
-          f"scale {args.scale:g}; seed {args.seed}", flush=True)
-
+    mode = "smoke" if args.smoke else args.mode
+    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {mode}; scale {args.scale:g}; "
+          f"seed {args.seed}", flush=True)
     records, cache = [], {}
     jobs = [(d, s) for d in args.dtype for s in chosen_specs if d in s.dtypes]
-    it, log = progress(jobs, op, not args.no_progress)
     needed = set().union(*(v.refs for v in chosen))
-    for dtype, spec in it:
-        try:
-            c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
-            rec = run_case(c, chosen, env, opts, ctx, log, op)
-            if op == "moe":
-                rec["gathers"] = V.run_gathers(c, lambda fn: time_fn(fn, None, _call(fn, None)[1], opts))
-            del c
-            gc.collect()
-            if coretype and any(v.numpy for v in chosen):
-                for section, found in coretype_run(args, spec, dtype, coretype, log).items():
-                    rec["variants"][section].update(found)
-        except MemoryError:
-            log(f"  {spec.name} [{dtype}]: out of memory, skipped")
-            continue
+    for i, (dtype, spec) in enumerate(jobs):
+        log(f"[{op} {i + 1}/{len(jobs)}] {spec.name} {dtype}")
+        c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
+        rec = run_case(c, chosen, opts, ctx, log, op)
+        if op == "moe":
+            rec["gathers"] = V.run_gathers(c, lambda fn: timed(fn, call_time(fn)[1], opts))
+        del c
+        gc.collect()
+        if info["coretype"] and any(v.numpy for v in chosen):
+            for section, found in coretype_run(args, spec, dtype, info["coretype"], log).items():
+                rec["variants"][section].update(found)
         report.derive(op, rec, ctx)
         records.append(rec)
     cache.clear()
@@ -497,46 +356,30 @@ def run(args, op: str, chosen_specs: list) -> int:
     scaling = None
     sname = args.scaling_spec or SCALING_SPEC[args.mode]
     if op == "ragged_dot" and sname.lower() != "none":
-        print(f"scaling: {sname} ...", file=sys.stderr, flush=True)
+        log(f"scaling: {sname} ...")
         sdtype = "float32" if "float32" in args.dtype else args.dtype[0]
         # the yardstick of the dtype's product: the FMA peak, or vdpbf16ps's for bfloat16 where measured
-        native = (ctx.get("native_peaks") or {}).get(sdtype, {}).get("gflops")
-        scaling = run_scaling(sname, sdtype, args, env, opts, native or peaks.get(ctx["peak_isa"]), log)
+        native = ctx["native_peaks"].get(sdtype, {}).get("gflops")
+        scaling = run_scaling(sname, sdtype, args, opts, native or ctx["peaks"][ctx["peak_isa"]])
 
-    result = {"benchmark": op, "machine": info, "context": ctx,
+    result = {"benchmark": op, "machine": info, "results": records, "scaling": scaling,
               "config": {"mode": args.mode, "smoke": args.smoke, "scale": args.scale, "dtypes": args.dtype,
                          "specs": [s.name for s in chosen_specs], "variants": [v.name for v in chosen],
-                         "seed": args.seed, "timing": opts, "quant": args.quant,
-                         "rel_tol": {k.name: v for k, v in specs.REL_TOL.items()},
-                         "quant_modes": {k: V.QUANT_MODES[k] for k in args.quant or ()},
-                         "jax_time_limit_s": env.jax_time_limit, "jax_max_mask_bytes": V.JAX_MAX_MASK_BYTES,
-                         "argv": sys.argv[1:]},
-              "specs": {s.name: {"op": s.op, "shape": s.shape, "pattern": s.pattern, "tags": sorted(s.tags),
-                                 "note": s.note} for s in chosen_specs},
-              "results": records, "scaling": scaling}
+                         "seed": args.seed, "timing": opts, "quant": args.quant, "argv": sys.argv[1:]}}
     result["targets"] = report.evaluate(op, records, scaling, ctx)
     report.print_run(result)
-    result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=machine.loadavg())
+    result.update(elapsed_s=time.perf_counter() - t_start, loadavg_end=C.loadavg())
     path = os.path.join(args.out, f"bench_{op}.json")
-    report.write_json(path, result)
+    C.write_json(path, result)
     print(f"\nwrote {path}")
-    if op == "ragged_dot" and not args.no_plot:
-        png = os.path.join(args.out, "bench_ragged_dot.png")
-        err = report.plot(result, png)
-        print(f"plot: {err}" if err else f"wrote {png}")
     print(f"total {result['elapsed_s']:.0f} s; load average at start {info['loadavg_start']}, at end "
           f"{result['loadavg_end']}")
-    ours = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-bf16", *V.QUANT_MODES,
-            *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
-    failed = [(r["spec"], r["dtype"], s) for r in records for s, sec in r["variants"].items()
-              for name, vr in sec.items() if name in ours and vr["status"] == "FAILED"]
+    failed = [(r["spec"], r["dtype"], s, name) for r in records for s, sec in r["variants"].items()
+              for name, vr in sec.items() if name in OURS and vr["status"] == "FAILED"]
     if failed:
         print(f"raggeddot FAILED the accuracy check on: {failed}", file=sys.stderr)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(main())

@@ -37,19 +37,26 @@ def measure(fn, *, sync=None, warmup=1, min_runs=3, max_runs=50, target_s=0.2, f
     return [call_time(fn, sync)[1] for _ in range(runs)]
 
 
-def interleaved(fns, *, rounds=5, warmup=1, pause_s=0.0, sync=None):
+def interleaved(fns, *, rounds=5, warmup=1, pause_s=0.0, sync=None, before=None):
     """{name: [seconds per round]} for the callables of the dict `fns`, timed in `rounds`
     rounds of one call each after `warmup` calls each; `pause_s` before every timed call lets
-    the previous call's worker threads go idle (a spinning thread pool, as torch's)."""
-    for fn in fns.values():
+    the previous call's worker threads go idle (a spinning thread pool, as torch's), and
+    `before(name)`, when given, is called before every call of fns[name], outside the timing
+    (to switch a setting the variants share)."""
+    def call(name, fn):
+        if before is not None:
+            before(name)
+        return call_time(fn, sync)[1]
+
+    for name, fn in fns.items():
         for _ in range(warmup):
-            call_time(fn, sync)
+            call(name, fn)
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             if pause_s:
                 time.sleep(pause_s)
-            times[name].append(call_time(fn, sync)[1])
+            times[name].append(call(name, fn))
     return times
 
 

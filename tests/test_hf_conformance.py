@@ -14,8 +14,7 @@ autograd of ``sum(out * ct)``) are compared with ``raggeddot.moe_block_vjp``:
 
 Float64 routing: transformers casts the router's logits or scores to float32
 (``.float()``, ``softmax(..., dtype=torch.float)``, ``.type(torch.float32)``)
-even in a float64 model. ``float64_routing`` (benchmarks/moe_baselines.py, which
-the transformers baseline of the moe benchmark shares) is a torch function mode
+even in a float64 model. ``float64_routing`` (below) is a torch function mode
 that, while the block runs, turns each such cast of a float64 tensor (and each
 ``dtype=torch.float32`` argument) into float64; nothing else changes, and in a
 float64 block nothing but the routing asks for float32.
@@ -34,9 +33,7 @@ Llama4 is checked through its routed path composed from ragged_gather,
 ragged_dot and ragged_gather_reduce under raggeddot.vjp.
 """
 import contextlib
-import importlib.util
 import inspect
-import pathlib
 
 import numpy as np
 import pytest
@@ -73,17 +70,26 @@ def _needs(*options):
                              reason=f"moe_block has no {', '.join(missing)} yet")
 
 
-def _load_baselines():
-    """benchmarks/moe_baselines.py, loaded from its path (the benchmarks are
-    scripts, not a package; importing it imports only numpy)."""
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "moe_baselines.py"
-    spec = importlib.util.spec_from_file_location("_hf_conformance_moe_baselines", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def float64_routing(torch):
+    """A torch function mode (a context manager) in which transformers' float32 routing runs
+    in float64: ``Tensor.float()`` of a float64 tensor returns it unchanged, and
+    ``torch.float32`` given to any torch function (positionally or as ``dtype=``) means
+    ``torch.float64`` (see the module docstring).
 
+    ``torch`` is passed in so that the README's call reads as it does here."""
+    from torch.overrides import TorchFunctionMode
 
-float64_routing = _load_baselines().float64_routing
+    class Float64Routing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.float and args[0].dtype == torch.float64:
+                return args[0]
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32:
+                kwargs["dtype"] = torch.float64
+            return func(*args, **kwargs)
+
+    return Float64Routing()
 
 
 def _np(t):
@@ -556,9 +562,9 @@ def test_load_balance_hf_matches_transformers(rng, mode):
 
 
 def test_float64_routing_keeps_float64_casts():
-    """The mode the float64 cases run under (one copy, shared with the moe
-    benchmark): each way transformers asks a float64 tensor for float32
-    gives float64, and a float32 tensor is left alone."""
+    """The mode the float64 cases run under: each way transformers asks a
+    float64 tensor for float32 gives float64, and a float32 tensor is left
+    alone."""
     z = torch.tensor([0.1, 2.0, -1.0], dtype=torch.float64)
     with float64_routing(torch):
         casts = [z.float(), z.to(torch.float32), z.type(torch.float32),

@@ -133,19 +133,30 @@ class Tuned:
         previous = None if previous is None else _plans.settable(previous)
         default = _plans.settable(_plans.plan_default(cls))
         plans = candidates(cls, self.hyperparams)
-        rows, bar = [], _Progress(len(plans), f"tuning {_describe(cls)}", self.progress)
+        rows = [{"class": cls, "plan": plan, "median": None, "spread": None, "chosen": False, "error": None}
+                for plan in plans]
+        bar = _Progress(len(plans) * (self.repeats + 1), f"tuning {_describe(cls)}", self.progress)
+
+        def use(i):
+            _plans.plan_set(cls, plans[i])
+            bar.update()
+
         try:
-            for plan in plans:
-                row = {"class": cls, "plan": plan, "median": None, "spread": None, "chosen": False, "error": None}
+            # a warm-up call under each plan drops those that fail; the others are timed in
+            # interleaved rounds, so that a drift of the machine's load weighs on all alike
+            ok = {}
+            for i, row in enumerate(rows):
                 try:
-                    _plans.plan_set(cls, plan)
-                    stats = _timing.summary(_timing.measure(call, warmup=1, min_runs=self.repeats,
-                                                            max_runs=self.repeats))
-                    row["median"], row["spread"] = stats["median"], stats["spread"]
+                    use(i)
+                    call()
+                    ok[i] = call
                 except Exception as e:     # a plan the library refuses, or a call that fails under it
                     row["error"] = f"{type(e).__name__}: {e}"
-                rows.append(row)
-                bar.update()
+            if ok:
+                times = _timing.interleaved(ok, rounds=self.repeats, warmup=0, before=use)
+                for i, samples in times.items():
+                    stats = _timing.summary(samples)
+                    rows[i]["median"], rows[i]["spread"] = stats["median"], stats["spread"]
         finally:
             bar.close()
             _plans.plan_set(cls, previous)
@@ -169,10 +180,11 @@ def tune(fn, hyperparams=None, *, repeats=5, progress=True, persist=True):
     A call ``wrapper(*args, **kwargs)`` runs ``fn(*args, **kwargs)`` once while recording the
     shape classes ``(op, ctype, family, k, n, g, bucket, threads)`` of the grouped products
     it makes, then tunes each class not tuned before (in this process, by any wrapper, or
-    loaded from the plans file at import), independently, one after another: for each
-    candidate plan it sets the class's table entry to the plan (other classes' entries as
-    they are) and times ``fn(*args, **kwargs)``: one warm-up call, then the median of
-    ``repeats`` calls (``raggeddot._timing``). Candidates that raise are dropped. The
+    loaded from the plans file at import), independently, one after another: each
+    candidate plan in turn is set as the class's table entry (other classes' entries as
+    they are) for one warm-up call of ``fn(*args, **kwargs)``, then the candidates are
+    timed in ``repeats`` interleaved rounds of one call each, and each scores the median of
+    its calls (``raggeddot._timing``). Candidates that raise are dropped. The
     fastest plan (on a tie, the default plan) becomes the class's entry, used by every later
     grouped product of that class in this process, and, with ``persist``, written to the
     plans file of this CPU and build under $RAGGEDDOT_CACHE_DIR (default
@@ -187,9 +199,9 @@ def tune(fn, hyperparams=None, *, repeats=5, progress=True, persist=True):
     Args:
       fn: a callable making grouped products (any raggeddot op).
       hyperparams: None, to time ``_core.plan_candidates(cls)`` (the default plan first), or
-        a dict ``{plan key: [values]}`` over the keys ``kernel`` ('main', 'small',
-        'stream'), ``mc``, ``kc``, ``nc``, ``tm``, ``tn``, ``threads`` and ``split`` ('m',
-        'n'): the candidates are then the cartesian product of the given values, each over
+        a dict ``{plan key: [values]}`` over the keys ``kernel`` ('main', or 'stream' where
+        the family has a streaming kernel), ``mc``, ``kc``, ``nc``, ``tm``, ``tn``,
+        ``threads`` (0: automatic), ``split`` ('m', 'n') and ``team`` (0, 1): the candidates are then the cartesian product of the given values, each over
         the default plan (keys not given keep its values). This restricts the search (one
         value: that value only) or extends it to values plan_candidates would not try.
       repeats: timed calls per candidate, >= 1.

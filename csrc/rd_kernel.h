@@ -258,6 +258,16 @@ rd_ctype_optional(int ct)
  * (config/rd_config.c). */
 extern const rd_family_t *const rd_families[];
 
+/* A run of memory this thread's driver will read soon (the next block of B
+ * it packs): the float32 micro-kernels request one cache line of it per
+ * contraction step, so that reading it from memory overlaps their
+ * arithmetic instead of stalling the packing that follows.  next advances
+ * as lines are requested; next == end: nothing to fetch. */
+typedef struct {
+    const char *next, *end;
+} rd_ahead_t;
+extern __thread rd_ahead_t rd_ahead;
+
 /* Order the non-temporal stores of this thread before its later stores
  * (a no-op where the kernels have none). */
 static inline void

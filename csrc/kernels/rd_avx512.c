@@ -42,10 +42,22 @@
 #define STORE_ROW s_store_row
 #define STREAM _mm512_stream_ps
 #define STORE_EDGE rd_s_store_edge
+#undef AHEAD_ENTER
+#undef AHEAD_STEP
+#undef AHEAD_LEAVE
+#define AHEAD_ENTER RD_AHEAD_ENTER
+#define AHEAD_STEP RD_AHEAD_STEP
+#define AHEAD_LEAVE RD_AHEAD_LEAVE
 RD_BODY(s_rows4, 4, ROWS4)
 RD_BODY(s_rows8, 8, ROWS8)
 RD_BODY(s_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_12x32, s_rows4, s_rows8, s_rows12)
+#undef AHEAD_ENTER
+#undef AHEAD_STEP
+#undef AHEAD_LEAVE
+#define AHEAD_ENTER
+#define AHEAD_STEP
+#define AHEAD_LEAVE
 
 /* float32 arithmetic on 16-bit B panels, widened in registers: bfloat16
  * rows hold their halves interleaved (RD_CT_F32_BF16W), so a shift moves

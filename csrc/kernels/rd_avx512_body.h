@@ -18,6 +18,20 @@
 
 #define RD_AVX512 __attribute__((target("avx512f")))
 
+/* The requests of rd_ahead (rd_kernel.h), one line a step: bodies that
+ * take part define AHEAD_ENTER/STEP/LEAVE as RD_AHEAD_*, the others as
+ * nothing. */
+#define RD_AHEAD_ENTER const char *ahead = rd_ahead.next, *const ahead_end = rd_ahead.end;
+#define RD_AHEAD_STEP                                                       \
+    if (ahead < ahead_end) {                                                \
+        _mm_prefetch(ahead, _MM_HINT_T1);                                   \
+        ahead += 64;                                                        \
+    }
+#define RD_AHEAD_LEAVE rd_ahead.next = ahead;
+#define AHEAD_ENTER
+#define AHEAD_STEP
+#define AHEAD_LEAVE
+
 #define ROWS4(X) X(0) X(1) X(2) X(3)
 #define ROWS8(X) ROWS4(X) X(4) X(5) X(6) X(7)
 #define ROWS12(X) ROWS8(X) X(8) X(9) X(10) X(11)
@@ -77,13 +91,16 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
      int m, int n, int accumulate)                                          \
 {                                                                           \
     RD_BODY_ENTER(R, ROWS)                                                  \
+    AHEAD_ENTER                                                             \
     for (rd_int p = 0; p < kc; p++) {                                       \
         LOAD_B(b, b0, b1)                                                   \
         V av;                                                               \
         ROWS(RD_STEP)                                                       \
+        AHEAD_STEP                                                          \
         a += 12;                                                            \
         b += 2 * W;                                                         \
     }                                                                       \
+    AHEAD_LEAVE                                                             \
     RD_BODY_LEAVE(R, ROWS)                                                  \
 }
 

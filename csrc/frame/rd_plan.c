@@ -127,7 +127,7 @@ int
 rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s,
                    rd_pchoice_t *out, int most)
 {
-    rd_pchoice_t d, all[10];
+    rd_pchoice_t d, all[12];
     int n = 0;
     rd_plan_default(c, k, s, &d);
     all[n++] = d;
@@ -135,9 +135,9 @@ rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_d
         all[n] = d;
         all[n++].kind = d.kind == RD_KIND_STREAM ? RD_KIND_MAIN : RD_KIND_STREAM;
     }
-    if (k->kc >= 128) {
+    for (rd_int kc = k->kc / 2; kc >= 64 && kc >= k->kc / 4; kc /= 2) {
         all[n] = d;
-        all[n++].kc = k->kc / 2;
+        all[n++].kc = kc;
     }
     all[n] = d;
     all[n++].kc = 2 * k->kc;

@@ -23,7 +23,7 @@
  *     the one they read: a tuned plan may take it.)
  *   - The tile split.  A tile never mixes groups, so the row tiles of a
  *     group of r rows are at most r rows: the revisit model (megablox's
- *     N / (N + G (1 - 1/T))) says that rows tiles larger than a group waste
+ *     N / (N + G (1 - 1/T))) says that row tiles larger than a group waste
  *     nothing here (the micro-kernel's 4/8/12-row bodies run only the rows a
  *     group has) but give the threads fewer tiles, so small groups split
  *     along n.

@@ -57,7 +57,6 @@ typedef struct {
     size_t scale_size;              /* bytes a row of scales after each micro-panel */
     size_t q_size;                  /* bytes of an element of the operands' scales */
     int k_unit;
-    int streamed;                   /* B read in place by the plan's sukr */
 } rd_call_t;
 
 /* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)
@@ -148,6 +147,9 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
     const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
     const int MR = kd->mr, NR = kd->nr;
     const size_t cz = cl->c_size;
+    const int streamed = cl->plan->kind == RD_KIND_STREAM;   /* B read in place by plan->s */
+    /* a team packs B into the shared bpack, and waits before repacking it */
+    const int shared = nt > 1 && !streamed && b->panels == 0;
     if (K == 0) {
         if (!accumulate && tid == 0)
             for (rd_int i = 0; i < M; i++)
@@ -177,7 +179,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * bstep bytes apart (values, and the trailer of quantized ones) */
             const char *bpanel = bpack;
             size_t bstep = 0;
-            if (cl->streamed) {
+            if (streamed) {
                 /* read in place: the strip of column jr at b->p + (pc, jc + jr) */
                 bpanel = (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
             }
@@ -188,15 +190,16 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 bpanel = (const char *)b->p + rd_pblock_offset(&L, pc)
                          + (size_t)((b->j0 + jc) / NR) * bstep;
             }
-            else if (nt == 1)
+            else if (!shared)
                 rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
             else {
                 /* each thread packs a run of whole panels, read row by row
                  * as one block (panel by panel would read B in strips) */
                 const rd_int np = (nc + NR - 1) / NR;
                 const rd_int j0 = np * tid / nt * NR, j1 = np * (tid + 1) / nt * NR;
-                if (j0 < (j1 < nc ? j1 : nc))
-                    rd_pack_block(cl, 1, b, pc, jc + j0, (j1 < nc ? j1 : nc) - j0, kc, NR,
+                const rd_int j_end = j1 < nc ? j1 : nc;
+                if (j0 < j_end)
+                    rd_pack_block(cl, 1, b, pc, jc + j0, j_end - j0, kc, NR,
                                   bpack + rd_panel_bytes(cl, cl->b_size, j0, kp));
 #ifdef _OPENMP
 #pragma omp barrier
@@ -208,7 +211,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * without, 46% with (KC 512), 52% at KC 128, whose blocks leave
              * room in L2 for the next one */
             rd_ahead.next = rd_ahead.end = NULL;
-            if (nt == 1 && !cl->streamed && b->panels == 0 && b->cs == 1 && b->rs == nc && pc + kc < K) {
+            if (nt == 1 && !streamed && b->panels == 0 && b->cs == 1 && b->rs == nc && pc + kc < K) {
                 const rd_int rows = K - pc - kc < KC ? K - pc - kc : KC;
                 rd_ahead.next = (const char *)rd_at(b->p, cl->b_src, pc + kc, b->rs, jc, 1);
                 rd_ahead.end = rd_ahead.next + rows * nc * (rd_int)cl->b_src;
@@ -216,12 +219,13 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             /* this thread's rows: all, or its share of a team tile's */
             const rd_int units = (M + MR - 1) / MR;
             const rd_int lo = units * tid / nt * MR, hi = units * (tid + 1) / nt * MR;
-            for (rd_int ic = lo; ic < (hi < M ? hi : M); ic += MC) {
-                rd_int mc = (hi < M ? hi : M) - ic < MC ? (hi < M ? hi : M) - ic : MC;
+            const rd_int i_end = hi < M ? hi : M;
+            for (rd_int ic = lo; ic < i_end; ic += MC) {
+                rd_int mc = i_end - ic < MC ? i_end - ic : MC;
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = cl->streamed ? bpanel + (size_t)jr * cl->b_src
+                    const char *bp = streamed ? bpanel + (size_t)jr * cl->b_src
                                      : b->panels > 0 ? bpanel + (size_t)(jr / NR) * bstep
                                      : bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
                     char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
@@ -229,14 +233,14 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                         int mr = (int)(mc - ir < MR ? mc - ir : MR);
                         const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kp);
                         char *cij = cj + ir * c_rs * (rd_int)cz;
-                        if (cl->streamed)
+                        if (streamed)
                             cl->plan->s.ukr(kc, ap, bp, b->rs, cij, c_rs, c_cs, mr, nr, mode);
                         else
                             kd->ukr(kc, ap, bp, cij, c_rs, c_cs, mr, nr, mode);
                     }
                 }
             }
-            if (nt > 1 && !cl->streamed && b->panels == 0) {
+            if (shared) {
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
@@ -444,7 +448,6 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     /* the operands' scales are double for a float64 product, float otherwise */
     cl->q_size = plan->ct == RD_CT_F64 ? sizeof(double) : sizeof(float);
     cl->k_unit = ct->k_unit;
-    cl->streamed = plan->kind == RD_KIND_STREAM;
     /* panels that carry scales need them on both sides (prepacked B carries
      * them in its layout) */
     if (cl->scale_size && (lhs->q.s == NULL || (rhs->q.s == NULL && rhs->panels == 0)))

@@ -183,16 +183,23 @@ rd_plan_set(const rd_pclass_t *c, const rd_pchoice_t *choice)
     return rc;
 }
 
+/* The table's entry of c into *out (1), or 0; the lock held. */
+static int
+rd_plan_find(const rd_pclass_t *c, rd_pchoice_t *out)
+{
+    for (int i = 0; i < rd_plan_n; i++)
+        if (rd_class_eq(&rd_plan_keys[i], c)) {
+            *out = rd_plan_vals[i];
+            return 1;
+        }
+    return 0;
+}
+
 int
 rd_plan_get(const rd_pclass_t *c, rd_pchoice_t *out)
 {
-    int found = 0;
     rd_plan_lock();
-    for (int i = 0; i < rd_plan_n && !found; i++)
-        if (rd_class_eq(&rd_plan_keys[i], c)) {
-            *out = rd_plan_vals[i];
-            found = 1;
-        }
+    const int found = rd_plan_find(c, out);
     rd_plan_unlock();
     return found;
 }
@@ -245,8 +252,10 @@ rd_plan_recorded(rd_pclass_t *out, int most)
     return n;
 }
 
-static void
-rd_plan_note(const rd_pclass_t *c)
+/* A call's class: logged when recording, and its entry looked up (1, with
+ * *out filled), under one hold of the lock. */
+static int
+rd_plan_lookup(const rd_pclass_t *c, rd_pchoice_t *out)
 {
     rd_plan_lock();
     if (rd_plan_logging) {
@@ -256,7 +265,9 @@ rd_plan_note(const rd_pclass_t *c)
         if (i == rd_plan_logged && rd_plan_logged < RD_PLAN_LOG)
             rd_plan_log[rd_plan_logged++] = *c;
     }
+    const int found = rd_plan_find(c, out);
     rd_plan_unlock();
+    return found;
 }
 
 void
@@ -266,8 +277,7 @@ rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const r
     rd_pclass_t c;
     rd_pchoice_t ch;
     rd_plan_class(&c, plan, mode, k, n, ng, bounds);
-    rd_plan_note(&c);
-    if (!rd_plan_get(&c, &ch))
+    if (!rd_plan_lookup(&c, &ch))
         rd_plan_default(&c, &plan->k, &plan->s, &ch);
     /* prepacked weights were laid out with this blocking, and are read in
      * place already */

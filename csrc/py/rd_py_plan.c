@@ -22,6 +22,19 @@ rd_name_index(const char *s, const char *const *names, int count)
     return -1;
 }
 
+/* The kernel of class c's family for its compute type (with the set
+ * blocking when that family serves the type now) and the family's
+ * streaming kernel (NULL: none). */
+static void
+rd_class_kernels(const rd_pclass_t *c, const rd_ukr_desc_t **k, const rd_sukr_desc_t **s)
+{
+    const rd_family_t *f = rd_family_named(c->family);
+    const char *serving;
+    const rd_ukr_desc_t *active = rd_active_kernel(c->ct, &serving);
+    *k = strcmp(serving, f->name) == 0 ? active : &f->types[c->ct];
+    *s = f->stream[c->ct].ukr != NULL ? &f->stream[c->ct] : NULL;
+}
+
 /* The class, its family's kernel for the class's compute type and that
  * family's streaming kernel; -1 with an exception naming what is wrong. */
 static int
@@ -68,11 +81,7 @@ rd_parse_class(PyObject *obj, rd_pclass_t *c, const rd_ukr_desc_t **k, const rd_
     c->g = g;
     c->bucket = bucket;
     c->threads = threads;
-    /* the family serving the type now runs with the set blocking */
-    const char *serving;
-    const rd_ukr_desc_t *active = rd_active_kernel(c->ct, &serving);
-    *k = strcmp(serving, f->name) == 0 ? active : &f->types[t];
-    *s = f->stream[t].ukr != NULL ? &f->stream[t] : NULL;
+    rd_class_kernels(c, k, s);
     return 0;
 }
 
@@ -283,11 +292,9 @@ rd_py_plan_table(PyObject *self, PyObject *noargs)
     rd_pclass_t c;
     rd_pchoice_t ch;
     for (int i = 0; list != NULL && rd_plan_entry(i, &c, &ch); i++) {
-        const rd_family_t *f = rd_family_named(c.family);
-        const char *serving;
-        const rd_ukr_desc_t *active = rd_active_kernel(c.ct, &serving);
-        const rd_ukr_desc_t *k = strcmp(serving, c.family) == 0 ? active : &f->types[c.ct];
-        const rd_sukr_desc_t *s = f->stream[c.ct].ukr != NULL ? &f->stream[c.ct] : NULL;
+        const rd_ukr_desc_t *k;
+        const rd_sukr_desc_t *s;
+        rd_class_kernels(&c, &k, &s);
         PyObject *item = Py_BuildValue("(NN)", rd_class_tuple(&c), rd_choice_dict(&ch, k, s));
         if (item == NULL || PyList_Append(list, item) != 0)
             Py_CLEAR(list);

@@ -11,14 +11,12 @@ instead (see "python -m raggeddot tune --help").
 """
 import argparse
 import gc
-import statistics
 import sys
-import time
 
 import numpy as np
 
 import raggeddot
-from raggeddot import runtime, specs
+from raggeddot import _timing, runtime, specs
 
 MAIN_OPS = ("ragged_dot", "backward")
 
@@ -31,15 +29,9 @@ def _progress(items, desc):
     return tqdm(items, desc=desc, leave=False, file=sys.stderr)
 
 
-def _median_time(fn, budget, min_runs=3, max_runs=50):
-    fn()  # warm-up
-    times = []
-    t_end = time.perf_counter() + budget
-    while len(times) < min_runs or (time.perf_counter() < t_end and len(times) < max_runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median_time(fn, budget):
+    """Median seconds of fn() after a warm-up call, over about `budget` seconds of calls."""
+    return _timing.summary(_timing.measure(fn, warmup=1, min_runs=3, max_runs=50, target_s=budget))["median"]
 
 
 def _flops(spec, inputs):

@@ -229,3 +229,13 @@ def test_team_tiles_equal_tiles_of_one_thread(case):
     for key, value in got.items():
         np.testing.assert_array_equal(np.asarray(value).view(np.uint8), np.asarray(got[1, 2]).view(np.uint8),
                                       err_msg=str(key))
+
+
+@pytest.mark.parametrize("plan", [{"kernel": "main", "mc": 1 << 24}, {"kernel": "stream", "kc": 1 << 24}])
+def test_huge_blocking_of_a_plan_costs_no_memory_beyond_the_tiles(plan):
+    """The packing buffers are sized by what the tiles use, not by the plan's bounds: a plan
+    (from a file, say) with MC or KC in the millions still runs a small product."""
+    rng = np.random.default_rng(4)
+    x, w, gs = _operands(rng, [20, 20], 30, 20)
+    want = raggeddot.ragged_dot(x, w, gs)
+    np.testing.assert_array_equal(_with_plan(lambda: raggeddot.ragged_dot(x, w, gs), plan), want)

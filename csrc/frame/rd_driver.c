@@ -374,8 +374,11 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
     const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
-    const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, rd_round_up(kd->mc, kd->mr), kp_max);
-    const size_t b_bytes = rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
+    /* A blocks are at most MC rows and at most a tile's; a streamed B is
+     * not packed at all */
+    const rd_int mc_max = rd_round_up(tl->tm > 0 && tl->tm < kd->mc ? tl->tm : kd->mc, kd->mr);
+    const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kp_max);
+    const size_t b_bytes = cl->plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
     /* a 16-bit output's tile is computed in float32 here, tm x tn_max */
     const size_t t_bytes = r->narrow ? (size_t)tl->tm * (size_t)r->tn_max * sizeof(float) : 0;
     char *shared = tl->nteam > 0 ? (char *)rd_scratch(3, b_bytes) : NULL;
@@ -388,7 +391,7 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
         char *apack = (char *)rd_scratch(0, a_bytes);
         char *bpack = (char *)rd_scratch(1, b_bytes);
         float *tile32 = r->narrow ? (float *)rd_scratch(2, t_bytes) : NULL;
-        int ok = apack != NULL && bpack != NULL && (!r->narrow || tile32 != NULL)
+        int ok = apack != NULL && (bpack != NULL || b_bytes == 0) && (!r->narrow || tile32 != NULL)
                  && (tl->nteam == 0 || shared != NULL);
         if (!ok) {
 #ifdef _OPENMP

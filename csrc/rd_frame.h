@@ -106,6 +106,15 @@ void rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, co
 /* The family of that name, or NULL. */
 const rd_family_t *rd_family_named(const char *name);
 
+/* ------------------------------------------------------------------ AMX
+ * (kernels/rd_amx.c)  NULL where the "amx" family runs here (the CPU has
+ * AMX and the OS granted this process its tile state), else why not.  The
+ * twin's tile state: the threads holding a configuration now and the tile
+ * operations run without one, since the process started (0 and 0 between
+ * calls: every thread releases its tiles when its share of a call ends). */
+const char *rd_amx_unavailable(void);
+void rd_amx_twin_state(int *held, long *strays);
+
 /* --------------------------------------------------------------- runtime
  * (frame/rd_runtime.c)  Process-wide settings the plans are made from. */
 
@@ -128,6 +137,23 @@ const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
  * to multiples of MR and NR.  Returns 0, or -1 for a size below 1 or a
  * type no kernel serves. */
 int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
+
+/* The compute type of a float32 product of two bfloat16 operands (or
+ * operands read as bfloat16) with the selection in force: the tile type
+ * where served (AMX), else the bfloat16 dot type where served (in
+ * automatic selection only where vdpbf16ps outruns the float32 FMAs:
+ * rd_bf16dot_measured), else RD_CT_F32 (the widening kernels); `exact`
+ * (precision HIGHEST): RD_CT_F32 always, exact products summed in float32
+ * without flushing.  Of a float32 product of two int8 operands: the tile
+ * type, the int8 dot type, or RD_CT_I8I32 (the same results, bit for bit,
+ * with the same KC).  Of weights prepacked in the B layout of `layout`
+ * (RD_CT_BF16DP or RD_CT_U8S8): the tile type reading that layout where
+ * served, else `layout`. */
+rd_ctype_t rd_bf16_product(int exact);
+rd_ctype_t rd_int8_product(void);
+rd_ctype_t rd_layout_product(rd_ctype_t layout);
+/* rd_bf16dot_vs_fma, measured once per process (when first needed). */
+double rd_bf16dot_measured(void);
 
 /* Outputs of at least this many bytes that a call writes once (no
  * accumulation, the whole contraction in one KC block) are written with
@@ -325,6 +351,11 @@ long long rd_make_group_metadata(const rd_int *group_sizes, rd_int ng, rd_int m,
  * independent chains of the instruction `isa` names; -1 for an unknown
  * name, 0 when the CPU lacks it. */
 double rd_peak_gflops(const char *isa, double seconds);
+/* The rate of vdpbf16ps over that of 512-bit float32 FMAs, in flops (one
+ * thread, a fraction of a millisecond of each, best of three rounds): 2 on
+ * AMD Zen4, 0.5 on Intel's Xeons; 0 without AVX512_BF16.  The runtime's
+ * automatic choice of the bfloat16 dot-product kernels follows it. */
+double rd_bf16dot_vs_fma(void);
 /* One thread's read bandwidth, GB/s, sweeping `bytes` of its own memory for
  * about `seconds` (probe/rd_peak.c); -1 when the memory cannot be had. */
 double rd_read_gbps(size_t bytes, double seconds);

@@ -99,6 +99,23 @@ typedef enum {
      * kept after the panels; the same int32 sums, and so the same results
      * bit for bit, as RD_CT_I8I32 with the same KC. */
     RD_CT_U8S8 = 8,
+    /* Tile types (Intel AMX): the arithmetic of a matrix unit that
+     * multiplies a 16-row tile of A by a tile of B per instruction.  B is
+     * packed as the dot types above pack it (bfloat16 k-pairs, int8
+     * k-quads with their trailer), so weights prepacked for one are read by
+     * the other; A is packed row after row (a tile loads 16 rows of it with
+     * the row pitch as stride).
+     *
+     * BF16TILE: bfloat16 x bfloat16 into float32 (TDPBF16PS).  The
+     * instruction's order of additions inside a tile is not documented and
+     * matches no simple model (SPEC, measured): its results are held to an
+     * error bound, and to the exact value where every partial sum is exact.
+     * U8S8TILE: int8 x int8 (TDPBUSD, A + 128 unsigned times B signed), the
+     * trailers and epilogue of RD_CT_U8S8: the same int32 sums, and so the
+     * same results bit for bit, as RD_CT_U8S8 and RD_CT_I8I32 with the same
+     * KC. */
+    RD_CT_BF16TILE = 9,
+    RD_CT_U8S8TILE = 10,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -184,6 +201,22 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *     = sum_p (A[i][p] - za[i]) (B[p][j] - zb[j])   (mod 2^32: exact when
  *   that sum fits int32, as it does for kc <= RD_I32_KC_MAX), and
  *   C[i][j] (+)= (float)t * (sa[i] * sb[j]): RD_CT_I8I32's epilogue.
+ *
+ * RD_CT_BF16TILE (k_unit 2): with kp = kc rounded up to even,
+ *   a : bfloat16 A[i][p] = a[i*kp + p], row after row (padding 0),
+ *   b : as RD_CT_BF16DP's (k-pairs, NR columns a pair row),
+ *   acc = C (mode RD_ADD) or 0, then acc += the products of the block,
+ *   32 steps of the contraction per tile instruction, in the instruction's
+ *   arithmetic (float32 sums, round to nearest even, denormal inputs and
+ *   results as 0; the order inside an instruction unspecified), C = acc.
+ *   Its twin sums step after step (p = 0, 1, ...), one correctly rounded
+ *   fused multiply-add each, with the same flushing.
+ *
+ * RD_CT_U8S8TILE (k_unit 4, scale_size 12): with kq = kc rounded up to a
+ *   multiple of 4, A row after row, each row followed by its own trailer:
+ *   row i at byte i*(kq + 12): uint8 A[i][p] + 128 at p (padding any), then
+ *   int32 ra, float sa, int32 za of the row; b as RD_CT_U8S8's.  The sums
+ *   S and the epilogue are RD_CT_U8S8's.
  */
 typedef struct {
     int first;      /* steps of the first run (1 <= first <= kc) */
@@ -233,6 +266,9 @@ typedef struct {
     rd_ukr_t ukr;
     int mr, nr;
     rd_int mc, kc, nc;
+    /* NULL, or what a thread that ran ukr calls once its share of a call's
+     * work is done (a matrix unit's tiles returned to the OS's init state) */
+    void (*release)(void);
 } rd_ukr_desc_t;
 
 /* A kernel family: the micro-kernels one instruction set provides. */
@@ -251,7 +287,15 @@ typedef struct {
 static inline int
 rd_ctype_optional(int ct)
 {
-    return ct == RD_CT_BF16DP || ct == RD_CT_U8S8;
+    return ct == RD_CT_BF16DP || ct == RD_CT_U8S8 || ct == RD_CT_BF16TILE || ct == RD_CT_U8S8TILE;
+}
+
+/* The type whose B panels a dot-product type reads (the tile types read
+ * those of the vector dot types), else ct itself. */
+static inline int
+rd_ctype_layout(int ct)
+{
+    return ct == RD_CT_BF16TILE ? RD_CT_BF16DP : ct == RD_CT_U8S8TILE ? RD_CT_U8S8 : ct;
 }
 
 /* The families compiled in, most preferred first, NULL-terminated

@@ -38,6 +38,7 @@ __all__ = [
     "rows",
     "contract",
     "rounds_to_bf16",
+    "algorithm",
     "quantizes_in_kernel",
     "matmul",
     "group_metadata",
@@ -255,7 +256,41 @@ def rounds_to_bf16(precision, ct, fn, operand_dtypes=()):
     return True
 
 
-def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False, quantize_lhs=False):
+def _highest(precision):
+    """Whether ``precision`` asks for full float32 products: HIGHEST (or
+    "highest", also as either entry of a pair), DotAlgorithmPreset.F32_F32_F32
+    (or its name), or a DotAlgorithm of float32 operands."""
+    if isinstance(precision, (tuple, list)):
+        return any(_highest(p) for p in precision)
+    if all(hasattr(precision, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type")):
+        try:
+            return all(t is not None and np.dtype(t) == _FLOAT32
+                       for t in (precision.lhs_precision_type, precision.rhs_precision_type))
+        except TypeError:
+            return False
+    name = getattr(precision, "name", precision)
+    return isinstance(name, str) and name.lower() in ("highest", "f32_f32_f32")
+
+
+def algorithm(precision, ct, fn, operand_dtypes=()):
+    """What ``precision`` (already checked) asks of the kernels:
+
+    - ``"bf16"``: jax's BF16_BF16_F32 (:func:`rounds_to_bf16`);
+    - ``"exact"``: HIGHEST, ``"highest"``, DotAlgorithmPreset.F32_F32_F32 or
+      a DotAlgorithm of float32 operands: 16-bit operands are widened and
+      their exact products summed in float32 by the float32 kernels, with no
+      dot-product instruction (which flushes denormals and sums pairs in its
+      own order): bit for bit the float32 product of the widened operands;
+    - None (None, DEFAULT, HIGH): the fastest kernels this CPU has for the
+      operands' dtypes (AMX tiles, ``vdpbf16ps`` where it outruns the
+      float32 FMAs, or the float32 kernels).
+    """
+    if rounds_to_bf16(precision, ct, fn, operand_dtypes):
+        return "bf16"
+    return "exact" if precision is not None and _highest(precision) else None
+
+
+def rows(lhs, rhs, bounds, out, accumulate=False, algo=None, quantize_lhs=False):
     """Ragged rows, the forward of ragged_dot/gmm: for each group j,
     ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
 
@@ -263,10 +298,11 @@ def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False, quantize_lhs=Fa
     (writeable, of the compute dtype; operands of any float dtype, read as
     :func:`operand` says for ``layout="packed"``). Rows outside ``[bounds[0], bounds[g])`` are left as
     they are; with ``k = 0`` the group rows become 0 (or stay, when
-    accumulating). ``as_bf16`` (:func:`rounds_to_bf16`): float32 operands
-    are read as bfloat16, rounded to nearest even while packed. A product
-    of two bfloat16 operands (so read) runs on the bfloat16 dot-product
-    kernels (vdpbf16ps) where the CPU has them. ``quantize_lhs``
+    accumulating). ``algo`` (:func:`algorithm`): "bf16": float32 operands
+    are read as bfloat16, rounded to nearest even while packed; "exact": no
+    dot-product instruction. A product of two bfloat16 operands (so read)
+    otherwise runs on the fastest bfloat16 kernels this CPU has (AMX tiles,
+    vdpbf16ps where it outruns the float32 FMAs). ``quantize_lhs```
     (:func:`quantizes_in_kernel`): a float32 / bfloat16 lhs is quantized to
     int8 per row while packed, the product that of
     ``quantize(lhs, "int8", channelwise_axes=(0,))`` and the int8 QArray rhs,
@@ -274,7 +310,7 @@ def rows(lhs, rhs, bounds, out, accumulate=False, as_bf16=False, quantize_lhs=Fa
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = kernel_dtype(out)
         _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate),
-                          bool(as_bf16), bool(quantize_lhs))
+                          algo == "bf16", bool(quantize_lhs), algo == "exact")
     return out
 
 
@@ -317,12 +353,19 @@ def prepack(w, buf, ctype, kc, nr):
     _core.prepack(w, buf, ctype, int(kc), int(nr))
 
 
+# the tile types (AMX) that multiply weights laid out for a dot type
+_TILE_OF = {"bfloat16-dot": "bfloat16-tile", "int8-dot": "int8-tile"}
+
+
 def served(ctype):
     """Whether a kernel serves compute type ``ctype`` (a name of
     ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
     in force: the dot-product types are served only where the CPU has their
-    instruction (or a twin was selected by name)."""
-    return _core.kernel_for(ctype) != "none"
+    instruction (or a twin was selected by name). A dot type's layout is
+    also served where the tile type that reads it is (AMX)."""
+    if _core.kernel_for(ctype) != "none":
+        return True
+    return ctype in _TILE_OF and _core.kernel_for(_TILE_OF[ctype]) != "none"
 
 
 def check_packed_compute(packed, ct, fn):
@@ -349,7 +392,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     return out
 
 
-def contract(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
+def contract(lhs, rhs, bounds, out, accumulate=False, algo=None):
     """Ragged contraction, the weight gradient (tgmm): for each group j,
     ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],
     bounds[j + 1])``.
@@ -357,12 +400,12 @@ def contract(lhs, rhs, bounds, out, accumulate=False, as_bf16=False):
     lhs ``[k, m]``, rhs ``[m, n]``, bounds ``[g + 1]``, out ``[g, k, n]``
     of the compute dtype. An empty group gives zeros (or leaves ``out[j]``
     as it is when accumulating). Each output tile is owned by one thread: no
-    reduction across threads. ``as_bf16`` and the dot-product kernels as for
+    reduction across threads. ``algo`` and the dot-product kernels as for
     :func:`rows`. Returns ``out``."""
     if out.size:
         ct = kernel_dtype(out)
         _core.ragged_contract(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out,
-                              bool(accumulate), bool(as_bf16))
+                              bool(accumulate), algo == "bf16", False, algo == "exact")
     return out
 
 

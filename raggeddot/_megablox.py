@@ -184,7 +184,7 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
 
 
 def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
-         num_actual_groups=None, existing_out=None, *, out=None):
+         num_actual_groups=None, existing_out=None, *, out=None, precision=None):
     """Transposed grouped matmul (megablox ``tgmm``), the weight gradient of gmm.
 
     ``out[j] = lhs[:, rows] @ rhs[rows, :]`` where ``rows`` are the rows of group
@@ -210,6 +210,9 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
         larger than the forward's when groups are small; a fresh array that
         size costs the OS's zeroing of every new page, which reusing one
         buffer across calls (a gradient buffer in a training loop) avoids.
+      precision: as for ``ragged_dot`` (not megablox's: keyword only);
+        ``"highest"`` multiplies 16-bit operands exactly in float32 instead
+        of on the fastest bfloat16 kernels.
 
     Returns:
       ``[num_actual_groups, k, n]`` (``out`` when given). Each thread owns
@@ -244,11 +247,13 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
+    v.check_precision(precision, ct, fn)
+    algo = gw.algorithm(precision, ct, fn, (lt, rt))
     with v.memory_for(fn, "the result [num_actual_groups, k, n]"):
         res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
                                {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
-        gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None)
+        gw.contract(lhs, rhs, bounds, res, accumulate=existing is not None, algo=algo)
     with v.memory_for(fn, f"the result [num_actual_groups, k, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
 

@@ -71,7 +71,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, fn)
-    as_bf16 = gw.rounds_to_bf16(precision, ct, fn, (lt, rt))
+    algo = gw.algorithm(precision, ct, fn, (lt, rt))
     m, k = lhs.shape
     if rhs.shape[1] != k:
         raise ValueError(
@@ -90,14 +90,19 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     res[bounds[-1]:] = 0
     if packed:
         gw.check_packed_compute(rhs, ct, fn)
-    if packed and as_bf16:
+    if packed and algo == "bf16":
         raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
                         "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
+    if packed and algo == "exact" and rhs.ctype == "bfloat16-dot":
+        raise ValueError(f"{fn}: precision={precision!r} asks for exact float32 products, but 'rhs' was "
+                         "prepacked for the bfloat16 dot-product kernels (prepack(w) of bfloat16 weights for a "
+                         "bfloat16 lhs), which only those kernels read: prepack(w, lhs_dtype=np.float32) keeps "
+                         "the layout the float32 kernels widen, or pass the plain weights")
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         if packed:
             gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)
         else:
-            gw.rows(lhs, rhs, bounds, res, as_bf16=as_bf16, quantize_lhs=quantize_lhs)
+            gw.rows(lhs, rhs, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
 
@@ -124,7 +129,7 @@ def _ragged_dot_vjp(a, wanted):
                                       preferred_element_type=cdt, group_offset=off)
         if "rhs" in wanted:  # [k, m] x [m, n] -> [g_local, k, n]
             grads["rhs"] = tgmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=off,
-                                num_actual_groups=rhs.shape[0])
+                                num_actual_groups=rhs.shape[0], precision=a["precision"])
         return grads
 
     return out, backward

@@ -184,7 +184,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
     v.check_precision(precision, ct, _FN)
-    as_bf16 = gw.rounds_to_bf16(precision, ct, _FN, (lt, rt))
+    algo = gw.algorithm(precision, ct, _FN, (lt, rt))
 
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 
@@ -198,11 +198,11 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     with v.memory_for(_FN, "the operands' reshaped copies or the kernels' packed panels"):
         if r in lf:
             out = _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, groups[0],
-                                  group_offset, as_bf16)
+                                  group_offset, algo)
         elif r in lc:
-            out = _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
+            out = _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, algo)
         else:
-            out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16)
+            out = _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, algo)
     with v.memory_for(_FN, f"the result in {out_dtype}"):
         return out if out.dtype == out_dtype else out.astype(out_dtype)
 
@@ -227,7 +227,7 @@ def _shape(arr, dims):
     return tuple(arr.shape[d] for d in dims)
 
 
-def _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset, as_bf16):
+def _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, group_offset, algo):
     """Mode 1: one ragged_rows call per batch x outer-free index.
 
     lhs -> [B..., X..., R*I, K] (X, I: the free dims before / after r), rhs ->
@@ -263,11 +263,11 @@ def _noncontracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, rg, gr
         first, last = int(bd[0]), int(bd[-1])
         o[:first] = 0
         o[last:] = 0
-        gw.rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o, as_bf16=as_bf16)
+        gw.rows(lhs3[idx], rhs3[(slice(None),) + idx[:len(lb)]], bd, o, algo=algo)
     return out
 
 
-def _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16):
+def _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, algo):
     """Mode 2: one ragged_contract call per batch x varying-outer-contracting index.
 
     The contracting dims along which group_sizes varies (V, listed before r)
@@ -330,11 +330,11 @@ def _contracting(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_off
         for j, vi in enumerate(np.ndindex(*v_shape)):
             idx = bi + vi
             gw.contract(lhs4[idx], rhs4[idx], np.ascontiguousarray(bounds[idx]), o, accumulate=j > 0,
-                        as_bf16=as_bf16)
+                        algo=algo)
     return out
 
 
-def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, as_bf16):
+def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, algo):
     """Mode 3: a batched dot. One ragged_rows call whose groups are the batch
     elements (lhs -> [B*M, K], rhs -> [B, K, N], bounds [0, M, 2M, ...]) when
     lhs can be viewed that way, else one single-group call per batch element.
@@ -362,13 +362,13 @@ def _batch(lhs, rhs, ct, group_sizes, lb, rb, lc, rc, lf, rf, r, group_offset, a
     lhs2 = lhs_t.reshape(b_size * m_size, k_size) if isinstance(lhs_t, QArray) else _view(lhs_t, (b_size * m_size, k_size))
     if lhs2 is not None:
         bounds = np.arange(b_size + 1, dtype=np.int64) * m_size
-        gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), as_bf16=as_bf16)
+        gw.rows(lhs2, rhs3, bounds, out.reshape(b_size * m_size, n_size), algo=algo)
         return out
     lhs3 = lhs_t.reshape(b_shape + (m_size, k_size))
     out3 = out.reshape(b_shape + (m_size, n_size))
     bounds = np.array([0, m_size], dtype=np.int64)
     for i, bi in enumerate(np.ndindex(*b_shape)):
-        gw.rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi], as_bf16=as_bf16)
+        gw.rows(lhs3[bi], rhs3[i:i + 1], bounds, out3[bi], algo=algo)
     return out
 
 

@@ -321,9 +321,10 @@ _TABLE = [k for k in runtime.build_info()["kernels"] if k["runnable"]]
 # every float kernel family this CPU runs (each serves every float compute type)
 KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
 # the dot-product families this CPU runs, natives and twins, by compute
-# type: each serves only its own type (the float families the rest)
+# type: each serves only its own types (the float families the rest); the
+# tile families (AMX) serve the two tile types
 DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
-               for ct in ("bfloat16-dot", "int8-dot")}
+               for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
 
 

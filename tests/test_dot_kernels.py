@@ -36,7 +36,21 @@ def _serving(ctype):
 
 
 BF16_FAMILIES = _serving("bfloat16-dot")
-INT8_FAMILIES = _serving("int8-dot")
+# the int8 tile families (AMX) give the int8 dot types' sums and results
+INT8_TILE_FAMILIES = _serving("int8-tile")
+INT8_FAMILIES = _serving("int8-dot") + INT8_TILE_FAMILIES
+
+
+def _i8(family):
+    """The int8 compute type ``family`` serves."""
+    return "int8-tile" if family in INT8_TILE_FAMILIES else "int8-dot"
+
+
+def _base(family):
+    """The float family whose vpmaddwd kernel (int8-int32) ``family`` is checked against."""
+    if family.startswith("avx2") or family.startswith("avx-") or "avx512" not in runtime.runnable_kernels():
+        return "avx2"
+    return "avx512"
 
 
 def test_the_cpu_runs_its_native_families_and_the_twins():
@@ -49,13 +63,23 @@ def test_the_cpu_runs_its_native_families_and_the_twins():
     assert names["avx-vnni"]["runnable"] == (CPU["avx_vnni"] and CPU["avx2"])
     assert names["avx512-bf16-twin"]["runnable"] == CPU["avx512f"]
     assert names["avx-vnni-twin"]["runnable"] == CPU["avx2"]
+    assert names["amx-twin"]["runnable"]
+    assert names["amx"]["runnable"] == CPU["amx"] == (TABLE["amx"]["why"] == "")
     with runtime.configured(kernel="auto"):
-        blocking = runtime.build_info()["blocking"]
+        info = runtime.build_info()
+        blocking = info["blocking"]
         bf = blocking.get("bfloat16-dot", {}).get("kernel")
         i8 = blocking.get("int8-dot", {}).get("kernel")
-    assert bf == ("avx512-bf16" if names["avx512-bf16"]["runnable"] else None)
+    # vdpbf16ps serves automatically only where it outruns the float32 FMAs
+    pays = info["bf16dot_vs_fma"] >= 1.0
+    assert bf == ("avx512-bf16" if names["avx512-bf16"]["runnable"] and pays else None)
     want_i8 = next((f for f in ("avx512-vnni", "avx-vnni") if names[f]["runnable"]), None)
     assert i8 == want_i8
+    want_bf = ("bfloat16-tile", "amx") if CPU["amx"] else ("bfloat16-dot", bf) if bf else ("float32", info["kernel"])
+    assert (info["products"]["bfloat16"]["compute"], info["products"]["bfloat16"]["kernel"]) == want_bf
+    want = ("int8-tile", "amx") if CPU["amx"] else ("int8-dot", want_i8) if want_i8 else ("int8-int32", info["kernel"])
+    assert (info["products"]["int8"]["compute"], info["products"]["int8"]["kernel"]) == want
+    assert info["products"]["bfloat16_highest"]["compute"] == "float32"
     # naming a float family forces the widening path: no dot-product type
     with runtime.configured(kernel="ref"):
         assert "bfloat16-dot" not in runtime.build_info()["blocking"]
@@ -296,9 +320,8 @@ def test_int8_equals_the_vpmaddwd_kernel(rng, family, zero_points, bk):
     rhs = QArray(b, rng.uniform(0.01, 0.1, sshape).astype(np.float32), rz)
     with runtime.configured(kernel=family):
         got = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
-        kc = runtime.build_info()["blocking"]["int8-dot"]["KC"]
-    base = "avx512" if family.startswith("avx512") else "avx2"
-    with runtime.configured(kernel=base):
+        kc = runtime.build_info()["blocking"][_i8(family)]["KC"]
+    with runtime.configured(kernel=_base(family)):
         runtime.set_blocking("int8-int32", 144, kc, 4080)   # the same blocks: the same sums
         want = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
     assert np.array_equal(_bits(got), _bits(want))
@@ -318,8 +341,8 @@ def test_int8_tgmm_with_subchannel_scales_along_m(rng, family):
     dy = QArray(_int8(rng, (m, n)), rng.uniform(0.01, 0.1, (m // 8, n)).astype(np.float32))
     with runtime.configured(kernel=family):
         got = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
-        kc = runtime.build_info()["blocking"]["int8-dot"]["KC"]
-    with runtime.configured(kernel="avx512" if family.startswith("avx512") else "avx2"):
+        kc = runtime.build_info()["blocking"][_i8(family)]["KC"]
+    with runtime.configured(kernel=_base(family)):
         runtime.set_blocking("int8-int32", 144, kc, 4080)
         want = raggeddot.tgmm(x, dy, sizes, preferred_element_type=np.float32)
     assert np.array_equal(_bits(got), _bits(want))
@@ -329,12 +352,12 @@ def test_int8_tgmm_with_subchannel_scales_along_m(rng, family):
 
 
 def test_int8_native_equals_twin(rng):
-    """Where the CPU has AVX512-VNNI / AVX-VNNI: native and twin agree bit
+    """Where the CPU has AVX512-VNNI / AVX-VNNI / AMX: native and twin agree bit
     for bit (they also each equal the vpmaddwd kernel, above)."""
-    pairs = [(f, f + "-twin") for f in ("avx512-vnni", "avx-vnni") if f in INT8_FAMILIES]
+    pairs = [(f, f + "-twin") for f in ("avx512-vnni", "avx-vnni", "amx") if f in INT8_FAMILIES]
     if not pairs:
-        assert not (CPU["avx512_vnni"] or CPU["avx_vnni"])
-        pytest.skip("this CPU has no VNNI: the twins are checked against the exact products above")
+        assert not (CPU["avx512_vnni"] or CPU["avx_vnni"] or CPU["amx"])
+        pytest.skip("this CPU has no VNNI and no AMX: the twins are checked against the exact products above")
     m, k, n = 70, 301, 90
     sizes = np.array([30, 40])
     lhs = QArray(_int8(rng, (m, k)), rng.uniform(0.01, 0.1, (m, 1)).astype(np.float32),
@@ -454,7 +477,7 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
     for family in INT8_FAMILIES:
         calls.clear()
         with runtime.configured(kernel=family):
-            runtime.set_blocking("int8-dot", 144, 2048, 4080)
+            runtime.set_blocking(_i8(family), 144, 2048, 4080)
             out = raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
             assert calls == [] and np.array_equal(_bits(out), _bits(want))
             out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")

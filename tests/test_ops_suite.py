@@ -240,7 +240,8 @@ def dtype(request):
 def pytest_generate_tests(metafunc):
     """A test of a dtype on a kernel runs every dtype on every float family,
     and bfloat16 also on every bfloat16 dot-product family (natives and
-    twins: the bfloat16 products then run on vdpbf16ps or its emulation)."""
+    twins: the bfloat16 products then run on vdpbf16ps, AMX tiles or their
+    emulations)."""
     marked = set()   # names a test parametrizes itself
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0]
@@ -249,7 +250,7 @@ def pytest_generate_tests(metafunc):
     if wanted == {"dtype", "kernel"}:
         pairs = [(d, k) for d in DTYPES for k in KERNELS]
         if BFLOAT16 is not None:
-            pairs += [(BFLOAT16, k) for k in DOT_KERNELS["bfloat16-dot"]]
+            pairs += [(BFLOAT16, k) for k in DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"]]
         metafunc.parametrize(("dtype", "kernel"), pairs, indirect=True,
                              ids=[f"{dtype_id(d)}-{k}" for d, k in pairs])
     elif "dtype" in wanted:
@@ -488,7 +489,7 @@ def test_kernels_are_selectable_exactly_when_the_cpu_runs_them():
     or refused with RuntimeError, never silently run on a CPU without it."""
     compiled = runtime.compiled_kernels()
     assert "ref" in KERNELS and set(KERNELS) <= set(compiled)
-    dot = DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["int8-dot"]
+    dot = DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["int8-dot"] + DOT_KERNELS["bfloat16-tile"]
     with runtime.configured():
         for name in compiled:
             if name in dot:   # a dot-product family: selectable by name, never automatic

@@ -44,17 +44,18 @@ def test_same_results_as_the_plain_weights(rng, dtype, kernel):
             assert np.array_equal(raggeddot.gmm(lhs, pt, gs), raggeddot.gmm(lhs, rt, gs, transpose_rhs=True))
 
 
-@pytest.mark.parametrize("kernel", ["auto"] + DOT_KERNELS["bfloat16-dot"])
+@pytest.mark.parametrize("kernel", ["auto"] + DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"])
 def test_bfloat16_weights_in_k_pairs(rng, kernel):
     """bfloat16 weights for a bfloat16 lhs are laid out in k-pairs for the
-    bfloat16 dot-product kernels where they serve (the widening layout
+    bfloat16 dot-product or tile kernels where they serve (the widening layout
     elsewhere, and for lhs_dtype=float32): the same bits as the plain
     weights, unpack() gives them back, and a float32 lhs is refused with the
     fix named."""
     import ml_dtypes
     bf16 = np.dtype(ml_dtypes.bfloat16)
     with runtime.configured(kernel=kernel):
-        dot = "bfloat16-dot" in runtime.build_info()["blocking"]
+        # the k-pair layout where vdpbf16ps or AMX tiles serve bfloat16 products
+        dot = runtime.build_info()["products"]["bfloat16"]["compute"] != "float32"
         for m, k, n, g in SHAPES + [(40, 1025, 33, 3)]:
             lhs, rhs, gs = _case(rng, bf16, m, k, n, g)
             packed = raggeddot.prepack(rhs)
@@ -63,7 +64,7 @@ def test_bfloat16_weights_in_k_pairs(rng, kernel):
             want = raggeddot.ragged_dot(lhs, rhs, gs)
             assert np.array_equal(raggeddot.ragged_dot(lhs, packed, gs).view(np.uint16), want.view(np.uint16))
             assert packed.nbytes == g * -(-n // packed.nr) * packed.nr * 2 * sum(
-                min(packed.kc, k - p) + min(packed.kc, k - p) % 2 for p in range(0, k, packed.kc))
+                min(packed.kc, k - p) + dot * (min(packed.kc, k - p) % 2) for p in range(0, k, packed.kc))
             lhs32 = lhs.astype(np.float32)
             if dot:
                 with pytest.raises(TypeError, match="lhs_dtype='float32'"):

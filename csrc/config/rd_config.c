@@ -26,6 +26,10 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
     /* int8 k-quads (vpdpbusd), each micro-panel followed by an int32 sum,
      * a float scale and an int32 zero point a row */
     [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12},
+    /* AMX tiles: A row after row (int8: each row followed by its sum, scale
+     * and zero point), B as the two types above */
+    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2},
+    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
@@ -55,6 +59,7 @@ extern const rd_family_t rd_family_avx512;
 extern const rd_family_t rd_family_avx512_bf16, rd_family_avx512_bf16_twin;
 extern const rd_family_t rd_family_avx512_vnni, rd_family_avx512_vnni_twin;
 extern const rd_family_t rd_family_avx_vnni, rd_family_avx_vnni_twin;
+extern const rd_family_t rd_family_amx, rd_family_amx_twin;
 #endif
 
 /* The dot-product families come first: each serves only its own compute
@@ -62,6 +67,7 @@ extern const rd_family_t rd_family_avx_vnni, rd_family_avx_vnni_twin;
  * the portable one; they are chosen only by name. */
 const rd_family_t *const rd_families[] = {
 #ifdef RD_HAVE_X86_KERNELS
+    &rd_family_amx,
     &rd_family_avx512_bf16,
     &rd_family_avx512_vnni,
     &rd_family_avx_vnni,
@@ -70,6 +76,7 @@ const rd_family_t *const rd_families[] = {
     &rd_family_avx512_bf16_twin,
     &rd_family_avx512_vnni_twin,
     &rd_family_avx_vnni_twin,
+    &rd_family_amx_twin,
 #endif
     &rd_family_ref,
     NULL,

@@ -417,6 +417,8 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
                 rd_run_tile(r, &tl->tiles[tl->order[t]], apack, bpack, tile32, 0, 1);
         if (r->stream)
             rd_store_fence();  /* before the barrier that ends the region */
+        if (kd->release != NULL)
+            kd->release();     /* this thread's tiles, if it ran a tile kernel */
     }
     return failed ? -1 : 0;
 }

@@ -258,6 +258,10 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_BF16] = {rd_pack_b_p_pack, rd_pack_b_p_pack},
         [RD_F32_AS_BF16] = {rd_pack_r_p_pack, rd_pack_r_p_pack},
     },
+    [RD_CT_BF16TILE] = {
+        [RD_BF16] = {rd_pack_b_t_pack, rd_pack_b_p_pack},
+        [RD_F32_AS_BF16] = {rd_pack_r_t_pack, rd_pack_r_p_pack},
+    },
 };
 
 rd_pack_t
@@ -301,6 +305,11 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         /* float rows with their per-row scales: quantized while packed */
         [RD_F32] = {rd_pack_s_q8_qpack, NULL},
         [RD_BF16] = {rd_pack_b_q8_qpack, NULL},
+    },
+    [RD_CT_U8S8TILE] = {
+        [RD_I8] = {rd_pack_i8_ut_qpack, rd_pack_i8_s8_qpack},
+        [RD_F32] = {rd_pack_s_qt_qpack, NULL},
+        [RD_BF16] = {rd_pack_b_qt_qpack, NULL},
     },
 };
 

@@ -459,3 +459,69 @@ rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd
     return 0;
 }
 
+
+/*
+ * A operands of the tile types (RD_CT_BF16TILE, RD_CT_U8S8TILE): row after
+ * row, as a tile loads them (16 rows, the row pitch as stride).  That is
+ * the k-pair and k-quad layouts above with panels of one row: a row of kp
+ * bfloat16 values (odd depth padded with 0), or of kq bytes A + 128
+ * followed by the row's trailer (sum, scale, zero point); the rows past
+ * `rows` up to a multiple of r are zero (values and trailers), as the
+ * padding rows of a packed micro-panel are.
+ */
+static void
+rd_tile_pad_rows(rd_int rows, int r, size_t row_bytes, void *dst)
+{
+    const rd_int padded = (rows + r - 1) / r * r;
+    if (padded > rows)
+        memset((char *)dst + (size_t)rows * row_bytes, 0, (size_t)(padded - rows) * row_bytes);
+}
+
+void
+rd_pack_b_t_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst)
+{
+    const rd_int kp = (depth + 1) / 2 * 2;
+    if (cs == 1) {   /* rows contiguous along the contraction: copied as they are */
+        const uint16_t *x = (const uint16_t *)src;
+        uint16_t *d = (uint16_t *)dst;
+        for (rd_int i = 0; i < rows; i++) {
+            memcpy(d + i * kp, x + i * rs, (size_t)depth * 2);
+            if (kp > depth)
+                d[i * kp + depth] = 0;
+        }
+    }
+    else
+        rd_pack_b_p_pack(rows, depth, src, rs, cs, 1, dst);
+    rd_tile_pad_rows(rows, r, (size_t)kp * 2, dst);
+}
+
+void
+rd_pack_r_t_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst)
+{
+    rd_pack_r_p_pack(rows, depth, src, rs, cs, 1, dst);
+    rd_tile_pad_rows(rows, r, (size_t)((depth + 1) / 2 * 2) * 2, dst);
+}
+
+void
+rd_pack_i8_ut_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_i8_quads(rows, depth, (const int8_t *)src, rs, cs, 1, (uint8_t *)dst, qb, 128);
+    rd_tile_pad_rows(rows, r, (size_t)((depth + 3) / 4 * 4 + 12), dst);
+}
+
+void
+rd_pack_s_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 0, rs, cs, 1, dst, qb);
+    rd_tile_pad_rows(rows, r, (size_t)((depth + 3) / 4 * 4 + 12), dst);
+}
+
+void
+rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 1, rs, cs, 1, dst, qb);
+    rd_tile_pad_rows(rows, r, (size_t)((depth + 3) / 4 * 4 + 12), dst);
+}

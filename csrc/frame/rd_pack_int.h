@@ -40,4 +40,17 @@ void rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
 void rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
 
+/* The A operands of the tile types, row after row (frame/rd_pack_dot.c):
+ * bfloat16 from bfloat16 (b_t) and from float32 rounded (r_t); int8 + 128
+ * with each row's trailer (i8_ut); float32 / bfloat16 rows quantized to
+ * int8 while packed (s_qt, b_qt). */
+void rd_pack_b_t_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+void rd_pack_r_t_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+void rd_pack_i8_ut_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_s_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+
 #endif /* RD_PACK_INT_H */

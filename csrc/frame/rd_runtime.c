@@ -41,6 +41,21 @@ rd_best_for(rd_ctype_t ct)
  * a family was named: those are then not used (their products take the
  * widening compute types), so that naming a float family forces the
  * widening path. */
+/* Whether the bfloat16 dot-product kernels (vdpbf16ps) multiply faster
+ * than the float32 kernels that widen bfloat16 operands: the instruction's
+ * measured rate against the float32 FMA's (rd_bf16dot_vs_fma), once per
+ * process.  Measured: 2x on AMD Zen4 (the dot kernels serve), 0.5x on
+ * Intel's Xeons (the widening path is 1.5x faster there, so it serves). */
+static double rd_bf16dot_ratio = -1.0;
+
+double
+rd_bf16dot_measured(void)
+{
+    if (rd_bf16dot_ratio < 0.0)
+        rd_bf16dot_ratio = rd_bf16dot_vs_fma();
+    return rd_bf16dot_ratio;
+}
+
 static void
 rd_select(const rd_family_t *family)
 {
@@ -48,6 +63,9 @@ rd_select(const rd_family_t *family)
         const rd_family_t *f = family;
         if (f == NULL || f->types[ct].ukr == NULL)
             f = family != NULL && rd_ctype_optional(ct) ? NULL : rd_best_for((rd_ctype_t)ct);
+        /* chosen automatically, vdpbf16ps serves only where it is the faster */
+        if (family == NULL && ct == RD_CT_BF16DP && f != NULL && rd_bf16dot_measured() < 1.0)
+            f = NULL;
         rd_serving[ct] = f;
         if (f != NULL)
             rd_active[ct] = f->types[ct];
@@ -130,6 +148,41 @@ rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc)
     k->kc = kc;
     k->nc = rd_round_up_to(nc, k->nr);
     return 0;
+}
+
+static int
+rd_served_now(rd_ctype_t ct)
+{
+    rd_ensure();
+    return rd_serving[ct] != NULL;
+}
+
+rd_ctype_t
+rd_bf16_product(int exact)
+{
+    if (exact)
+        return RD_CT_F32;
+    if (rd_served_now(RD_CT_BF16TILE))
+        return RD_CT_BF16TILE;
+    return rd_served_now(RD_CT_BF16DP) ? RD_CT_BF16DP : RD_CT_F32;
+}
+
+rd_ctype_t
+rd_int8_product(void)
+{
+    if (rd_served_now(RD_CT_U8S8TILE))
+        return RD_CT_U8S8TILE;
+    return rd_served_now(RD_CT_U8S8) ? RD_CT_U8S8 : RD_CT_I8I32;
+}
+
+rd_ctype_t
+rd_layout_product(rd_ctype_t layout)
+{
+    if (layout == RD_CT_BF16DP && rd_served_now(RD_CT_BF16TILE))
+        return RD_CT_BF16TILE;
+    if (layout == RD_CT_U8S8 && rd_served_now(RD_CT_U8S8TILE))
+        return RD_CT_U8S8TILE;
+    return layout;
 }
 
 /* ---------------------------------------------------------- streaming */

@@ -9,6 +9,9 @@
  *   "avx512_bf16": 16 chains of vdpbf16ps (64 flops each: 16 lanes x 2 products x 2)
  *   "avx512_vnni": 16 chains of 512-bit vpdpbusd (128 int8 ops each: 16 x 4 x 2)
  *   "avx_vnni"   : 12 chains of 256-bit vpdpbusd (64 ops each)
+ *   "amx_bf16"   : 4 accumulator tiles of TDPBF16PS (16384 flops each)
+ *   "amx_int8"   : 4 accumulator tiles of TDPBUSD (32768 ops each)
+ * (0 where the CPU, or for AMX the OS, does not run the instruction.)
  */
 #include "rd_frame.h"
 
@@ -36,9 +39,8 @@ rd_now(void)
  * summed at the end so that the loop cannot be removed. */
 #define RD_PROBE(NAME, TARGET, V, SET1, FMA, ADD, STOREU, LANES, PER_STEP, DECL, STEP) \
 __attribute__((target(TARGET))) static double                               \
-NAME(double seconds)                                                        \
+NAME(double seconds, long chunk)                                            \
 {                                                                           \
-    const long chunk = 1L << 19;                                            \
     CHAINS12(DECL)                                                          \
     const V mul = SET1(0.9999999f), add = SET1(1e-7f);                      \
     long iters = 0;                                                         \
@@ -84,9 +86,8 @@ RD_PROBE(rd_peak_avx512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm
  * vector at the end so that none can be removed. */
 #define RD_DOT_PROBE(NAME, TARGET, V, ZERO, DOT, ADD, OPS, DECL, X, Y, CHAINS) \
 __attribute__((target(TARGET))) static double                               \
-NAME(double seconds)                                                        \
+NAME(double seconds, long chunk)                                            \
 {                                                                           \
-    const long chunk = 1L << 18;                                            \
     CHAINS(DECL)                                                            \
     const V x = X, y = Y;                                                   \
     long iters = 0;                                                         \
@@ -149,6 +150,65 @@ RD_DOT_PROBE(rd_peak_vnni256, "avx2,avxvnni", __m256i, _mm256_setzero_si256(), D
              12.0 * 64.0, DECL_VNNI256, _mm256_set1_epi8(3), _mm256_set1_epi8(-5), CHAINS12)
 #undef DOT_
 #undef ADD_
+/* AMX: four independent accumulator tiles (0-3), each += tile 4 . tile 6
+ * per instruction (TDPBF16PS: 16 x 16 x 32 multiply-adds, 16384 flops;
+ * TDPBUSD: 16 x 16 x 64, 32768 ops), the configuration loaded for the run
+ * and released after it. */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} rd_probe_tilecfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+                      {16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0}};
+
+#define RD_AMX_PROBE(NAME, INSN, OPS)                                       \
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double        \
+NAME(double seconds)                                                        \
+{                                                                           \
+    static const uint8_t ones[16 * 64] __attribute__((aligned(64))) = {0};  \
+    const long chunk = 1L << 14;                                            \
+    long iters = 0;                                                         \
+    __asm__ volatile("ldtilecfg %0" : : "m"(rd_probe_tilecfg) : "memory");  \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm4" : : "r"(ones), "r"(64L) : "memory"); \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm6" : : "r"(ones), "r"(64L) : "memory"); \
+    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::); \
+    double t0 = rd_now(), t1;                                               \
+    do {                                                                    \
+        for (long i = 0; i < chunk; i++)                                    \
+            __asm__ volatile(INSN " %%tmm6, %%tmm4, %%tmm0\n\t"              \
+                             INSN " %%tmm6, %%tmm4, %%tmm1\n\t"              \
+                             INSN " %%tmm6, %%tmm4, %%tmm2\n\t"              \
+                             INSN " %%tmm6, %%tmm4, %%tmm3" ::);            \
+        iters += chunk;                                                     \
+        t1 = rd_now();                                                      \
+    } while (t1 - t0 < seconds);                                            \
+    __asm__ volatile("tilerelease" ::: "memory");                           \
+    return (double)iters * 4.0 * (OPS) / (t1 - t0) / 1e9;                   \
+}
+RD_AMX_PROBE(rd_peak_amx_bf16, "tdpbf16ps", 16384.0)
+RD_AMX_PROBE(rd_peak_amx_int8, "tdpbusd", 32768.0)
+
+double
+rd_bf16dot_vs_fma(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16"))
+        return 0.0;
+    double fma = 0.0, dot = 0.0;
+    (void)rd_peak_avx512(0.0, 1L << 13);   /* the vector unit awake first */
+    for (int round = 0; round < 3; round++) {
+        const double f = rd_peak_avx512(0.0, 1L << 13), d = rd_peak_bf16(0.0, 1L << 13);
+        fma = f > fma ? f : fma;
+        dot = d > dot ? d : dot;
+    }
+    return fma > 0.0 ? dot / fma : 0.0;
+}
+#else
+double
+rd_bf16dot_vs_fma(void)
+{
+    return 0.0;
+}
 #endif /* RD_HAVE_X86_KERNELS */
 
 double
@@ -157,20 +217,23 @@ rd_peak_gflops(const char *isa, double seconds)
     int avx2 = strcmp(isa, "avx2") == 0, avx512 = strcmp(isa, "avx512") == 0;
     int bf16 = strcmp(isa, "avx512_bf16") == 0, vnni512 = strcmp(isa, "avx512_vnni") == 0;
     int vnni256 = strcmp(isa, "avx_vnni") == 0;
-    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256)
+    int amx_bf16 = strcmp(isa, "amx_bf16") == 0, amx_int8 = strcmp(isa, "amx_int8") == 0;
+    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256 && !amx_bf16 && !amx_int8)
         return -1.0;
 #ifdef RD_HAVE_X86_KERNELS
     __builtin_cpu_init();
     if (avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return rd_peak_avx2(seconds);
+        return rd_peak_avx2(seconds, 1L << 19);
     if (avx512 && __builtin_cpu_supports("avx512f"))
-        return rd_peak_avx512(seconds);
+        return rd_peak_avx512(seconds, 1L << 19);
     if (bf16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
-        return rd_peak_bf16(seconds);
+        return rd_peak_bf16(seconds, 1L << 18);
     if (vnni512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
-        return rd_peak_vnni512(seconds);
+        return rd_peak_vnni512(seconds, 1L << 18);
     if (vnni256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni"))
-        return rd_peak_vnni256(seconds);
+        return rd_peak_vnni256(seconds, 1L << 18);
+    if ((amx_bf16 || amx_int8) && rd_amx_unavailable() == NULL)
+        return amx_bf16 ? rd_peak_amx_bf16(seconds) : rd_peak_amx_int8(seconds);
 #else
     (void)seconds;
 #endif

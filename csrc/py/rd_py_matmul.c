@@ -150,31 +150,26 @@ rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out)
     return 0;
 }
 
-/* Whether a dot-product compute type is served now (by a family with its
- * instruction, or by the twin a caller forced). */
-static int
-rd_served(rd_ctype_t ct)
-{
-    return rd_active_kernel(ct, NULL)->ukr != NULL;
-}
-
 /* The operands of one grouped GEMM call: out (float32 or float64; float32
  * for a 16-bit out) picks the compute type; lhs and rhs as rd_arg_operand
  * reads them.  With `as_bf16` (a float32 product only), float32 operands
  * are read as bfloat16, each rounded to nearest even while packed.  Then
  * the dot-product types where they are served: a float32 product of two
- * bfloat16 operands (or operands read as bfloat16) runs on RD_CT_BF16DP; a
- * float32 product of two int8 quantized operands (integral zero points) on
- * the exact integer types, RD_CT_U8S8 where served, else RD_CT_I8I32. */
+ * bfloat16 operands (or operands read as bfloat16) runs on the type
+ * rd_bf16_product chooses (AMX tiles, vdpbf16ps, or the widening float32
+ * kernels; always those with `exact`, precision HIGHEST); a float32 product
+ * of two int8 quantized operands (integral zero points) on the exact
+ * integer type rd_int8_product chooses. */
 static int
 rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scales_t *lq,
               rd_arg_t *rhs, rd_scales_t *rq, rd_arg_t *out, PyObject **bounds, int *accumulate,
               rd_plan_t *plan, int *quantize_lhs)
 {
     PyObject *olhs, *orhs, *oout;
-    int as_bf16 = 0;
+    int as_bf16 = 0, exact = 0;
     *quantize_lhs = 0;
-    if (!PyArg_ParseTuple(args, "OOOOp|pp", &olhs, &orhs, bounds, &oout, accumulate, &as_bf16, quantize_lhs))
+    if (!PyArg_ParseTuple(args, "OOOOp|ppp", &olhs, &orhs, bounds, &oout, accumulate, &as_bf16, quantize_lhs,
+                          &exact))
         return -1;
     if (rd_arg_out(oout, out_ndim, out) != 0)
         return -1;
@@ -197,22 +192,23 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
         }
     }
     if (*quantize_lhs) {
+        const rd_ctype_t i8 = rd_int8_product();
         if (plan->ct != RD_CT_F32 || lq->s != NULL || (lhs->dtype != RD_F32 && lhs->dtype != RD_BF16)
-            || !rd_int8_exact(orhs, rhs) || !rd_served(RD_CT_U8S8)) {
+            || !rd_int8_exact(orhs, rhs) || i8 == RD_CT_I8I32) {
             PyErr_SetString(PyExc_TypeError, "quantizing 'lhs' while packing takes a float32 or bfloat16 'lhs', "
                             "an int8 quantized 'rhs' and a float32 result, on a CPU with int8 dot products");
             return -1;
         }
-        rd_plan_init(plan, RD_CT_U8S8);
+        rd_plan_init(plan, i8);
         return 0;
     }
     const int bf16_l = lhs->dtype == RD_BF16 || lhs->dtype == RD_F32_AS_BF16;
     const int bf16_r = rhs->dtype == RD_BF16 || rhs->dtype == RD_F32_AS_BF16;
     if (plan->ct == RD_CT_F32 && lq->s == NULL && rq->s == NULL && bf16_l && bf16_r
-        && rd_served(RD_CT_BF16DP))
-        rd_plan_init(plan, RD_CT_BF16DP);
+        && rd_bf16_product(exact) != RD_CT_F32)
+        rd_plan_init(plan, rd_bf16_product(exact));
     else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
-        rd_plan_init(plan, rd_served(RD_CT_U8S8) ? RD_CT_U8S8 : RD_CT_I8I32);
+        rd_plan_init(plan, rd_int8_product());
     return 0;
 }
 
@@ -305,7 +301,7 @@ rd_gemm_call(PyObject *args, int contract)
 }
 
 PyDoc_STRVAR(ragged_rows_doc,
-"ragged_rows(lhs, rhs, bounds, out, accumulate, as_bf16=False, quantize_lhs=False)\n\n"
+"ragged_rows(lhs, rhs, bounds, out, accumulate, as_bf16=False, quantize_lhs=False, exact=False)\n\n"
 "For each group g: out[r] (+)= lhs[r] @ rhs[g] for r in [bounds[g], bounds[g+1]).\n"
 "lhs [m, k], rhs [ng, k, n], bounds int64 [ng + 1], out [m, n].  out's dtype\n"
 "(float32 or float64) is the compute type (a float16 or bfloat16 out: float32,\n"
@@ -317,13 +313,16 @@ PyDoc_STRVAR(ragged_rows_doc,
 "is read as (q - zero_point) * scale of its tile while packed; a float32\n"
 "product of two int8 operands (zero points None or integers in [-128, 127])\n"
 "sums the integers exactly in int32 per block and scales each block once\n"
-"(vpdpbusd where the CPU has it).  A float32 product of two bfloat16\n"
-"operands runs on vdpbf16ps where the CPU has it; with as_bf16, float32\n"
+"(AMX tiles, else vpdpbusd, where the CPU has them).  A float32 product of\n"
+"two bfloat16 operands runs on AMX tiles where the CPU has them, else on\n"
+"vdpbf16ps where it outruns the float32 FMAs; with as_bf16, float32\n"
 "operands are rounded to bfloat16 (nearest even) while packed, and the\n"
 "product is that of bfloat16 operands.  With quantize_lhs (ragged_rows, an\n"
 "int8 quantized rhs, a CPU with int8 dot products), a float32 or bfloat16\n"
 "lhs is quantized per row while packed (absmax / 127.5 scales, round half\n"
 "to even): the product of raggeddot.quantize(lhs, 'int8', (0,)) and rhs.\n"
+"With exact (precision HIGHEST), bfloat16 operands are widened and their\n"
+"exact products summed in float32 (no dot-product instruction).\n"
 "Rows outside [bounds[0], bounds[ng]) are left as they are.");
 
 static PyObject *
@@ -334,7 +333,7 @@ rd_py_ragged_rows(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(ragged_contract_doc,
-"ragged_contract(lhs, rhs, bounds, out, accumulate, as_bf16=False)\n\n"
+"ragged_contract(lhs, rhs, bounds, out, accumulate, as_bf16=False, quantize_lhs=False, exact=False)\n\n"
 "For each group g: out[g] (+)= lhs[:, rows] @ rhs[rows, :], rows = [bounds[g], bounds[g+1]).\n"
 "lhs [k, m], rhs [m, n], bounds int64 [ng + 1], out [ng, k, n]; dtypes as ragged_rows.\n"
 "An empty group gives zeros (or leaves out[g] as it is when accumulating).");
@@ -348,7 +347,8 @@ rd_py_ragged_contract(PyObject *self, PyObject *args)
 
 /* ------------------------------------------------------------ prepacking */
 
-/* A plan for the compute type named `name` whose kernel has register block
+/* A plan for the compute type named `name` (a dot type's name: the type
+ * that multiplies weights in its layout now, rd_layout_product) whose kernel has register block
  * width `nr` (any, when nr <= 0) and cache depth KC = `kc` (the plan's, when
  * kc <= 0); -1 with an exception naming what disagrees. */
 static int
@@ -362,7 +362,9 @@ rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan)
         PyErr_Format(PyExc_ValueError, "unknown compute type '%s'", name);
         return -1;
     }
-    rd_plan_init(plan, (rd_ctype_t)ct);
+    /* weights in a dot type's B layout are multiplied by the tile type
+     * that reads that layout where it is served (AMX) */
+    rd_plan_init(plan, rd_layout_product((rd_ctype_t)ct));
     if (plan->k.ukr == NULL) {
         PyErr_Format(PyExc_ValueError, "no kernel serves %s products with the kernel selection in force "
                      "('%s'): select a kernel family that has them, or prepack the weights again",
@@ -458,7 +460,7 @@ rd_py_prepack(PyObject *self, PyObject *args)
         return NULL;
     if (rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
         return NULL;
-    if (plan.ct == RD_CT_U8S8 && !rd_int8_exact(orhs, &rhs)) {
+    if (rd_ctype_layout(plan.ct) == RD_CT_U8S8 && !rd_int8_exact(orhs, &rhs)) {
         PyErr_SetString(PyExc_ValueError, "int8-dot weights hold int8 values with zero points absent or "
                         "integers in [-128, 127]");
         return NULL;
@@ -518,11 +520,11 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
         return NULL;
     /* int8-dot weights take an int8 quantized lhs (or a float one quantized
      * per row while packed), the others a float one */
-    if (quantize_lhs && plan.ct != RD_CT_U8S8) {
+    if (quantize_lhs && rd_ctype_layout(plan.ct) != RD_CT_U8S8) {
         PyErr_SetString(PyExc_TypeError, "only weights prepacked for int8 dot products quantize 'lhs'");
         return NULL;
     }
-    const int qlhs = plan.ct == RD_CT_U8S8 && !quantize_lhs;
+    const int qlhs = rd_ctype_layout(plan.ct) == RD_CT_U8S8 && !quantize_lhs;
     if ((qlhs ? rd_arg_operand(olhs, "lhs", 2, plan.ct, 0, &lhs, &lq)
               : rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs)) != 0 ||
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||

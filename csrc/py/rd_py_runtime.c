@@ -336,6 +336,7 @@ static PyObject *
 rd_py_build_info(PyObject *self, PyObject *unused)
 {
     PyObject *kernels = NULL, *simd = NULL, *cpu = NULL, *blocking = NULL, *info = NULL;
+    PyObject *products = NULL, *amx = NULL;
     (void)self;
     if ((kernels = rd_py_kernel_table(NULL, unused)) == NULL || (simd = PyList_New(0)) == NULL ||
         (cpu = rd_cpu_features()) == NULL || (blocking = PyDict_New()) == NULL)
@@ -362,7 +363,18 @@ rd_py_build_info(PyObject *self, PyObject *unused)
         }
         Py_DECREF(b);
     }
-    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n}}",
+    /* what serves each kind of product now, and what each precision gives */
+    const char *amx_why = rd_amx_unavailable();
+    const rd_ctype_t bf = rd_bf16_product(0), bfx = rd_bf16_product(1), i8 = rd_int8_product();
+    products = Py_BuildValue("{s:{s:s,s:s},s:{s:s,s:s},s:{s:s,s:s}}",
+                             "bfloat16", "compute", rd_ctypes[bf].name, "kernel", rd_kernel_for(bf),
+                             "bfloat16_highest", "compute", rd_ctypes[bfx].name, "kernel", rd_kernel_for(bfx),
+                             "int8", "compute", rd_ctypes[i8].name, "kernel", rd_kernel_for(i8));
+    amx = Py_BuildValue("{s:O,s:s}", "runnable", amx_why == NULL ? Py_True : Py_False,
+                        "why", amx_why == NULL ? "" : amx_why);
+    if (products == NULL || amx == NULL || PyDict_SetItemString(cpu, "amx", amx_why == NULL ? Py_True : Py_False) != 0)
+        goto done;
+    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n},s:O,s:O,s:d}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
                          "forked_single_threaded", rd_forked_single_threaded() ? Py_True : Py_False,
                          "kernels", kernels,
@@ -376,8 +388,13 @@ rd_py_build_info(PyObject *self, PyObject *unused)
                          "blocking", blocking,
                          "stream_threshold", (Py_ssize_t)rd_get_stream_min_bytes(),
                          "buffer_cache", "limit", (Py_ssize_t)rd_buffer_cache_limit(SIZE_MAX),
-                         "idle", (Py_ssize_t)rd_buffer_cache_idle());
+                         "idle", (Py_ssize_t)rd_buffer_cache_idle(),
+                         "products", products,
+                         "amx", amx,
+                         "bf16dot_vs_fma", rd_bf16dot_measured());
 done:
+    Py_XDECREF(products);
+    Py_XDECREF(amx);
     Py_XDECREF(kernels);
     Py_XDECREF(simd);
     Py_XDECREF(cpu);
@@ -403,7 +420,8 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "id|s", &threads, &seconds, &isa))
         return NULL;
     if (rd_peak_gflops(isa, 0.0) < 0.0) {
-        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2', 'avx512', 'avx512_bf16', 'avx512_vnni' or 'avx_vnni', got '%s'", isa);
+        PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2', 'avx512', 'avx512_bf16', 'avx512_vnni', "
+                     "'avx_vnni', 'amx_bf16' or 'amx_int8', got '%s'", isa);
         return NULL;
     }
     if (threads < 1 || threads > 4096 || !(seconds > 0.0 && seconds <= 60.0)) {
@@ -490,7 +508,23 @@ rd_py_narrow(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* amx_twin_state() -> (threads holding a tile configuration now, tile
+ * operations run without one): the emulated tiles' bookkeeping, (0, 0)
+ * between calls when every thread released its tiles. */
+static PyObject *
+rd_py_amx_twin_state(PyObject *self, PyObject *unused)
+{
+    int held;
+    long strays;
+    (void)self;
+    (void)unused;
+    rd_amx_twin_state(&held, &strays);
+    return Py_BuildValue("(il)", held, strays);
+}
+
 PyMethodDef rd_runtime_methods[] = {
+    {"amx_twin_state", rd_py_amx_twin_state, METH_NOARGS,
+     "amx_twin_state() -> (threads holding emulated tiles now, tile operations run without a configuration)"},
     {"set_num_threads", rd_py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", rd_py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"set_kernel", rd_py_set_kernel, METH_O,

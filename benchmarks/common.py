@@ -16,8 +16,11 @@ import numpy as np
 
 from raggeddot import runtime
 
-#: the instruction a bfloat16 or int8 product runs natively, and the peak_gflops isas probing it
-NATIVE = {"bfloat16": ("vdpbf16ps", ("avx512_bf16",)), "int8": ("vpdpbusd", ("avx512_vnni", "avx_vnni"))}
+#: the instruction a bfloat16 or int8 product runs natively, by the family build_info() says
+#: serves it, and the peak_gflops isas probing it
+NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdpbf16ps", ("avx512_bf16",))},
+          "int8": {"amx": ("TDPBUSD", ("amx_int8",)), "avx512-vnni": ("vpdpbusd", ("avx512_vnni", "avx_vnni")),
+                   "avx-vnni": ("vpdpbusd", ("avx_vnni",))}}
 
 
 def openblas(name: str, restype=ctypes.c_int):
@@ -85,9 +88,10 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
     at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
     peaks: the float32 FMA peaks of avx2 and avx512 (the best of two runs); peak_isa: the one
     of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
-    basis}}, the yardstick of each low-precision product: bfloat16 and int8 their native
-    instruction's peak where the CPU has it (basis 'native'), else bfloat16 the FMA peak
-    (raggeddot widens to float32: basis 'fma') and int8 none ('absent'); float16 the FMA peak.
+    basis}}, the yardstick of each low-precision product: bfloat16 and int8 the peak of the
+    instruction of the family that serves them (build_info()['products']: AMX tiles,
+    vdpbf16ps, vpdpbusd; basis 'native'), else bfloat16 the FMA peak (raggeddot widens to
+    float32: basis 'fma') and int8 none ('absent'); float16 the FMA peak.
     read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads."""
     def probe(isa, repeats=1):
         return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
@@ -97,9 +101,11 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
     isa = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"]["1"] else "avx2"
     fma = {"instruction": f"{isa} FMA", "gflops": peaks[isa], "basis": "fma"}
     native = {"float16": fma}
-    for dtype, (instruction, probes) in NATIVE.items():
+    products = runtime.build_info()["products"]
+    for dtype, by_family in NATIVE.items():
+        instruction, probes = by_family.get(products[dtype]["kernel"], ("", ()))
         found = next((g for g in map(probe, probes) if all(g.values())), None)
-        own = {"instruction": instruction, "gflops": found, "basis": "native" if found else "absent"}
+        own = {"instruction": instruction or "none", "gflops": found, "basis": "native" if found else "absent"}
         native[dtype] = fma if dtype == "bfloat16" and not found else own
     threads = runtime.get_num_threads()
     gbs = max(runtime.read_bandwidth(threads, bandwidth_mb, bandwidth_s) for _ in range(2))

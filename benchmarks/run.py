@@ -26,7 +26,9 @@ float32 on those values and their results are rounded for the check:
   raggeddot        ragged_dot; the vjp step; moe_block / moe_block_vjp
   rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed outside the timing
   rd-f32, rd-widen raggeddot float32 on a 16-bit case's values; raggeddot with the widening path
-                   (float32 FMAs) forced where vdpbf16ps would run
+                   (float32 FMAs) forced where the dot kernels would run
+  rd-vdpbf16       raggeddot on the vdpbf16ps family named (where the CPU has it), whatever
+                   auto takes (AMX tiles, or the widening path where vdpbf16ps is the slower)
   np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline (2*m*k*n FLOPs)
   np-loop, numpy   NumPy float32, a matmul per group (moe: the layer, argsort + expert loop)
   NAME:skx         the NumPy variant in a process with OPENBLAS_CORETYPE=SkylakeX (avx512f CPUs,
@@ -42,7 +44,8 @@ float32 on those values and their results are rounded for the check:
                    rd-f32: raggeddot float32; torch-int8: torch._int_mm per group
 Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
 over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured at
-start (float64: half; bfloat16: vdpbf16ps's, int8 (%vnni): vpdpbusd's where the CPU has them);
+start (float64: half; bfloat16 and int8 (%vnni): the peak of the instruction of the family that
+serves them, build_info()['products']: TDPBF16PS / TDPBUSD (AMX), vdpbf16ps, vpdpbusd);
 GB/s (memory-bound specs: <= 32 rows a group): the weight bytes of the groups with rows (in the
 variant's storage, scales included) a second, %bw: of runtime.read_bandwidth() measured at
 start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (backward: 3x).
@@ -77,7 +80,7 @@ SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128
 #: tags the runner selects specs by (tests check they exist)
 TAGS_USED = ("quick",)
 #: raggeddot's own variants: one that fails its check makes the run fail
-OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen",
+OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen", "rd-vdpbf16",
         *V.QUANT_MODES, *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
 
 

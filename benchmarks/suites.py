@@ -4,12 +4,15 @@ pause before each call for torch's spinning threads), so that a shared machine's
 weighs on all alike: medians of --repeat rounds (--quick: smaller shapes, --smoke: 1/16 sizes,
 one round). Every variant is checked before it is timed.
 
-lowp: a table a shape (dense 4096x2048x2048, qwen3-m4096-g64-skewed, moe_block forward T=2048
-  d=2048 f=768 E=32 top-4); rows: run.py's variants (checked as there), and moe_block with int8
+lowp: a table a shape (dense 4096^3, qwen3-like m16384 k2048 n768 g64 skewed, deepseek-like 16
+  rows a group, moe_block forward and forward+backward T=8192 d=2048 f=768 E=64 top-8; --quick:
+  half the sizes); rows: run.py's variants (checked as there; bfloat16 as auto serves it, on
+  vdpbf16ps named, and widened to float32), and moe_block with int8
   weights and activation_qtype="int8" (QArrays, and prepacked for int8 activations; checked
   against moe_block on the dequantized weights, 5e-2). Columns: ms, GFLOP/s, x f32: raggeddot
   float32's time over the row's, x torch: the best torch row's of its dtype over the row's,
-  %peak: of the measured peak of the instruction it runs (vdpbf16ps, vpdpbusd, else the FMA).
+  %peak: of the measured peak of the instruction it runs (AMX's TDPBF16PS / TDPBUSD, vdpbf16ps,
+  vpdpbusd, else the FMA).
 experts: transformers' experts implementations (--variants; default eager, grouped_mm,
   raggeddot) in a Qwen3-MoE-shaped model (random init, SHAPE), one model per --dtype switched
   between calls (outside the timing), ms: prefill (1024 tokens, KV cache on, last logits only),
@@ -38,27 +41,35 @@ def medians(fns: dict, rounds: int, **kw) -> dict:
     return {name: summary(ts)["median"] for name, ts in times.items()}
 
 
-#: raggeddot float32, bfloat16, and bfloat16 with the widening path forced, rows of a table
+#: raggeddot float32, bfloat16 as auto serves it (AMX tiles on a Xeon with them), on vdpbf16ps
+#: named, and with the widening path forced: rows of a table
 RD = [("rd float32", "float32", "raggeddot"), ("rd bfloat16", "bfloat16", "raggeddot"),
-      ("rd bfloat16 widening", "bfloat16", "rd-widen")]
+      ("rd bfloat16 vdpbf16ps", "bfloat16", "rd-vdpbf16"), ("rd bfloat16 widening", "bfloat16", "rd-widen")]
+_MOE_SHAPE = dict(T=8192, d=2048, f=768, E=64, top_k=8, shared=0)
 #: lowp: per table, its spec and rows (label, dtype, benchmark of run.py or "w8a8", variant)
 LOWP = [
-    (specs.Spec("dense-4096x2048x2048", "ragged_dot", dict(m=4096, k=2048, n=2048, g=1)), [
+    (specs.Spec("dense-4096x4096x4096", "ragged_dot", dict(m=4096, k=4096, n=4096, g=1)), [
         *((label, dt, "ragged_dot", name) for label, dt, name in RD),
         ("rd int8 per-channel", "float32", "quant", "int8"),
         ("rd int8 block-128", "float32", "quant", "int8-sub128"),
         ("torch bfloat16 matmul", "bfloat16", "ragged_dot", "torch-dense"),
         ("torch float32 matmul", "float32", "ragged_dot", "torch-dense"),
         ("torch int8 _int_mm", "float32", "quant", "torch-int8")]),
-    (specs.get("qwen3-m4096-g64-skewed"), [
+    *((spec, [
         *((label, dt, "ragged_dot", name) for label, dt, name in RD),
+        ("rd bfloat16 prepacked", "bfloat16", "ragged_dot", "rd-prepacked"),
+        ("rd int8 per-channel", "float32", "quant", "int8"),
         ("torch bfloat16 loop", "bfloat16", "ragged_dot", "torch-loop"),
-        ("torch bfloat16 _grouped_mm", "bfloat16", "ragged_dot", "torch-gmm")]),
-    (specs.Spec("moe-T2048-d2048-f768-E32-top4", "moe", dict(T=2048, d=2048, f=768, E=32, top_k=4, shared=0),
-                options=dict(norm_topk_prob=True)), [
+        ("torch bfloat16 _grouped_mm", "bfloat16", "ragged_dot", "torch-gmm")])
+      for spec in (specs.Spec("qwen3-m16384-g64-skewed", "ragged_dot", dict(m=16384, k=2048, n=768, g=64),
+                              "skewed"),
+                   specs.get("deepseek-m4096-g256-balanced"))),
+    (specs.Spec("moe-T8192-d2048-f768-E64-top8", "moe", _MOE_SHAPE, options=dict(norm_topk_prob=True)), [
         *((label, dt, "moe", name) for label, dt, name in RD), ("rd w8a8 int8", "float32", "w8a8", "plain"),
         ("rd w8a8 int8 prepacked", "float32", "w8a8", "prepacked"),
         ("torch bfloat16 expert loop", "bfloat16", "moe", "torch")]),
+    (specs.Spec("moe-fwd+bwd-T8192-d2048-f768-E64-top8", "moe", _MOE_SHAPE, options=dict(norm_topk_prob=True)), [
+        *((label, dt, "moe-bwd", name) for label, dt, name in RD)]),
 ]
 
 
@@ -83,9 +94,11 @@ def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict
     """One LOWP table: its rows checked, then timed in interleaved rounds, printed: {row: ms}."""
     cases, fns, rates, kinds = {}, {}, {}, {}
     for label, dtype, op, name in rows:
-        v = V.variant(op, name) if op != "w8a8" else None
+        v = (V.variant_of("moe", name, "fwd+bwd") if op == "moe-bwd" else V.variant(op, name)) if op != "w8a8" \
+            else None
         if dtype not in cases:
-            needed = {r for _, d, o, n in rows if d == dtype and o != "w8a8" for r in V.variant(o, n).refs}
+            needed = {r for _, d, o, n in rows if d == dtype and o != "w8a8"
+                      for r in (V.variant_of("moe", n, "fwd+bwd") if o == "moe-bwd" else V.variant(o, n)).refs}
             cases[dtype] = V.prepare(spec, dtype, 0, needed)
         c = cases[dtype]
         try:
@@ -97,7 +110,8 @@ def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict
         if rec["status"] != "ok":
             raise SystemExit(f"{label}: {rec['reason']}")
         rates[label] = c.flops["fwd" if v is None else v.flops]
-        kinds[label] = "int8" if op in ("quant", "w8a8") else "widen" if name == "rd-widen" else dtype
+        kinds[label] = "int8" if op in ("quant", "w8a8") else "widen" if name == "rd-widen" else \
+            "vdpbf16" if name == "rd-vdpbf16" else dtype
     times, torch_best = medians(fns, rounds), {}
     for label, t in times.items():
         if label.startswith("torch"):
@@ -107,7 +121,7 @@ def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict
         gf, tb, ours = rates[label] / t / 1e9, torch_best.get(kinds[label]), not label.startswith("torch")
         table.append([label, C.fmt(1e3 * t, 2), C.fmt(gf), C.fmt(times["rd float32"] / t, 2),
                       C.fmt(tb / t, 2) if tb and ours else "",
-                      C.fmt(100 * gf / peak_of[kinds[label]]) if ours else ""])
+                      C.fmt(100 * gf / peak_of[kinds[label]]) if ours and peak_of[kinds[label]] else ""])
     print(f"\n{spec.name} ({spec.describe()})")
     print(C.format_table(["variant", "ms", "GFLOP/s", "x f32", "x torch", "%peak"], table))
     return {label: 1e3 * t for label, t in times.items()}
@@ -116,8 +130,9 @@ def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict
 def run_lowp(args, ctx) -> dict:
     pk = {d: (p["gflops"] or {}).get(str(ctx["rd_threads"])) for d, p in ctx["native_peaks"].items()}
     V.need_torch()[0].set_num_threads(ctx["rd_threads"])
+    vdp = raggeddot.runtime.peak_gflops("avx512_bf16", ctx["rd_threads"], 0.5) or None
     peak_of = {"float32": pk["float16"], "widen": pk["float16"], "bfloat16": pk["bfloat16"],  # float16: FMA
-               "int8": pk["int8"] or pk["float16"]}
+               "int8": pk["int8"] or pk["float16"], "vdpbf16": vdp}
     scale = 0.5 if args.quick and not args.smoke else args.scale
     return {spec.name: lowp_table(spec.resized(scale), rows, 1 if args.smoke else args.repeat, peak_of)
             for spec, rows in LOWP}

@@ -226,6 +226,24 @@ def _widened(build):
     return widened
 
 
+def _vdpbf16(build):
+    """The variant of ``build`` on a bfloat16 case run on the vdpbf16ps family named (where
+    the CPU has it): the kernel choice measured, whatever auto takes here."""
+    def named(c):
+        if c.dtype.name != "bfloat16":
+            raise Skip("the vdpbf16ps path of a bfloat16 case only")
+        if "avx512-bf16" not in raggeddot.runtime.runnable_kernels():
+            raise Skip("this CPU has no vdpbf16ps")
+        fn = build(c)
+
+        def call():
+            with raggeddot.runtime.configured(kernel="avx512-bf16"):
+                return fn()
+        return call
+
+    return named
+
+
 def _rd_prepacked(c):
     """ragged_dot on rhs packed once by raggeddot.prepack (outside the timing)."""
     lhs, gs, packed = c.inputs["lhs"], c.inputs["group_sizes"], raggeddot.prepack(c.inputs["rhs"])
@@ -353,6 +371,7 @@ def _moe_variants(phase: str, backward: bool) -> list[Variant]:
     return [Variant("raggeddot", phase, _moe("moe_block", backward), refs, phase, memory=True),
             Variant("rd-f32", phase, _moe("rd-f32", backward), refs, phase, f32=True),
             Variant("rd-widen", phase, _widened(_moe("moe_block", backward)), refs, phase),
+            Variant("rd-vdpbf16", phase, _vdpbf16(_moe("moe_block", backward)), refs, phase),
             Variant("numpy", phase, _moe("numpy", backward), refs, phase, numpy=True, memory=True, f32=True),
             Variant("torch", phase, _moe("torch", backward), refs, phase)]
 
@@ -436,6 +455,7 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant("raggeddot", "ragged_dot", _rd(), ("out",), "flops", threads="rd"),
         Variant("rd-f32", "ragged_dot", _rd("inputs32"), ("out",), "flops", threads="rd", f32=True),
         Variant("rd-widen", "ragged_dot", _widened(_rd()), ("out",), "flops", threads="rd"),
+        Variant("rd-vdpbf16", "ragged_dot", _vdpbf16(_rd()), ("out",), "flops", threads="rd"),
         Variant("rd-prepacked", "ragged_dot", _rd_prepacked, ("out",), "flops", threads="rd"),
         Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True,
                 f32=True),
@@ -461,3 +481,8 @@ VARIANTS: dict[str, list[Variant]] = {
 def variant(op: str, name: str) -> Variant:
     """The variant ``name`` of benchmark ``op`` (of its first section: moe's forward)."""
     return next(v for v in VARIANTS[op] if v.name == name)
+
+
+def variant_of(op: str, name: str, phase: str) -> Variant:
+    """The variant ``name`` of benchmark ``op``'s section ``phase`` (moe: "fwd", "fwd+bwd")."""
+    return next(v for v in VARIANTS[op] if v.name == name and v.section == phase)

@@ -14,7 +14,12 @@
  * starts (the binding makes it while it holds the GIL): later changes of
  * the runtime settings never reach a call in flight.
  */
-enum { RD_KIND_MAIN = 0, RD_KIND_STREAM = 1 };
+/* RD_KIND_VECTOR (a tile type's plan only): the product runs on the
+ * vector kernels that serve the tile type's products without tiles (the
+ * dot type reading the same B layout where served, else the widening
+ * float32 kernels): for few rows a group, where a 16-row tile is mostly
+ * padding, a tuned plan may find them faster. */
+enum { RD_KIND_MAIN = 0, RD_KIND_STREAM = 1, RD_KIND_VECTOR = 2 };
 enum { RD_SPLIT_M = 0, RD_SPLIT_N = 1 };
 
 typedef struct {
@@ -35,6 +40,12 @@ typedef struct {
                                their packed B panels (frame/rd_tiling.c) */
     rd_int stream_min;      /* outputs of >= this many bytes written once are
                                streamed; negative: never */
+    /* a tile type's vector alternative (RD_KIND_VECTOR), fixed with the
+     * rest of the plan: its compute type, family and kernel (ukr NULL:
+     * none) */
+    rd_ctype_t alt_ct;
+    const char *alt_family;
+    rd_ukr_desc_t alt_k;
 } rd_plan_t;
 
 /* Fill `plan` for compute type `ct` from the runtime settings. */

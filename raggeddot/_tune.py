@@ -200,7 +200,8 @@ def tune(fn, hyperparams=None, *, repeats=5, progress=True, persist=True):
       fn: a callable making grouped products (any raggeddot op).
       hyperparams: None, to time ``_core.plan_candidates(cls)`` (the default plan first), or
         a dict ``{plan key: [values]}`` over the keys ``kernel`` ('main', or 'stream' where
-        the family has a streaming kernel), ``mc``, ``kc``, ``nc``, ``tm``, ``tn``,
+        the family has a streaming kernel, or 'vector' for a tile class: the vector kernels
+        instead of AMX tiles), ``mc``, ``kc``, ``nc``, ``tm``, ``tn``,
         ``threads`` (0: automatic), ``split`` ('m', 'n') and ``team`` (0, 1): the candidates are then the cartesian product of the given values, each over
         the default plan (keys not given keep its values). This restricts the search (one
         value: that value only) or extends it to values plan_candidates would not try.

@@ -399,3 +399,33 @@ def test_moe_block_bfloat16_forward_and_backward_on_tiles(rng, family):
     for name, g in want_g.items():
         if g is not None:
             check_close(np.asarray(got_g[name], np.float32), g, rtol=5e-2)
+
+
+def test_a_tuned_plan_may_take_the_vector_kernels_for_a_tile_class(rng):
+    """A tile class's candidates include kernel 'vector' (the tuner times it);
+    a plan with it runs the vector kernels: under the named twin the
+    widening float32 kernels, whose bits it then gives. Weights prepacked in
+    the k-pair layout, which those kernels cannot read, stay on the tiles."""
+    from raggeddot import _core
+    lhs = rng.standard_normal((64, 256)).astype(BF16)
+    w = rng.standard_normal((16, 256, 96)).astype(BF16)
+    sizes = np.full(16, 4)
+    with runtime.configured(kernel="amx-twin"):
+        packed = raggeddot.prepack(w)
+        _core.plan_record(True)
+        tiles = raggeddot.ragged_dot(lhs, w, sizes, preferred_element_type=np.float32)
+        classes = _core.plan_record(False)
+        assert [c[1:3] for c in classes] == [("bfloat16-tile", "amx-twin")]
+        assert "vector" in [p["kernel"] for p in _core.plan_candidates(classes[0])]
+        try:
+            _core.plan_set(classes[0], {"kernel": "vector"})
+            vec = raggeddot.ragged_dot(lhs, w, sizes, preferred_element_type=np.float32)
+            vec_packed = raggeddot.ragged_dot(lhs, packed, sizes, preferred_element_type=np.float32)
+        finally:
+            _core.plan_set(classes[0], None)
+    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "avx2"):
+        widened = raggeddot.ragged_dot(lhs, w, sizes, preferred_element_type=np.float32)
+    assert np.array_equal(_bits(vec), _bits(widened))
+    assert np.array_equal(_bits(vec_packed), _bits(tiles))
+    with pytest.raises(ValueError, match="'main' or 'stream'|'main' \\(no streaming"):
+        _core.plan_set(("rows", "float32", "ref", 256, 96, 16, 3, 1), {"kernel": "vector"})

@@ -6,6 +6,8 @@
  * The cost model.  A plan chooses the register block's use, the cache
  * blocking, the tiling and the threads from the class alone, so that the
  * choice is deterministic and a tuned entry covers every call of the class:
+ *   - Tiles or vectors (tile types only): tiles by default; a tuned plan
+ *     may take the vector kernels (RD_KIND_VECTOR) for few rows a group.
  *   - B packed or read in place.  Packing B copies each KC x NC panel of a
  *     group once per row tile, a pass over memory that the products of the
  *     tile then wait for; for a few rows a group that pass is the whole
@@ -134,6 +136,10 @@ rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_d
     if (s != NULL && s->ukr != NULL && c->mode == 0) {
         all[n] = d;
         all[n++].kind = d.kind == RD_KIND_STREAM ? RD_KIND_MAIN : RD_KIND_STREAM;
+    }
+    if (rd_ctype_layout(c->ct) != (int)c->ct) {   /* a tile type: its vector alternative */
+        all[n] = d;
+        all[n++].kind = RD_KIND_VECTOR;
     }
     for (rd_int kc = k->kc / 2; kc >= 64 && kc >= k->kc / 4; kc /= 2) {
         all[n] = d;
@@ -279,6 +285,19 @@ rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const r
     rd_plan_class(&c, plan, mode, k, n, ng, bounds);
     if (!rd_plan_lookup(&c, &ch))
         rd_plan_default(&c, &plan->k, &plan->s, &ch);
+    /* a tile type's vector alternative: prepacked weights only where it
+     * reads their layout, with their blocking */
+    if (ch.kind == RD_KIND_VECTOR && plan->alt_k.ukr != NULL
+        && (!prepacked || (rd_ctype_layout(plan->alt_ct) == rd_ctype_layout(plan->ct)
+                           && plan->alt_k.nr == plan->k.nr))) {
+        const rd_int kc = plan->k.kc;
+        plan->ct = plan->alt_ct;
+        plan->family = plan->alt_family;
+        plan->k = plan->alt_k;
+        memset(&plan->s, 0, sizeof plan->s);
+        if (prepacked)
+            plan->k.kc = kc;
+    }
     /* prepacked weights were laid out with this blocking, and are read in
      * place already */
     plan->kind = ch.kind == RD_KIND_STREAM && plan->s.ukr != NULL && streamable && !prepacked

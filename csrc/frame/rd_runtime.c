@@ -83,6 +83,13 @@ rd_ensure(void)
         rd_select(NULL);
 }
 
+static int
+rd_served_now(rd_ctype_t ct)
+{
+    rd_ensure();
+    return rd_serving[ct] != NULL;
+}
+
 int
 rd_set_kernel(const char *name)
 {
@@ -150,12 +157,6 @@ rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc)
     return 0;
 }
 
-static int
-rd_served_now(rd_ctype_t ct)
-{
-    rd_ensure();
-    return rd_serving[ct] != NULL;
-}
 
 rd_ctype_t
 rd_bf16_product(int exact)
@@ -313,4 +314,18 @@ rd_plan_init(rd_plan_t *plan, rd_ctype_t ct)
     plan->tn = 0;
     plan->nthreads = rd_get_num_threads();
     plan->stream_min = rd_stream_min;
+    /* a tile type's vector alternative: the dot type that reads its B
+     * layout where served; for bfloat16, else the widening float32 kernels */
+    memset(&plan->alt_k, 0, sizeof plan->alt_k);
+    plan->alt_ct = ct;
+    plan->alt_family = "none";
+    if (rd_ctype_layout(ct) != (int)ct) {
+        rd_ctype_t alt = (rd_ctype_t)rd_ctype_layout(ct);
+        if (!rd_served_now(alt) && ct == RD_CT_BF16TILE)
+            alt = RD_CT_F32;
+        if (rd_served_now(alt)) {
+            plan->alt_ct = alt;
+            plan->alt_k = *rd_active_kernel(alt, &plan->alt_family);
+        }
+    }
 }

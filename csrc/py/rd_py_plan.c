@@ -1,7 +1,8 @@
 /*
  * The binding of the plan table (frame/rd_plan.c): shape classes as tuples
  * (op, ctype, family, k, n, g, bucket, threads) and plans as dicts
- * {kernel, mc, kc, nc, tm, tn, threads, split, team} (with mr, nr read back), for
+ * {kernel, mc, kc, nc, tm, tn, threads, split, team} (with mr, nr read back:
+ * a tile type's, also for its kernel 'vector'), for
  * raggeddot.tune and its cache file.
  */
 #include "rd_py.h"
@@ -9,7 +10,7 @@
 #include <string.h>
 
 static const char *const rd_op_names[] = {"rows", "contract"};
-static const char *const rd_kind_names[] = {"main", "stream"};
+static const char *const rd_kind_names[] = {"main", "stream", "vector"};
 static const char *const rd_split_names[] = {"m", "n"};
 
 /* Index of `s` in names[0..count), or -1. */
@@ -110,7 +111,7 @@ rd_choice_dict(const rd_pchoice_t *ch, const rd_ukr_desc_t *k, const rd_sukr_des
 /* A plan dict over the default choice d; -1 with an exception naming the
  * bad key or value. */
 static int
-rd_parse_choice(PyObject *obj, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s, rd_pchoice_t *d)
+rd_parse_choice(PyObject *obj, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s, int tile, rd_pchoice_t *d)
 {
     if (!PyDict_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "'plan' must be a dict or None, got %R", obj);
@@ -128,10 +129,12 @@ rd_parse_choice(PyObject *obj, const rd_ukr_desc_t *k, const rd_sukr_desc_t *s, 
         if (!strcmp(name, "kernel") || !strcmp(name, "split")) {
             const int kind = !strcmp(name, "kernel");
             const char *word = PyUnicode_Check(val) ? PyUnicode_AsUTF8(val) : NULL;
-            const int i = word == NULL ? -1 : rd_name_index(word, kind ? rd_kind_names : rd_split_names, 2);
-            if (i < 0 || (kind && i == RD_KIND_STREAM && s == NULL)) {
+            const int i = word == NULL ? -1 : rd_name_index(word, kind ? rd_kind_names : rd_split_names,
+                                                            kind ? 3 : 2);
+            if (i < 0 || (kind && i == RD_KIND_STREAM && s == NULL) || (kind && i == RD_KIND_VECTOR && !tile)) {
                 PyErr_Format(PyExc_ValueError, "plan['%s'] must be %s, got %R", name,
-                             kind ? (s ? "'main' or 'stream'" : "'main' (no streaming kernel here)")
+                             kind ? (tile ? "'main' or 'vector'" : s ? "'main' or 'stream'"
+                                                                    : "'main' (no streaming kernel here)")
                                   : "'m' or 'n'", val);
                 return -1;
             }
@@ -274,7 +277,7 @@ rd_py_plan_set(PyObject *self, PyObject *args)
     }
     rd_pchoice_t ch;
     rd_plan_default(&c, k, s, &ch);
-    if (rd_parse_choice(oplan, k, s, &ch) != 0)
+    if (rd_parse_choice(oplan, k, s, rd_ctype_layout(c.ct) != (int)c.ct, &ch) != 0)
         return NULL;
     if (rd_plan_set(&c, &ch) != 0) {
         PyErr_SetString(PyExc_ValueError, "the plan table is full (plan_clear() empties it)");

@@ -256,22 +256,6 @@ def rounds_to_bf16(precision, ct, fn, operand_dtypes=()):
     return True
 
 
-def _highest(precision):
-    """Whether ``precision`` asks for full float32 products: HIGHEST (or
-    "highest", also as either entry of a pair), DotAlgorithmPreset.F32_F32_F32
-    (or its name), or a DotAlgorithm of float32 operands."""
-    if isinstance(precision, (tuple, list)):
-        return any(_highest(p) for p in precision)
-    if all(hasattr(precision, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type")):
-        try:
-            return all(t is not None and np.dtype(t) == _FLOAT32
-                       for t in (precision.lhs_precision_type, precision.rhs_precision_type))
-        except TypeError:
-            return False
-    name = getattr(precision, "name", precision)
-    return isinstance(name, str) and name.lower() in ("highest", "f32_f32_f32")
-
-
 def algorithm(precision, ct, fn, operand_dtypes=()):
     """What ``precision`` (already checked) asks of the kernels:
 
@@ -287,7 +271,7 @@ def algorithm(precision, ct, fn, operand_dtypes=()):
     """
     if rounds_to_bf16(precision, ct, fn, operand_dtypes):
         return "bf16"
-    return "exact" if precision is not None and _highest(precision) else None
+    return "exact" if v.asks_highest(precision) else None
 
 
 def rows(lhs, rhs, bounds, out, accumulate=False, algo=None, quantize_lhs=False):

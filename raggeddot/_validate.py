@@ -263,6 +263,24 @@ def _check_accumulation(label, accumulation, compute_dtype, fn):
             "algorithm that accumulates in float32 or narrower")
 
 
+def asks_highest(precision):
+    """Whether ``precision`` asks for full float32 products: HIGHEST (or
+    "highest", also as either entry of a pair), DotAlgorithmPreset.F32_F32_F32
+    (or its name), or a DotAlgorithm of float32 operands."""
+    if precision is None:
+        return False
+    if isinstance(precision, (tuple, list)):
+        return any(asks_highest(p) for p in precision)
+    if _is_dot_algorithm(precision):
+        try:
+            return all(t is not None and np.dtype(t) == np.float32
+                       for t in (precision.lhs_precision_type, precision.rhs_precision_type))
+        except TypeError:
+            return False
+    name = getattr(precision, "name", precision)
+    return isinstance(name, str) and name.lower() in ("highest", "f32_f32_f32")
+
+
 def check_precision(precision, compute_dtype, fn):
     """Accept what jax.lax accepts for `precision` when the CPU can honour it.
 

@@ -98,6 +98,16 @@ def _types(lhs, rhs, preferred_element_type, precision, fn):
     return out_dtype, cdt
 
 
+def _exact(precision, lhs, rhs):
+    """Operands for ``precision``: HIGHEST (``v.asks_highest``) on two bfloat16
+    operands widens them to float32 first, so that the kernels multiply them
+    exactly (otherwise bfloat16 products take the fastest kernels this CPU
+    has: AMX tiles, vdpbf16ps where it outruns the float32 FMAs)."""
+    if v.asks_highest(precision) and lhs.dtype == jnp.bfloat16 and rhs.dtype == jnp.bfloat16:
+        return lhs.astype(jnp.float32), rhs.astype(jnp.float32)
+    return lhs, rhs
+
+
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
     """``jax.lax.ragged_dot`` on raggeddot's kernels (an XLA FFI custom call).
 
@@ -113,7 +123,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       group_sizes: ``[G]`` integers (a runtime operand: under ``jax.jit`` a
         negative entry or a sum past m raises when the call runs).
       precision: as jax's (every precision accumulates in float32, float64
-        for a float64 input or output).
+        for a float64 input or output); on two bfloat16 operands the default
+        takes the fastest kernels (AMX tiles where the CPU has them), HIGHEST
+        the exact products (the operands widened to float32 first).
       preferred_element_type: the output dtype; default the promoted dtype.
       group_offset: megablox's expert sharding, an int or an integer array
         (e.g. from ``jax.lax.axis_index`` under ``shard_map``).
@@ -128,6 +140,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         raise ValueError(f"{fn}: contracting dimensions differ: 'lhs' has k={k} (shape {lhs.shape}) "
                          f"but 'rhs' has k={rhs.shape[1]} (shape {rhs.shape})")
     out_dtype, cdt = _types(lhs, rhs, preferred_element_type, precision, fn)
+    lhs, rhs = _exact(precision, lhs, rhs)
     gs = _group_sizes(group_sizes, fn, (), m, "lhs.shape[0]")
     if gs.shape[0] != 1:
         raise ValueError(f"{fn}: 'group_sizes' must be 1-D [g], got shape {jnp.shape(group_sizes)}")
@@ -254,6 +267,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     lhs = _operand(lhs, "lhs", fn)
     rhs = _operand(rhs, "rhs", fn)
     out_dtype, cdt = _types(lhs, rhs, preferred_element_type, precision, fn)
+    lhs, rhs = _exact(precision, lhs, rhs)
     ls, rs = lhs.shape, rhs.shape
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, ls, rs, fn)
     bsz = _prod(ls, lb)

@@ -89,8 +89,12 @@ rd_amx_probe(void)
     }
 #ifdef SYS_arch_prctl
     if (syscall(SYS_arch_prctl, RD_ARCH_REQ_XCOMP_PERM, RD_XFEATURE_XTILEDATA) != 0) {
+        const int e = errno;
+        /* ENOSPC: some thread's alternate signal stack (sigaltstack) is too
+         * small for a signal frame that holds the tile state */
         snprintf(rd_amx_why, sizeof rd_amx_why, "the kernel refused the AMX tile state "
-                 "(arch_prctl ARCH_REQ_XCOMP_PERM: %s)", strerror(errno));
+                 "(arch_prctl ARCH_REQ_XCOMP_PERM: %s%s)", strerror(e),
+                 e == ENOSPC ? ": a thread's sigaltstack is too small for the tile state" : "");
         return;
     }
     rd_amx_ok = 1;

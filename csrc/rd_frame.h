@@ -299,6 +299,22 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
                        const rd_int *bounds, const rd_in_t *lhs, const rd_in_t *rhs,
                        const rd_out_t *out, int accumulate);
 
+/* Gated rows (the gate and up products of an MoE layer's experts in one
+ * pass): for each local group g, rows r in [bounds[g], bounds[g+1]),
+ *   t0 = lhs[r] @ w0[g],  t1 = lhs[r] @ w1[g]      (w0, w1 [ng, k, n])
+ * computed tile by tile, each packed block of lhs multiplied by both, into
+ * two tiles of the compute type's output elements (rows `ld` apart), which
+ * epi(ctx, g, r0, c0, rows, cols, t0, t1, ld) receives as each tile
+ * completes (tile rows r0.., columns c0.. of the n): it applies the
+ * activation and writes the results, so that the products' outputs are
+ * never written whole.  The sums are those of rd_ragged_rows with the same
+ * plan, bit for bit.  w0 and w1 are of one storage dtype, both prepacked or
+ * neither, both quantized or neither.  Returns as rd_ragged_rows. */
+typedef void (*rd_gated_epi_t)(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols,
+                               void *t0, void *t1, rd_int ld);
+int rd_gated_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                  const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx);
+
 /* ----------------------------------------------------------- prepacking
  * (frame/rd_prepack.c)  Weights laid out once in the micro-kernel's panel
  * order, to be read in place by every later call: rhs [ng, k, n] (strided,

@@ -24,14 +24,15 @@
 
 /*
  * Packing buffers, one pair per thread (and the float32 tile of a 16-bit
- * output; and in the calling thread the B panel its team shares), kept from
+ * output; and in the calling thread the B panel its team shares; and for
+ * the gated products a second B panel and tile), kept from
  * call to call: allocating
  * megabytes afresh on every call costs page faults (the kernel zeroing new
  * pages) comparable to the packing itself.  They grow to the largest size
  * asked for and stay: O(threads x cache blocks) of memory.
  */
-static __thread void *rd_scratch_buf[4] = {NULL, NULL, NULL, NULL};
-static __thread size_t rd_scratch_cap[4] = {0, 0, 0, 0};
+static __thread void *rd_scratch_buf[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+static __thread size_t rd_scratch_cap[6] = {0, 0, 0, 0, 0, 0};
 
 static void *
 rd_scratch(int which, size_t bytes)
@@ -119,6 +120,43 @@ rd_scale_room(const rd_block_t *x, int which, rd_int pc)
 
 __thread rd_ahead_t rd_ahead = {NULL, NULL};
 
+/* The B panel of block (pc, jc) of operand b for the micro-kernels: read in
+ * place (streamed: B's strip at (pc, jc); prepacked: its KC block at pc,
+ * micro-panels *bstep bytes apart), or packed into bpack (by this thread
+ * alone, or, `shared`, each thread of the team its run of whole panels,
+ * then a barrier). */
+static const char *
+rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_int nc, rd_int kc,
+           rd_int kp, char *bpack, size_t *bstep, int shared, int tid, int nt)
+{
+    const rd_ukr_desc_t *kd = &cl->plan->k;
+    const int NR = kd->nr;
+    *bstep = 0;
+    if (cl->plan->kind == RD_KIND_STREAM)
+        return (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
+    if (b->panels > 0) {
+        const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
+        const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp, cl->scale_size};
+        *bstep = rd_ppanel_bytes(&L, pc, kc);
+        return (const char *)b->p + rd_pblock_offset(&L, pc) + (size_t)((b->j0 + jc) / NR) * *bstep;
+    }
+    if (!shared) {
+        rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
+        return bpack;
+    }
+    /* each thread packs a run of whole panels, read row by row as one block
+     * (panel by panel would read B in strips) */
+    const rd_int np = (nc + NR - 1) / NR;
+    const rd_int j0 = np * tid / nt * NR, j1 = np * (tid + 1) / nt * NR;
+    const rd_int j_end = j1 < nc ? j1 : nc;
+    if (j0 < j_end)
+        rd_pack_block(cl, 1, b, pc, jc + j0, j_end - j0, kc, NR, bpack + rd_panel_bytes(cl, cl->b_size, j0, kp));
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+    return bpack;
+}
+
 /* C[M x N] (+)= A[M x K] B[K x N], all operands strided, with the BLIS loop
  * nest: NC panels of B, KC blocks of the contraction, MC blocks of A, then
  * NR x MR micro-tiles.  apack holds roundup(MC,MR)*KC packed elements, bpack
@@ -130,17 +168,21 @@ __thread rd_ahead_t rd_ahead = {NULL, NULL};
  * that one KC block completes (it is written once, never read back here)
  * gets non-temporal stores.
  *
- * A team tile (nt > 1 threads, this one tid) is run by every thread of the
- * team together: each B panel packed once into the shared bpack, its
- * micro-panels split between the threads, then each thread's share of the
- * rows (a range of whole MR blocks) multiplied by it; a barrier before the
- * next panel overwrites it.  Every output element is still summed in the
- * same KC blocks in the same order. */
+ * With a second pair (b2, c2: its own packing buffer bpack2, C2 strided as
+ * C), C2 (+)= A B2 in the same pass: each packed block of A multiplied by
+ * both (the gate and up products of an MoE layer, A packed once).
+ *
+ * A team tile (nt > 1 threads, this one tid; one pair only) is run by every
+ * thread of the team together: each B panel packed once into the shared
+ * bpack, its micro-panels split between the threads, then each thread's
+ * share of the rows (a range of whole MR blocks) multiplied by it; a
+ * barrier before the next panel overwrites it.  Every output element is
+ * still summed in the same KC blocks in the same order. */
 static void
 rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
-              const rd_block_t *a, const rd_block_t *b,
-              void *c, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
-              char *apack, char *bpack, int tid, int nt)
+              const rd_block_t *a, const rd_block_t *b, const rd_block_t *b2,
+              void *c, void *c2, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
+              char *apack, char *bpack, char *bpack2, int tid, int nt)
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int MC = kd->mc, NC = kd->nc;
@@ -150,11 +192,15 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
     const int streamed = cl->plan->kind == RD_KIND_STREAM;   /* B read in place by plan->s */
     /* a team packs B into the shared bpack, and waits before repacking it */
     const int shared = nt > 1 && !streamed && b->panels == 0;
+    const int pairs = b2 != NULL ? 2 : 1;
+    const rd_block_t *bs[2] = {b, b2};
+    char *cs[2] = {(char *)c, (char *)c2}, *bpacks[2] = {bpack, bpack2};
     if (K == 0) {
         if (!accumulate && tid == 0)
-            for (rd_int i = 0; i < M; i++)
-                for (rd_int j = 0; j < N; j++)
-                    memset((char *)c + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
+            for (int q = 0; q < pairs; q++)
+                for (rd_int i = 0; i < M; i++)
+                    for (rd_int j = 0; j < N; j++)
+                        memset(cs[q] + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
         return;
     }
     /* NC blocks of whole panels when B is prepacked (its panels start every
@@ -169,6 +215,10 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 rd_int ra = rd_scale_room(a, 0, pc), rb = rd_scale_room(b, 1, pc);
                 kc = kc < ra ? kc : ra;
                 kc = kc < rb ? kc : rb;
+                if (b2 != NULL) {
+                    const rd_int rb2 = rd_scale_room(b2, 1, pc);
+                    kc = kc < rb2 ? kc : rb2;
+                }
             }
             rd_int kp = rd_round_up(kc, cl->k_unit);   /* packed depth */
             int mode = accumulate || pc > 0 ? RD_ADD
@@ -177,41 +227,18 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * prepacked weights are read where they lie: the KC block at pc
              * (rd_pblock_offset), its panel of column j0 + jc, micro-panels
              * bstep bytes apart (values, and the trailer of quantized ones) */
-            const char *bpanel = bpack;
-            size_t bstep = 0;
-            if (streamed) {
-                /* read in place: the strip of column jr at b->p + (pc, jc + jr) */
-                bpanel = (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
-            }
-            else if (b->panels > 0) {
-                const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp,
-                                        cl->scale_size};
-                bstep = rd_ppanel_bytes(&L, pc, kc);
-                bpanel = (const char *)b->p + rd_pblock_offset(&L, pc)
-                         + (size_t)((b->j0 + jc) / NR) * bstep;
-            }
-            else if (!shared)
-                rd_pack_block(cl, 1, b, pc, jc, nc, kc, NR, bpack);
-            else {
-                /* each thread packs a run of whole panels, read row by row
-                 * as one block (panel by panel would read B in strips) */
-                const rd_int np = (nc + NR - 1) / NR;
-                const rd_int j0 = np * tid / nt * NR, j1 = np * (tid + 1) / nt * NR;
-                const rd_int j_end = j1 < nc ? j1 : nc;
-                if (j0 < j_end)
-                    rd_pack_block(cl, 1, b, pc, jc + j0, j_end - j0, kc, NR,
-                                  bpack + rd_panel_bytes(cl, cl->b_size, j0, kp));
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-            }
+            const char *bpanel[2];
+            size_t bstep[2];
+            for (int q = 0; q < pairs; q++)
+                bpanel[q] = rd_b_panel(cl, bs[q], pc, jc, nc, kc, kp, bpacks[q], &bstep[q], shared, tid, nt);
             /* the next KC block of B requested while this one's products run,
              * where it is one run of memory (whole rows of a row-major B):
              * measured on Zen4 at 16 rows a group, 40% of the FMA peak
              * without, 46% with (KC 512), 52% at KC 128, whose blocks leave
              * room in L2 for the next one */
             rd_ahead.next = rd_ahead.end = NULL;
-            if (nt == 1 && !streamed && b->panels == 0 && b->cs == 1 && b->rs == nc && pc + kc < K) {
+            if (nt == 1 && pairs == 1 && !streamed && b->panels == 0 && b->cs == 1 && b->rs == nc
+                && pc + kc < K) {
                 const rd_int rows = K - pc - kc < KC ? K - pc - kc : KC;
                 rd_ahead.next = (const char *)rd_at(b->p, cl->b_src, pc + kc, b->rs, jc, 1);
                 rd_ahead.end = rd_ahead.next + rows * nc * (rd_int)cl->b_src;
@@ -225,18 +252,20 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
-                    const char *bp = streamed ? bpanel + (size_t)jr * cl->b_src
-                                     : b->panels > 0 ? bpanel + (size_t)(jr / NR) * bstep
-                                     : bpanel + rd_panel_bytes(cl, cl->b_size, jr, kp);
-                    char *cj = (char *)c + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
-                    for (rd_int ir = 0; ir < mc; ir += MR) {
-                        int mr = (int)(mc - ir < MR ? mc - ir : MR);
-                        const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kp);
-                        char *cij = cj + ir * c_rs * (rd_int)cz;
-                        if (streamed)
-                            cl->plan->s.ukr(kc, ap, bp, b->rs, cij, c_rs, c_cs, mr, nr, mode);
-                        else
-                            kd->ukr(kc, ap, bp, cij, c_rs, c_cs, mr, nr, mode);
+                    for (int q = 0; q < pairs; q++) {
+                        const char *bp = streamed ? bpanel[q] + (size_t)jr * cl->b_src
+                                         : bs[q]->panels > 0 ? bpanel[q] + (size_t)(jr / NR) * bstep[q]
+                                         : bpanel[q] + rd_panel_bytes(cl, cl->b_size, jr, kp);
+                        char *cj = cs[q] + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
+                        for (rd_int ir = 0; ir < mc; ir += MR) {
+                            int mr = (int)(mc - ir < MR ? mc - ir : MR);
+                            const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kp);
+                            char *cij = cj + ir * c_rs * (rd_int)cz;
+                            if (streamed)
+                                cl->plan->s.ukr(kc, ap, bp, bs[q]->rs, cij, c_rs, c_cs, mr, nr, mode);
+                            else
+                                kd->ukr(kc, ap, bp, cij, c_rs, c_cs, mr, nr, mode);
+                        }
                     }
                 }
             }
@@ -359,8 +388,8 @@ rd_run_tile(const rd_run_t *r, const rd_tile_t *tile, char *apack, char *bpack, 
         a = rd_block(r->lhs, cl->a_src, cl->q_size, 0, tile->r0, s);
         b = rd_block(r->rhs, cl->b_src, cl->q_size, 0, s, tile->c0);
     }
-    rd_gemm_block(cl, rows, cols, depth, &a, &b, c, c_rs, c_cs, r->accumulate, r->stream, apack, bpack,
-                  tid, nt);
+    rd_gemm_block(cl, rows, cols, depth, &a, &b, NULL, c, NULL, c_rs, c_cs, r->accumulate, r->stream, apack,
+                  bpack, NULL, tid, nt);
     if (r->narrow)
         rd_narrow_tile(tile32, r->tn_max, rows, cols, o, out->rs, out->cs, out->dtype);
 }
@@ -518,4 +547,74 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
                    const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
 {
     return rd_run(plan, RD_MODE_CONTRACT, k, n, ng, bounds, lhs, rhs, out, accumulate);
+}
+
+/* ------------------------------------------------------- gated products */
+
+int
+rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+              const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx)
+{
+    rd_call_t cl;
+    rd_plan_t planned = *base, *plan = &planned;
+    rd_plan_choose(plan, RD_MODE_ROWS, k, n, ng, bounds, w0->panels > 0,
+                   plan->ct == RD_CT_F32 && w0->panels == 0 && w0->q.s == NULL && w0->dtype == RD_F32
+                   && w0->cs == 1 && w1->cs == 1 && w1->rs == w0->rs);
+    int rc = rd_call_init(&cl, plan, lhs, w0);
+    if (rc != 0)
+        return rc;
+    if (w1->dtype != w0->dtype || (w1->panels > 0) != (w0->panels > 0) || (w1->q.s == NULL) != (w0->q.s == NULL))
+        return -2;
+    rd_shape_t sh = {RD_MODE_ROWS, bounds, 0, k};
+    rd_tiling_t tl;
+    const double rows = (double)(bounds[ng] - bounds[0]);
+    const double bytes = rows * (double)k * (double)cl.a_src + 2.0 * (double)ng * (double)k * (double)n
+                         * (double)cl.b_src + 2.0 * rows * (double)n * (double)cl.c_size;
+    /* tiles of bounded width (as for a 16-bit output: their two products
+     * are computed into tiles of their own) and no team tiles */
+    if (rd_make_tiling(&tl, plan, &sh, ng, n, 1, bytes) != 0)
+        return -1;
+    const rd_ukr_desc_t *kd = &plan->k;
+    const rd_int ld = rd_round_up(tl.tn, kd->nr);
+    const rd_int nc_max = rd_round_up(tl.tn < kd->nc ? tl.tn : kd->nc, kd->nr);
+    const rd_int kp_max = rd_round_up(kd->kc, cl.k_unit);
+    const rd_int mc_max = rd_round_up(tl.tm > 0 && tl.tm < kd->mc ? tl.tm : kd->mc, kd->mr);
+    const size_t a_bytes = rd_panel_bytes(&cl, cl.a_size, mc_max, kp_max);
+    const size_t b_bytes = plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(&cl, cl.b_size, nc_max, kp_max);
+    const size_t t_bytes = (size_t)(tl.tm > 0 ? tl.tm : 1) * (size_t)ld * cl.c_size;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(tl.nthreads) if (tl.nthreads > 1)
+#endif
+    {
+        char *apack = (char *)rd_scratch(0, a_bytes);
+        char *bpack = (char *)rd_scratch(1, b_bytes), *bpack2 = (char *)rd_scratch(4, b_bytes);
+        char *t0 = (char *)rd_scratch(2, t_bytes), *t1 = (char *)rd_scratch(5, t_bytes);
+        const int ok = apack != NULL && ((bpack != NULL && bpack2 != NULL) || b_bytes == 0)
+                       && t0 != NULL && t1 != NULL;
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (rd_int t = 0; t < tl.count; t++) {
+            if (!ok)
+                continue;
+            const rd_tile_t *tile = &tl.tiles[tl.order[t]];
+            const rd_int rows_t = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
+            const rd_block_t a = rd_block(lhs, cl.a_src, cl.q_size, 0, tile->r0, 0);
+            const rd_block_t b = rd_block(w0, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
+            const rd_block_t b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
+            rd_gemm_block(&cl, rows_t, cols, k, &a, &b, &b2, t0, t1, ld, 1, 0, 0, apack, bpack, bpack2, 0, 1);
+            epi(ctx, tile->g, tile->r0, tile->c0, rows_t, cols, t0, t1, ld);
+        }
+        if (kd->release != NULL)
+            kd->release();
+    }
+    rd_free_tiling(&tl);
+    return failed ? -1 : 0;
 }

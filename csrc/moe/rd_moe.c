@@ -4,6 +4,7 @@
  * by expert, dispatch and combine as row gathers, and gated activations.
  */
 #include "moe/rd_moe.h"
+#include "rd_half.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -78,3 +79,66 @@ const rd_moe_ops_t rd_moe_ops[RD_CT_COUNT] = {
     [RD_CT_F64] = {rd_d_moe_route, rd_d_gather_rows, rd_d_gather_reduce, rd_d_gated_act,
                    rd_d_gated_act_grad},
 };
+
+/* The epilogue of the fused gate and up products (rd_gated_rows): per row
+ * of a finished tile, the biases added (in the compute type), the
+ * projections rounded to the hidden dtype and kept where asked for, then
+ * the activation on those values, rounded once into `a`: the values of the
+ * separate passes (products rounded to the hidden dtype, biases added
+ * before that rounding, gated_act on the rounded values), bit for bit. */
+void
+rd_gated_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0_,
+                  void *t1_, rd_int ld)
+{
+    const rd_gated_out_t *o = (const rd_gated_out_t *)ctx_;
+    const int wide = o->ct == RD_CT_F64, half = o->dt == RD_BF16 || o->dt == RD_F16;
+    const size_t es = wide ? sizeof(double) : sizeof(float);
+    const size_t os = half ? 2 : es;            /* bytes of an output element */
+    const rd_moe_ops_t *ops = &rd_moe_ops[wide ? RD_CT_F64 : RD_CT_F32];
+    uint16_t row16[RD_GATED_MAX_COLS];
+    for (rd_int i = 0; i < rows; i++) {
+        char *p[2] = {(char *)t0_ + (size_t)(i * ld) * es, (char *)t1_ + (size_t)(i * ld) * es};
+        const rd_int r = r0 + i;
+        for (int q = 0; q < 2; q++) {
+            const void *bias = q ? o->b1 : o->b0;
+            void *keep = q ? o->h1 : o->h0;
+            if (bias != NULL) {
+                if (wide) {
+                    const double *b = (const double *)bias + g * o->b_rs + c0;
+                    double *x = (double *)(void *)p[q];
+                    for (rd_int j = 0; j < cols; j++)
+                        x[j] += b[j];
+                }
+                else {
+                    const float *b = (const float *)bias + g * o->b_rs + c0;
+                    float *x = (float *)(void *)p[q];
+                    for (rd_int j = 0; j < cols; j++)
+                        x[j] += b[j];
+                }
+            }
+            char *dst = keep != NULL ? (char *)keep + (size_t)(r * o->rs + c0) * os : NULL;
+            if (half) {
+                /* rounded once into the hidden dtype, then read back as the
+                 * activation's operand */
+                uint16_t *h = dst != NULL ? (uint16_t *)(void *)dst : row16;
+                float *x = (float *)(void *)p[q];
+                rd_narrow(x, h, o->dt, (size_t)cols, 0);
+                if (o->dt == RD_BF16)
+                    for (rd_int j = 0; j < cols; j++)
+                        x[j] = rd_bf16_to_float(h[j]);
+                else
+                    for (rd_int j = 0; j < cols; j++)
+                        x[j] = rd_f16_to_float(h[j]);
+            }
+            else if (dst != NULL)
+                memcpy(dst, p[q], (size_t)cols * es);
+        }
+        char *a = (char *)o->a + (size_t)(r * o->rs + c0) * os;
+        if (half) {
+            ops->gated_act(cols, o->kind, o->limit, o->alpha, p[0], p[1], p[0]);
+            rd_narrow((const float *)(void *)p[0], a, o->dt, (size_t)cols, 0);
+        }
+        else
+            ops->gated_act(cols, o->kind, o->limit, o->alpha, p[0], p[1], a);
+    }
+}

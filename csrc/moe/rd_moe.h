@@ -70,4 +70,29 @@ rd_int rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
                    rd_int capacity, long long *slot_of, long long *token_of_slot,
                    long long *group_sizes);
 
+/* The fused gate and up products' outputs (rd_gated_rows' epilogue,
+ * rd_gated_epilogue its rd_gated_epi_t): per row r of the product (the
+ * rows of its lhs) and column c < n, with h0, h1 the two products of the
+ * compute type ct (RD_CT_F64 for a float64 layer, else float32 tiles):
+ *   h0 += b0[g], h1 += b1[g]   (when given: [ng, n] of the compute type,
+ *                               rows b_rs elements apart)
+ *   h0, h1 rounded to dt (the hidden dtype: float32, float64, bfloat16 or
+ *   float16) and written to h0_out, h1_out when given;
+ *   a = gated_act(h0, h1) (of the rounded values) rounded to dt into a.
+ * The outputs are [rows, n] of dt, rows rs elements apart.  Tiles are at
+ * most RD_GATED_MAX_COLS wide (rd_gated_rows' tiles are). */
+#define RD_GATED_MAX_COLS 4096
+typedef struct {
+    rd_ctype_t ct;
+    rd_dtype_t dt;
+    int kind;
+    double limit, alpha;
+    const void *b0, *b1;
+    rd_int b_rs;
+    void *a, *h0, *h1;
+    rd_int rs;
+} rd_gated_out_t;
+void rd_gated_epilogue(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0,
+                       void *t1, rd_int ld);
+
 #endif /* RD_MOE_H */

@@ -54,6 +54,10 @@ int rd_arg_array(PyObject *obj, const char *name, int ndim, int type_num, int fl
 /* The compute type of a float32 (RD_CT_F32) or float64 (RD_CT_F64) array. */
 rd_ctype_t rd_arg_ctype(const rd_arg_t *a);
 
+/* Group row boundaries `obj`: int64 [ng + 1], contiguous, non-decreasing
+ * in [0, limit] (`what` names ng in the message); -1 with an exception. */
+int rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd_int **out);
+
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
 int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
 
@@ -62,6 +66,7 @@ extern PyMethodDef rd_matmul_methods[];
 extern PyMethodDef rd_moe_methods[];
 extern PyMethodDef rd_runtime_methods[];
 extern PyMethodDef rd_plan_methods[];
+extern PyMethodDef rd_gated_methods[];
 
 /* Add the C interface capsule _C_API (py/rd_py_capi.c); 0 or -1. */
 int rd_add_capi(PyObject *m);

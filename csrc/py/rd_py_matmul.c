@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* Group row boundaries: int64 [ng + 1], contiguous, non-decreasing in [0, limit]. */
-static int
+int
 rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd_int **out)
 {
     rd_arg_t b;

@@ -1,0 +1,148 @@
+/*
+ * The binding of the fused gate and up products of an MoE layer's experts
+ * (frame/rd_driver.c rd_gated_rows, with moe/rd_moe.c's epilogue).
+ */
+#include "rd_py.h"
+#include "moe/rd_moe.h"
+
+#include <string.h>
+
+/* An optional [ng, n] bias of the compute type with contiguous rows. */
+static int
+rd_gated_bias(PyObject *obj, const char *name, int type_num, rd_int ng, rd_int n, const void **data,
+              rd_int *rs)
+{
+    *data = NULL;
+    if (obj == Py_None)
+        return 0;
+    rd_arg_t b;
+    if (rd_arg_array(obj, name, 2, type_num, RD_ROWS, &b) != 0)
+        return -1;
+    if (b.dim[0] != ng || b.dim[1] != n) {
+        PyErr_Format(PyExc_ValueError, "'%s' must be [%zd, %zd], got [%zd, %zd]", name, (Py_ssize_t)ng,
+                     (Py_ssize_t)n, (Py_ssize_t)b.dim[0], (Py_ssize_t)b.dim[1]);
+        return -1;
+    }
+    if (*rs != 0 && *rs != b.stride[0]) {
+        PyErr_SetString(PyExc_ValueError, "'b0' and 'b1' must have the same row stride");
+        return -1;
+    }
+    *data = b.data;
+    *rs = b.stride[0];
+    return 0;
+}
+
+/* An optional [m, n] output of the hidden dtype with the row stride of a. */
+static int
+rd_gated_out(PyObject *obj, const char *name, const rd_arg_t *a, void **data)
+{
+    *data = NULL;
+    if (obj == Py_None)
+        return 0;
+    rd_arg_t o;
+    if (rd_arg_array(obj, name, 2, a->type_num, RD_AS_OUTPUT | RD_ROWS, &o) != 0)
+        return -1;
+    if (o.dim[0] != a->dim[0] || o.dim[1] != a->dim[1] || o.stride[0] != a->stride[0]) {
+        PyErr_Format(PyExc_ValueError, "'%s' must have the shape and row stride of 'a'", name);
+        return -1;
+    }
+    *data = o.data;
+    return 0;
+}
+
+PyDoc_STRVAR(gated_rows_doc,
+"gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha)\n\n"
+"The gate and up products of an MoE layer's experts in one pass: for each\n"
+"group g, rows r in [bounds[g], bounds[g+1]): h0 = lhs[r] @ w0[g] (+ b0[g]),\n"
+"h1 = lhs[r] @ w1[g] (+ b1[g]), rounded to a's dtype (written to h0, h1 when\n"
+"given), a[r] = gated_act(h0, h1) (activation `kind`).  lhs [m, k] and\n"
+"w0, w1 [g, k, n] arrays the packing reads (w0 and w1 of one dtype); a [m,\n"
+"n] float32, float64, bfloat16 or float16 with contiguous rows (h0, h1\n"
+"like it or None); b0, b1 [g, n] of the compute type or None.  The values\n"
+"of ragged_rows into h0 and h1 then gated_act, bit for bit.  Rows outside\n"
+"[bounds[0], bounds[g]) are left as they are.");
+
+static PyObject *
+rd_py_gated_rows(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *ow0, *ow1, *obounds, *oa, *oh0, *oh1, *ob0, *ob1;
+    int kind;
+    double limit, alpha;
+    rd_arg_t lhs, w0, w1, a;
+    const rd_int *bv;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOidd", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
+                          &kind, &limit, &alpha))
+        return NULL;
+    if (rd_arg_array(oa, "a", 2, RD_ANY_STORAGE, RD_AS_OUTPUT | RD_ROWS, &a) != 0)
+        return NULL;
+    if (a.dtype != RD_F32 && a.dtype != RD_F64 && a.dtype != RD_F16 && a.dtype != RD_BF16) {
+        PyErr_SetString(PyExc_TypeError, "'a' must be float32, float64, float16 or bfloat16");
+        return NULL;
+    }
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_Format(PyExc_ValueError, "unknown activation code %d", kind);
+        return NULL;
+    }
+    rd_plan_t plan;
+    const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
+    rd_plan_init(&plan, base);
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
+        rd_arg_array(ow0, "w0", 3, RD_ANY_STORAGE, 0, &w0) != 0 ||
+        rd_arg_array(ow1, "w1", 3, RD_ANY_STORAGE, 0, &w1) != 0)
+        return NULL;
+    if (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1] || w0.dim[2] != w1.dim[2]) {
+        PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype and shape");
+        return NULL;
+    }
+    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w0.dim[0], n = w0.dim[2];
+    if (w0.dim[1] != k || a.dim[0] != m || a.dim[1] != n) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
+        return NULL;
+    }
+    if (base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
+        rd_plan_init(&plan, rd_bf16_product(0));
+    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL || rd_packer(plan.ct, (rd_dtype_t)w0.dtype, 1) == NULL) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or 'w0' (%s)", rd_ctypes[plan.ct].name,
+                     PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(w0.arr)->typeobj->tp_name);
+        return NULL;
+    }
+    rd_gated_out_t o;
+    memset(&o, 0, sizeof o);
+    o.ct = base;
+    o.dt = (rd_dtype_t)a.dtype;
+    o.kind = kind;
+    o.limit = limit;
+    o.alpha = alpha;
+    o.a = a.data;
+    o.rs = a.stride[0];
+    const int bias_type = base == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
+    if (rd_gated_out(oh0, "h0", &a, &o.h0) != 0 || rd_gated_out(oh1, "h1", &a, &o.h1) != 0 ||
+        rd_gated_bias(ob0, "b0", bias_type, ng, n, &o.b0, &o.b_rs) != 0 ||
+        rd_gated_bias(ob1, "b1", bias_type, ng, n, &o.b1, &o.b_rs) != 0 ||
+        rd_arg_bounds(obounds, ng, m, "w0.shape[0]", &bv) != 0)
+        return NULL;
+    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t b0 = {.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
+                  .cs = w0.stride[2]};
+    rd_in_t b1 = {.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],
+                  .cs = w1.stride[2]};
+    int rc = 0;
+    if (bv[ng] > bv[0] && n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rd_gated_rows(&plan, k, n, ng, bv, &x, &b0, &b1, rd_gated_epilogue, &o);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc == -1)
+        return PyErr_NoMemory();
+    if (rc != 0) {
+        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyMethodDef rd_gated_methods[] = {
+    {"gated_rows", rd_py_gated_rows, METH_VARARGS, gated_rows_doc},
+    {NULL, NULL, 0, NULL},
+};

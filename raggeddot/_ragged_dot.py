@@ -5,7 +5,7 @@ from . import _gateway as gw
 from . import _operand
 from . import _validate as v
 from ._megablox import tgmm
-from ._prepack import PackedRhs
+from ._prepack import PackedRhs, meet
 
 __all__ = ["ragged_dot"]
 
@@ -28,7 +28,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         QArray (per channel ``[g, 1, n]``, subchannel ``[g, k/bk, n]``, ...).
         A QArray's values are dequantized while packed, never copied whole.
         Or a :class:`~raggeddot.PackedRhs` (:func:`~raggeddot.prepack`):
-        weights laid out once, read in place (with a float lhs).
+        weights laid out once, read in place (an lhs it was not laid out
+        for gets the plain weights' result: see prepack).
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
       precision: as jax's: None, "default", "high", "highest", a
         ``jax.lax.Precision`` or a pair of them (all compute alike here: the
@@ -88,8 +89,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                                {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
-    if packed:
-        gw.check_packed_compute(rhs, ct, fn)
+    if packed:   # the layout for this lhs (prepack's rule)
+        lhs, rhs = meet(rhs, lhs, ct, fn, "rhs", quantize_lhs)
+        packed = isinstance(rhs, PackedRhs)
     if packed and as_bf16:
         raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
                         "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")

@@ -283,7 +283,9 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         w0, w1 and wo may be :class:`~raggeddot.QArray` (or ``AsQArray``):
         the layer uses their dequantized values, read by the grouped
         kernels' packing (never dequantized whole); their gradients are
-        those of the dequantized values.
+        those of the dequantized values. Or all three may be
+        :class:`~raggeddot.PackedRhs` (:func:`~raggeddot.prepack`, with
+        weights_layout="edf" and w1 given): see "Prepacked weights" below.
       top_k: experts per token.
       score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3,
         Llama4) of the logits, per token.
@@ -353,9 +355,25 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     products then run on the exact int8 x int8 kernels (w8a8); with float
     weights the quantized rows are dequantized while packed. Gradients are
     straight through (qwix's): d(rows) and d(a) are those of the float
-    layer, the weight gradients use the quantized rows. With prepacked
-    weights the quantized rows are dequantized first (the prepacked
-    kernels take float rows).
+    layer, the weight gradients use the quantized rows.
+
+    Prepacked weights: the layer's result and gradients are those of the
+    weights a PackedRhs holds (the array or QArray given to prepack), bit
+    for bit, whatever rows they meet, and each product runs on the layout
+    for its rows, as prepack's rule says: rows quantized to int8
+    (``activation_qtype="int8"``) on the int8 dot-product layout of int8
+    QArray weights, float32 rows (a float32 x or router with 16-bit
+    weights) on the widening layout of bfloat16 weights, bfloat16 rows on
+    the bfloat16 dot-product layout, float, int4 or float8 rows on the
+    float layout of quantized weights. ``prepack(w, lhs_dtype=...)`` picks
+    the layout made up front (``lhs_dtype=np.int8`` for int8 activations,
+    ``np.float32`` for float32 rows with bfloat16 weights); a layout for
+    other rows is made once, on the first call that needs it, and kept on
+    the PackedRhs: as much memory again as its ``nbytes``
+    (``PackedRhs.layouts`` lists them). A layer computing in float64 (a
+    float64 x or router) with float32, 16-bit or quantized prepacked
+    weights raises ValueError naming moe_block and the weight: give float32
+    inputs, or the plain weights.
 
     Precision: arithmetic in float32 (float64 when any input is float64).
     When x and every weight share one 16-bit dtype (bfloat16 or float16),
@@ -421,7 +439,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     kwargs = dict(kwargs)
     return_aux = bool(kwargs.pop("return_aux", False))
     kw = bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs)
-    layer = prepare(**kw)
+    layer = prepare(**kw, fn=fn)
     with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
                       "[N, f], expert outputs [N, d]) or its result [..., d]"):
         out, res = forward(layer)

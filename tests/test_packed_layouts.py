@@ -255,3 +255,21 @@ def test_moe_block_options_are_checked(rng):
     _same(raggeddot.moe_block(x, router, *ws, top_k=2, norm_topk_prob=np.bool_(True),
                               routed_scaling_factor=2), want)
     raggeddot.moe_block(x, router, *ws, top_k=2, activation="swiglu_oai", swiglu_limit=float("inf"))
+
+
+def test_capacity_factor_inf_is_dropless(rng):
+    """Item 5: capacity_factor=inf reads as "no capacity limit" (as None),
+    1e300 keeps every assignment too, and a string is a TypeError naming it."""
+    x, router, ws = _layer(rng)
+    want, aux = raggeddot.moe_block(x, router, *ws, top_k=2, return_aux=True)
+    for cf in (float("inf"), 1e300, np.float64(1e300)):
+        got, got_aux = raggeddot.moe_block(x, router, *ws, top_k=2, capacity_factor=cf, return_aux=True)
+        _same(got, want)
+        assert got_aux["dropped"] == 0
+    out, fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, capacity_factor=float("inf"))
+    _same(out, want)
+    with pytest.raises(TypeError, match="^moe_block: 'capacity_factor'"):
+        raggeddot.moe_block(x, router, *ws, top_k=2, capacity_factor="1.5")
+    for bad in (0.0, -1.0, float("nan"), float("-inf")):
+        with pytest.raises(ValueError, match="^moe_block: 'capacity_factor'"):
+            raggeddot.moe_block(x, router, *ws, top_k=2, capacity_factor=bad)

@@ -6,6 +6,7 @@
 #include "py/rd_py.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -140,17 +141,30 @@ rd_py_empty(PyObject *self, PyObject *args)
     return arr;
 }
 
+/* The integer `arg` of `fn`'s argument `name` as a Py_ssize_t in [lo, hi];
+ * -1 with a ValueError naming both (or the TypeError of a non-integer). */
+static int
+rd_int_in(PyObject *arg, const char *fn, const char *name, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t *out)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (v == -1 && !overflow && PyErr_Occurred())
+        return -1;
+    if (overflow || v < (long long)lo || v > (long long)hi) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be in [%zd, %zd], got %R", fn, name, lo, hi, arg);
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
+    return 0;
+}
+
 static PyObject *
 rd_py_set_buffer_cache(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
-    if (bytes == -1 && PyErr_Occurred())
+    Py_ssize_t bytes;
+    if (rd_int_in(arg, "set_buffer_cache", "nbytes", 0, PY_SSIZE_T_MAX, &bytes) != 0)
         return NULL;
-    if (bytes < 0) {
-        PyErr_Format(PyExc_ValueError, "set_buffer_cache: nbytes must be >= 0, got %zd", bytes);
-        return NULL;
-    }
     return PyLong_FromSize_t(rd_buffer_cache_limit((size_t)bytes));
 }
 
@@ -160,13 +174,9 @@ static PyObject *
 rd_py_set_num_threads(PyObject *self, PyObject *arg)
 {
     (void)self;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
+    Py_ssize_t n;
+    if (rd_int_in(arg, "set_num_threads", "n", 1, 4096, &n) != 0)
         return NULL;
-    if (n < 1 || n > 4096) {
-        PyErr_Format(PyExc_ValueError, "number of threads must be in [1, 4096], got %ld", n);
-        return NULL;
-    }
     rd_set_num_threads((int)n);
     Py_RETURN_NONE;
 }
@@ -258,8 +268,8 @@ static PyObject *
 rd_py_set_stream_threshold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
-    if (bytes == -1 && PyErr_Occurred())
+    Py_ssize_t bytes;
+    if (rd_int_in(arg, "set_stream_threshold", "nbytes", PY_SSIZE_T_MIN, PY_SSIZE_T_MAX, &bytes) != 0)
         return NULL;
     rd_int previous = rd_get_stream_min_bytes();
     rd_set_stream_min_bytes(bytes < 0 ? -1 : bytes);
@@ -436,9 +446,11 @@ rd_py_read_bandwidth(PyObject *self, PyObject *args)
         return NULL;
     if (threads < 1 || threads > 4096 || !(megabytes >= 1.0 && megabytes <= 65536.0)
         || !(seconds > 0.0 && seconds <= 60.0)) {
+        /* (PyErr_Format has no conversion for doubles) */
+        char got[96];
+        snprintf(got, sizeof got, "%d, %g, %g", threads, megabytes, seconds);
         PyErr_Format(PyExc_ValueError, "read_bandwidth needs 1 <= threads <= 4096, "
-                     "1 <= megabytes <= 65536 and 0 < seconds <= 60, got %d, %g, %g",
-                     threads, megabytes, seconds);
+                     "1 <= megabytes <= 65536 and 0 < seconds <= 60, got %s", got);
         return NULL;
     }
     double total = 0.0;

@@ -295,8 +295,9 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
       n_groups, topk_groups: group-limited routing: experts form n_groups groups;
         only the topk_groups groups with the highest sum of their two best
         selection scores are eligible.
-      norm_topk_prob: divide the chosen weights by their sum (+1e-20 for sigmoid).
-      routed_scaling_factor: multiplies the weights.
+      norm_topk_prob: True or False: divide the chosen weights by their sum
+        (+1e-20 for sigmoid).
+      routed_scaling_factor: a finite real that multiplies the weights.
       activation: "silu", "gelu", "gelu_tanh", "relu" (all ``act(x@w0) * (x@w1)``)
         or "swiglu_oai" (gpt-oss: ``g * sigmoid(alpha g) * (u + 1)`` with
         ``g = min(x@w0, limit)``, ``u = clip(x@w1, -limit, limit)``, limit =
@@ -307,14 +308,16 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         must be None.
       shared_experts: ``(w0 [d, fs], w1 [d, fs], wo [fs, d])``, a dense gated
         MLP (same activation) added for every token.
-      capacity_factor: None is dropless; else each expert keeps at most
+      capacity_factor: None (or ``float("inf")``) is dropless; else a
+        positive real, and each expert keeps at most
         ``ceil(T * top_k / E * capacity_factor)`` assignments, first come first
         served in token order, and dropped assignments contribute zero.
       weights_layout: "edf" or "efd" (see w0, w1, wo).
       return_aux: also return a dict (see below).
-      swiglu_limit, swiglu_alpha: the clip and the sigmoid's slope of
-        "swiglu_oai" (gpt-oss's config.swiglu_limit and config.swiglu_alpha),
-        for the routed and the shared experts.
+      swiglu_limit, swiglu_alpha: the clip (positive; inf: none) and the
+        sigmoid's slope (finite) of "swiglu_oai" (gpt-oss's
+        config.swiglu_limit and config.swiglu_alpha), for the routed and the
+        shared experts.
       shared_expert_gate: ``[d]`` or ``[d, 1]`` (Qwen2-MoE's
         ``shared_expert_gate``, an ``nn.Linear(d, 1)`` whose weight is its
         transpose ``[1, d]``); requires shared_experts.

@@ -9,6 +9,7 @@ converted for the kernels by the gateway (``_gateway``).
 import enum
 import operator
 import reprlib
+import sys
 
 import numpy as np
 
@@ -142,12 +143,24 @@ def received(x):
     return f"{type(x).__name__} {reprlib.repr(x)}"
 
 
+def refuse_masked(x, name, fn):
+    """TypeError naming ``name`` for a numpy.ma masked array: the kernels
+    read its data and would ignore the mask (NumPy's own matmul honours or
+    refuses it), so the caller says which values the masked entries take."""
+    ma = sys.modules.get("numpy.ma")    # (no masked array exists before numpy.ma is imported)
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        raise TypeError(f"{fn}: '{name}' is a masked array (numpy.ma), whose mask raggeddot would ignore: "
+                        f"pass '{name}'.filled(value) for the values the masked entries take (e.g. 0), "
+                        f"or '{name}'.data to use the data as it is")
+
+
 def as_array(x, name, fn, ndim=None, shape_doc=""):
     """np.asarray(x) with a readable error; non-numeric values (None,
     strings, objects) are refused naming what was received (and a
     PackedRhs, with :func:`packed_refused`'s message)."""
     if x is None:
         raise TypeError(f"{fn}: '{name}' must be an array, got None")
+    refuse_masked(x, name, fn)
     try:
         arr = np.asarray(x)
     except Exception as e:  # ragged nested lists and similar
@@ -436,6 +449,7 @@ def out_buffer(out, shape, dtype, fn, inputs):
     """A caller's ``out=`` array, checked: an ndarray of exactly `shape` and of
     the result's `dtype`, writeable, aligned, native, with no repeated
     elements and sharing no memory with any of `inputs` (name -> array)."""
+    refuse_masked(out, "out", fn)
     if not isinstance(out, np.ndarray):
         if is_packed(out):
             raise packed_refused(out, "'out'", fn)

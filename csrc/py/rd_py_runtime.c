@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -33,11 +34,25 @@ PyDoc_STRVAR(empty_doc,
 "set_buffer_cache): a large block freed by an earlier result is reused\n"
 "with its pages already mapped.");
 
+/* Bytes of the machine's physical memory, 0 when the system does not say. */
+static unsigned long long
+rd_physical_memory(void)
+{
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && size > 0)
+        return (unsigned long long)pages * (unsigned long long)size;
+#endif
+    return 0;
+}
+
 /* MemoryError "cannot allocate <bytes> for an array of shape (...) and
  * dtype <name>", as NumPy words it (bytes < 0: more than an address space
- * holds). Returns NULL. */
+ * holds; limit > 0: more than the machine's memory, refused before the
+ * allocation, which an overcommitting system would grant and end the
+ * process when its pages are touched). Returns NULL. */
 static PyObject *
-rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes)
+rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes, unsigned long long limit)
 {
     PyObject *shape = PyTuple_New(dims->len);
     if (shape == NULL)
@@ -53,6 +68,10 @@ rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes)
     if (bytes < 0)
         PyErr_Format(PyExc_MemoryError, "cannot allocate an array of shape %R and dtype %s: it needs "
                      "more bytes than memory can hold", shape, dtype);
+    else if (limit > 0)
+        PyErr_Format(PyExc_MemoryError, "cannot allocate %lld bytes (%lld MiB) for an array of shape %R "
+                     "and dtype %s: more than this machine's memory (%llu bytes)", bytes, bytes >> 20, shape,
+                     dtype, limit);
     else
         PyErr_Format(PyExc_MemoryError, "cannot allocate %lld bytes (%lld MiB) for an array of shape %R "
                      "and dtype %s", bytes, bytes >> 20, shape, dtype);
@@ -104,7 +123,14 @@ rd_py_empty(PyObject *self, PyObject *args)
     if (too_large) {
         /* more bytes than an address space holds: a result that cannot be
          * allocated, as for any too-large allocation */
-        rd_empty_no_memory(&dims, dtype_name, -1);
+        rd_empty_no_memory(&dims, dtype_name, -1, 0);
+        Py_DECREF(descr);
+        PyDimMem_FREE(dims.ptr);
+        return NULL;
+    }
+    const unsigned long long limit = rd_physical_memory();
+    if (limit > 0 && (unsigned long long)bytes > limit) {
+        rd_empty_no_memory(&dims, dtype_name, (long long)bytes, limit);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
         return NULL;
@@ -112,7 +138,7 @@ rd_py_empty(PyObject *self, PyObject *args)
     size_t got = 0;
     void *p = rd_buffer_take(bytes, &got);
     if (p == NULL) {
-        rd_empty_no_memory(&dims, dtype_name, (long long)bytes);
+        rd_empty_no_memory(&dims, dtype_name, (long long)bytes, 0);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
         return NULL;

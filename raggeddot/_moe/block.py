@@ -66,6 +66,20 @@ def forward(layer):
     return out, Residuals(r_route, plan, r_experts, r_combine, r_shared)
 
 
+def activations(layer):
+    """``(shape, dtype)`` of the arrays :func:`forward` holds at once: the
+    router's logits and scores ``[T, E]``, the dispatched rows ``[N, d]``,
+    ``h0``, ``h1``, ``a`` ``[N, f]``, the experts' outputs ``[N, d]`` and
+    the result ``[T, d]`` (N = T * top_k); checked against the machine's
+    memory before the first is allocated."""
+    T, d = layer.x.shape
+    N, E, f = T * layer.router.top_k, layer.num_experts, layer.experts.w0.shape[2]
+    ct = layer.compute_dtype
+    hd = ct if layer.x_hidden is None else layer.x_hidden.dtype
+    return [((T, E), ct), ((T, E), ct), ((N, d), hd), ((N, f), hd), ((N, f), hd), ((N, f), hd),
+            ((N, d), hd), ((T, d), ct)]
+
+
 def backward(layer, res, d_out, d_logits=None):
     """Gradients of the layer for ``d_out [T, d]`` (compute dtype, contiguous
     rows), in the compute dtype: a dict with x ``[T, d]``, router_weights,
@@ -406,6 +420,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
     with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
                       "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
+        v.check_fits(activations(layer))
         out, res = forward(layer)
         out = deliver_out(layer, out)
     if return_aux:
@@ -445,6 +460,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     layer = prepare(**kw, fn=fn)
     with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
                       "[N, f], expert outputs [N, d]) or its result [..., d]"):
+        v.check_fits(activations(layer))
         out, res = forward(layer)
 
     def gradients(d_out, d_aux):

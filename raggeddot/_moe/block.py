@@ -197,7 +197,10 @@ def aux_dict(layer, res, counts, prob_sum, T, group_sizes, dropped, z_total=None
 
 def _aux(layer, res):
     """moe_block's aux dict (see its docstring)."""
-    return aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
+    aux = aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
+    aux["slot_of"] = res.plan.slot_of.reshape(layer.x_shape[:-1] + (layer.router.top_k,)).copy()
+    aux["token_of_slot"] = res.plan.token_of_slot.copy()
+    return aux
 
 
 AUX_DIFFERENTIABLE = ("load_balance_loss", "router_z_loss", "router_logits")
@@ -360,7 +363,12 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     ``router_z_loss_func``), router_logits ``[..., E]`` (``x @
     router_weights + router_bias``, before selection_bias and the scores;
     transformers' ``router_logits``), bias_updates (``sign(mean load -
-    load_e)``, DeepSeek's aux-loss-free update direction), dropped (count).
+    load_e)``, DeepSeek's aux-loss-free update direction), dropped (count),
+    and the dispatch order the grouped products ran in: slot_of ``[..., k]``
+    (int64: the row of assignment ``(t, j)`` among the ``N`` rows sorted by
+    expert, -1 when a capacity dropped it) and token_of_slot ``[N]`` (the
+    token of each sorted row); the rows of expert e are
+    ``[sum(group_sizes[:e]), sum(group_sizes[:e + 1]))``, in token order.
     Empty x gives losses 0.
 
     Dynamic activation quantization: ``activation_qtype`` ("int8", "int4"

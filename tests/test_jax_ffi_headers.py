@@ -6,7 +6,7 @@ jaxlib 0.11's c_api.h renamed the struct of the extensions' common header
 XLA_FFI_Extension of another layout beside it), and rd_ffi.c named it. The
 handlers now read the chain through their own mirror of its leading fields:
 compiled here against the installed header, and against that header with
-the struct renamed as jaxlib 0.11 has it (-Werror, the flags of the build).
+the struct named the other way (-Werror, the flags of the build).
 Headers named in RAGGEDDOT_XLA_FFI_HEADERS (paths of other c_api.h files,
 separated by os.pathsep, e.g. saved from other jaxlib versions) are
 compiled too.
@@ -66,10 +66,25 @@ def test_compiles_against_the_installed_header(tmp_path):
     _compile(jax.ffi.include_dir(), tmp_path)
 
 
-def test_compiles_against_the_renamed_extension_struct(tmp_path):
-    text = renamed_as_in_jaxlib_0_11(_installed())
-    assert "XLA_FFI_Extension_Base" not in text
-    _compile(_tree(tmp_path, "renamed", text), tmp_path)
+def named_as_up_to_jaxlib_0_10(text):
+    """A newer installed header with the extensions' base struct named as
+    jaxlib up to 0.10 names it (XLA_FFI_Extension_Base)."""
+    assert "XLA_FFI_InternalExtension" in text
+    text = text.replace("XLA_FFI_InternalExtension_Type", "XLA_FFI_Extension_Type")
+    return text.replace("XLA_FFI_InternalExtension", "XLA_FFI_Extension_Base")
+
+
+def test_compiles_against_the_other_naming(tmp_path):
+    """The installed header renamed the other way: the handlers compile
+    against both namings whichever jaxlib is installed."""
+    text = _installed()
+    if "XLA_FFI_Extension_Base" in text:
+        other = renamed_as_in_jaxlib_0_11(text)
+        assert "XLA_FFI_Extension_Base" not in other
+    else:
+        other = named_as_up_to_jaxlib_0_10(text)
+        assert "XLA_FFI_InternalExtension" not in other
+    _compile(_tree(tmp_path, "other", other), tmp_path)
 
 
 def test_compiles_against_the_headers_named():

@@ -389,13 +389,15 @@ def quantizes_in_kernel(rows, packed):
         and _int8_exact(packed) and gw.served(_INT8_DOT)
 
 
-def _wanted(packed, lhs, quantize_lhs):
+def _wanted(packed, lhs, quantize_lhs, exact=False):
     """The compute type of the layout that multiplies ``lhs`` as the plain
     weights would (the product the kernels choose for the plain weights),
-    or None when no prepacked layout computes it."""
+    or None when no prepacked layout computes it. ``exact``: the call asks
+    for exact float32 products (no bfloat16 dot products)."""
     if packed.qtype is None:
         if packed.dtype.name == "bfloat16":
-            bf16 = isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" and not quantize_lhs
+            bf16 = isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" and not quantize_lhs \
+                and not exact
             return _BF16_DOT if bf16 and gw.served(_BF16_DOT) else _LAYOUT["bfloat16"]
         return packed.ctype
     if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
@@ -404,7 +406,7 @@ def _wanted(packed, lhs, quantize_lhs):
     return _QLAYOUT[packed.qtype]
 
 
-def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False):
+def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
     """``(lhs, weights)`` for a product of ``lhs`` (an array, a QArray, or
     with ``quantize_lhs`` float rows the kernels quantize to int8) and the
     PackedRhs ``packed``, computed in ``ct`` (the call's compute dtype):
@@ -413,7 +415,10 @@ def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False):
     plain weights when no layout computes it; ``lhs`` as that layout reads
     it (a QArray dequantized in ``ct`` for a float layout, as the packing of
     the plain call dequantizes it). ValueError naming ``fn``, ``arg`` and
-    the fix when no layout of these weights computes in ``ct``."""
+    the fix when no layout of these weights computes in ``ct``. ``exact``:
+    the call asks for exact float32 products (a precision that rules out
+    the bfloat16 dot products: bfloat16 weights then take the widening
+    layout)."""
     own = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
     if ct != own:
         plain = "the QArray" if packed.qtype else "the plain weights"
@@ -422,7 +427,7 @@ def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False):
                          f"in {ct.name} (an operand or the result is {ct.name}): give {own.name} (or "
                          f"16-bit) operands and result, or pass {plain} ('{arg}'.unpack()) or prepack "
                          f"{ct.name} weights")
-    ctype = _wanted(packed, lhs, quantize_lhs)
+    ctype = _wanted(packed, lhs, quantize_lhs, exact)
     weights = packed if ctype == packed.ctype else packed._layout(ctype)
     if isinstance(lhs, QArray) and isinstance(weights, PackedRhs) and weights.ctype != _INT8_DOT:
         lhs = _dequantized(lhs, ct)

@@ -3,14 +3,19 @@ time it against a NumPy per-group loop.
 
 Each spec is first checked against the pure-NumPy oracle (raggeddot.reference): every
 output within max |out - ref| / max |ref| <= 1e-4 (float32) or 1e-10 (float64). A spec
-that fails is not timed. Times are medians after a warm-up. The run ends with a line
-"N passed, M failed" and exits with status 1 when a check failed.
+that fails is not timed. raggeddot and the loop are timed in interleaved rounds (each round
+calls both once, after a warm-up), so that a change of the machine's load weighs on both
+alike; times are medians of the rounds. A warning line says when the machine is loaded
+(a load average above half its cores, at the start or the end): its times are then not
+to be trusted. The run ends with a line "N passed, M failed" and exits with status 1 when a
+check failed.
 
 "python -m raggeddot tune --spec NAME ..." tunes the plans of named ragged_dot specs
 instead (see "python -m raggeddot tune --help").
 """
 import argparse
 import gc
+import os
 import sys
 
 import numpy as np
@@ -29,9 +34,38 @@ def _progress(items, desc):
     return tqdm(items, desc=desc, leave=False, file=sys.stderr)
 
 
-def _median_time(fn, budget):
-    """Median seconds of fn() after a warm-up call, over about `budget` seconds of calls."""
-    return _timing.summary(_timing.measure(fn, warmup=1, min_runs=3, max_runs=50, target_s=budget))["median"]
+def _median_times(fns, budget):
+    """{name: median seconds} of the callables ``fns`` timed in interleaved
+    rounds (each round calls every one once, after a warm-up call each), as
+    many rounds as fill about `budget` seconds (3 to 50)."""
+    first = {name: _timing.call_time(fn)[1] for name, fn in fns.items()}   # (the warm-up)
+    rounds = max(3, min(50, int(budget / max(sum(first.values()), 1e-9))))
+    times = _timing.interleaved(fns, rounds=rounds, warmup=0)
+    return {name: _timing.summary(t)["median"] for name, t in times.items()}
+
+
+def _cores():
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def load_warning():
+    """A warning line when the machine is loaded (the load average of the
+    last minute above half the cores this process may use: other work then
+    competes with the timed calls), else None."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    if load <= 0.5 * cores:
+        return None
+    return (f"warning: the machine is loaded (load average {load:.1f} over the last minute, {cores} cores, "
+            f"{_cores()} for this process): other work competes with the timed calls, so the times and "
+            "'vs loop' are not to be trusted; rerun on an idle machine")
 
 
 def _flops(spec, inputs):
@@ -53,8 +87,9 @@ def run_spec(spec, dtype, seed, scale, budget, cache):
            int((inputs["group_sizes"] == 0).sum()), f"{err:.1e}", "ok" if ok else "FAILED"]
     if not ok:
         return row + ["-", "-", "-"], False
-    t_rd = _median_time(lambda: specs.run_raggeddot(spec, inputs), budget)
-    t_np = _median_time(specs.numpy_loop(spec, inputs), budget)
+    t = _median_times({"raggeddot": lambda: specs.run_raggeddot(spec, inputs),
+                       "loop": specs.numpy_loop(spec, inputs)}, budget)
+    t_rd, t_np = t["raggeddot"], t["loop"]
     return row + [f"{t_rd * 1e3:.2f}", f"{_flops(spec, inputs) / t_rd / 1e9:.1f}", f"{t_np / t_rd:.2f}"], True
 
 
@@ -78,6 +113,9 @@ def main(argv=None):
     info = runtime.build_info()
     print(f"raggeddot {raggeddot.__version__}: kernel={info['kernel']} compiled={info['simd']} "
           f"openmp={info['openmp']} threads={runtime.get_num_threads()}; {args.dtype}")
+    warned = load_warning()
+    if warned:
+        print(warned)
     chosen = [s for s in specs.select(tags=["main"], patterns=args.spec or ()) if s.op in MAIN_OPS]
     rows, failed, cache = [], 0, {}
     for spec in _progress(chosen, "specs"):
@@ -90,6 +128,10 @@ def main(argv=None):
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     for r in [header] + rows:
         print("  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    if not warned:
+        warned = load_warning()
+        if warned:
+            print(warned)
     print(f"{len(rows) - failed} passed, {failed} failed (checked against raggeddot.reference; GFLOP/s = "
           f"2*sum(group_sizes)*k*n per product / time; 'vs loop' = NumPy per-group loop time / raggeddot time)")
     return 1 if failed else 0

@@ -352,16 +352,6 @@ def served(ctype):
     return ctype in _TILE_OF and _core.kernel_for(_TILE_OF[ctype]) != "none"
 
 
-def check_packed_compute(packed, ct, fn):
-    """The compute dtype ``ct`` of a call must be the one ``packed`` was laid
-    out for (float64 weights: float64; others: float32)."""
-    want = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
-    if ct != want:
-        raise TypeError(f"{fn}: 'rhs' was prepacked for a {want.name} product (weights of "
-                        f"{packed.dtype.name}) but this call computes in {ct.name}: prepack "
-                        f"{ct.name} weights, or give lhs / preferred_element_type of {want.name}")
-
-
 def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     """:func:`rows` with rhs a :class:`~raggeddot.PackedRhs` (weights laid
     out once by prepack, read where they lie). ``out`` of the compute dtype

@@ -7,7 +7,7 @@ from . import _autodiff
 from . import _gateway as gw
 from . import _operand
 from . import _validate as v
-from ._prepack import PackedRhs
+from ._prepack import PackedRhs, meet
 
 __all__ = ["make_group_metadata", "gmm", "tgmm"]
 
@@ -172,8 +172,9 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
-    if packed:
-        gw.check_packed_compute(rhs, ct, fn)
+    if packed:   # the layout for this lhs (prepack's rule)
+        lhs, w = meet(rhs, lhs, ct, fn)
+        packed = isinstance(w, PackedRhs)
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         if packed:
             gw.rows_packed(lhs, w, bounds, res)

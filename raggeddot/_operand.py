@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
-from ._prepack import PackedRhs
+from ._prepack import PackedRhs, quantizes_in_kernel
 from .quant import AsQArray, QArray
 
 __all__ = ["Operands", "operands", "operand", "dtype", "storage"]
@@ -87,9 +87,8 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
     Args:
       lhs_doc, rhs_doc: their shapes as the messages name them (" [m, k]",
         " [g, k, n]"), which give the ranks required; empty for any rank.
-      packed: rhs may be a PackedRhs, which then takes a float lhs (a
-        bfloat16 one when laid out for the bfloat16 dot products, an int8
-        QArray when laid out for the int8 ones): TypeError otherwise.
+      packed: rhs may be a PackedRhs, with an array or QArray lhs (the op
+        then takes the layout for that lhs: ``_prepack.meet``).
       transposed: rhs is given transposed (gmm's ``transpose_rhs``), which a
         PackedRhs, laid out as ``[g, k, n]``, cannot be: ValueError.
       in_kernel: an lhs ``AsQArray(rows, "int8", channelwise_axes=(0,))`` of
@@ -98,8 +97,8 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
         the product then that of the QArray quantize() would make, bit for
         bit; any other AsQArray is quantized here.
 
-    The checks run in this order: the ranks of lhs then rhs, the lhs a
-    PackedRhs takes, the float dtypes of lhs then rhs.
+    The checks run in this order: the ranks of lhs then rhs, the float
+    dtypes of lhs then rhs.
     """
     rows = None
     if in_kernel and _per_row_int8(lhs):
@@ -108,14 +107,17 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     rhs = operand(rhs, "rhs", fn, rhs_doc, packed)
     if rows is not None:
-        if gw.quantizes_in_kernel(rows, rhs, "int8"):
+        in_k = quantizes_in_kernel(rows, rhs) if isinstance(rhs, PackedRhs) else \
+            gw.quantizes_in_kernel(rows, rhs, "int8")
+        if in_k:
             return Operands(rows, rhs, gw.compute_dtype(rows.dtype), dtype(rhs, "rhs", fn), True)
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     if isinstance(rhs, PackedRhs):
         if transposed:
             raise ValueError(f"{fn}: a prepacked 'rhs' is already [g, k, n] (give transpose_rhs to "
                              f"prepack, not to {fn}); got transpose_rhs=True")
-        _check_packed_lhs(lhs, rhs, fn)
+        if not isinstance(lhs, (np.ndarray, QArray)):
+            raise TypeError(f"{fn}: a prepacked 'rhs' takes an array or QArray 'lhs', got {type(lhs).__name__}")
     return Operands(lhs, rhs, dtype(lhs, "lhs", fn), dtype(rhs, "rhs", fn))
 
 
@@ -130,24 +132,6 @@ def _per_row_int8(x):
     except TypeError:
         return False
     return qtype == "int8" and getattr(x.array, "ndim", 0) == 2 and len(axes) == 1 and axes[0] in (0, -2)
-
-
-def _check_packed_lhs(lhs, packed, fn):
-    """A PackedRhs is multiplied by a plain float lhs (a bfloat16 one for
-    weights laid out for the bfloat16 dot-product kernels, an int8 QArray
-    for the int8 ones): TypeError otherwise."""
-    if packed.ctype == "int8-dot":
-        if not (isinstance(lhs, QArray) and lhs.qtype in ("int8", "int4")):
-            raise TypeError(f"{fn}: 'rhs' was prepacked for an int8 lhs (k-quads for the int8 dot-product "
-                            f"kernels), got {type(lhs).__name__}: pass an int8 QArray lhs, or prepack the "
-                            "weights without lhs_dtype")
-        return
-    if isinstance(lhs, QArray) or not isinstance(lhs, np.ndarray):
-        raise TypeError(f"{fn}: a prepacked 'rhs' takes a float array 'lhs', got {type(lhs).__name__}")
-    if packed.ctype == "bfloat16-dot" and lhs.dtype.name != "bfloat16":
-        raise TypeError(f"{fn}: 'rhs' was prepacked for a bfloat16 lhs (k-pairs for the bfloat16 dot-product "
-                        f"kernels), got a {lhs.dtype.name} 'lhs': prepack the weights with "
-                        f"lhs_dtype={lhs.dtype.name!r}, or pass a bfloat16 lhs")
 
 
 def storage(x):

@@ -4,9 +4,9 @@ import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
-from .quant import QArray
+from .quant import QArray, dequantize
 
-__all__ = ["PackedRhs", "prepack"]
+__all__ = ["PackedRhs", "prepack", "meet", "quantizes_in_kernel"]
 
 # The compute type a prepacked rhs of each storage dtype is laid out for:
 # float32 / float64 panels as packing makes them per call, and 16-bit
@@ -51,6 +51,10 @@ class PackedRhs(v.Prepacked):
     before its products: the value the per-call path dequantizes into its
     panels, so results equal a call with the QArray itself bit for bit.
 
+    It is laid out for one kind of lhs (prepack's ``lhs_dtype``); a call
+    with another kind gets the plain weights' result from the layout that
+    lhs runs on, made once and kept (see :func:`prepack`).
+
     Attributes:
       shape: ``(g, k, n)``; dtype: the weights' dtype (for a QArray, that of
         its dequantized value: its scale's dtype); qtype: the QArray's qtype,
@@ -60,7 +64,9 @@ class PackedRhs(v.Prepacked):
         and zero points after each panel); kernel, nr, kc: the kernel family
         and the blocking it was laid out for. A call made while another
         kernel family serves that product (``runtime.set_kernel``) raises
-        ValueError: the panels would not fit its register block.
+        ValueError: the panels would not fit its register block. layouts:
+        ``{compute type: bytes}`` of its own layout and those made for
+        other kinds of lhs.
 
     Derivatives: the gradient with respect to a PackedRhs is that of the
     ``[g, k, n]`` weights it holds (their dequantized value for a QArray:
@@ -69,7 +75,7 @@ class PackedRhs(v.Prepacked):
     """
 
     __slots__ = ("_buf", "shape", "dtype", "ctype", "nr", "kc", "kernel", "_per_group", "qtype",
-                 "_storage", "_qtile", "_scale", "_zero_point")
+                 "_storage", "_qtile", "_scale", "_zero_point", "_kept")
 
     def __init__(self, buf, shape, dtype, ctype, nr, kc, kernel, per_group, quant=None):
         self._buf = buf
@@ -82,18 +88,46 @@ class PackedRhs(v.Prepacked):
                 None, self.dtype, 0, None, None
         else:   # (qtype, storage dtype, scale tile along k, scale, zero_point)
             self.qtype, self._storage, self._qtile, self._scale, self._zero_point = quant
+        # layouts made for other kinds of lhs, by compute type (see meet);
+        # None: the plain weights, for products no layout serves
+        self._kept = {}
 
     ndim = 3
 
     @property
     def nbytes(self):
+        """Bytes of the layout made by prepack (see also :attr:`layouts`)."""
         return self._buf.nbytes
+
+    @property
+    def layouts(self):
+        """``{compute type: bytes}`` of every layout this PackedRhs holds:
+        its own first, then those made for calls with another kind of lhs
+        (see :func:`prepack`), and ``"plain"`` for weights kept unpacked for
+        a product no layout serves."""
+        kept = {self.ctype: self.nbytes}
+        for ctype, held in list(self._kept.items()):
+            kept["plain" if ctype is None else ctype] = \
+                held.qvalue.nbytes if isinstance(held, QArray) else held.nbytes
+        return kept
 
     def __repr__(self):
         g, k, n = self.shape
         q = "" if self.qtype is None else f", qtype={self.qtype!r}"
         return (f"PackedRhs(shape=({g}, {k}, {n}), dtype={self.dtype.name}{q}, kernel={self.kernel!r}, "
                 f"nr={self.nr}, kc={self.kc}, nbytes={self.nbytes})")
+
+    def _layout(self, ctype):
+        """The layout of compute type ``ctype`` (None: the plain weights)
+        made from these weights once and kept; remade when another kernel
+        family now serves ``ctype``."""
+        held = self._kept.get(ctype)
+        if held is not None and ctype is not None and held.kernel != gw.prepack_layout(
+                ctype, held._storage.name, 0, 0)[3]:
+            held = None
+        if held is None:
+            held = self._kept[ctype] = _layout_of(self, ctype)
+        return held
 
     def unpack(self):
         """The weights ``[g, k, n]`` as given to :func:`prepack` (transposed
@@ -193,27 +227,52 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
         zero points, and float32, bfloat16 or float16 scales. Its product
         is that of the dequantized weights ``(q - zero_point) * scale``
         computed in float32, as a call with the QArray computes it.
-      lhs_dtype: the dtype of the lhs the weights will be multiplied with
-        (default: the weights' own dtype). bfloat16 weights for a bfloat16
-        lhs are laid out in k-pairs for the bfloat16 dot-product kernels
-        (``vdpbf16ps``) where the CPU has them, and such a PackedRhs then
-        takes only a bfloat16 lhs; for a float32 or float16 lhs
-        (``lhs_dtype``) they keep the 16-bit layout the float32 kernels widen.
-        int8 (or int4) QArray weights with ``lhs_dtype=np.int8`` (an int8
-        QArray lhs with one scale per row, as ``moe_block``'s
+      lhs_dtype: the dtype of the lhs the weights will mostly be multiplied
+        with, which picks the layout (default: the weights' own dtype;
+        float16, bfloat16, float32 or float64, and for int8 or int4 QArray
+        weights also int8). bfloat16 weights for a bfloat16 lhs are laid out
+        in k-pairs for the bfloat16 dot-product kernels (``vdpbf16ps``)
+        where the CPU has them; for a float32 or float16 lhs
+        (``lhs_dtype=np.float32``) they keep the 16-bit layout the float32
+        kernels widen. int8 (or int4) QArray weights with ``lhs_dtype=np.int8``
+        (an int8 QArray lhs with one scale per row, as ``moe_block``'s
         ``activation_qtype="int8"`` makes) are laid out in k-quads with their
         column sums for the int8 dot-product kernels (``vpdpbusd``) where the
-        CPU has them, and then take only such an lhs; otherwise (and by
-        default) quantized weights take a float lhs.
+        CPU has them; by default quantized weights are laid out for a float
+        lhs, which they widen and dequantize in the micro-kernel.
+
+    A PackedRhs meeting an lhs it was not laid out for: every call gives the
+    result of the plain weights (the array or QArray given here) bit for
+    bit, and at the speed of the layout that lhs runs on. When a call's lhs
+    runs on another layout (a float32 lhs with bfloat16 weights laid out for
+    a bfloat16 one, a bfloat16 lhs with the widening layout where the
+    bfloat16 dot products serve, an int8 QArray lhs with quantized weights
+    laid out for a float lhs, a float or float8 lhs with weights laid out
+    for int8), that layout is made once, from the PackedRhs's own copy, on
+    first use, and kept on the PackedRhs for later calls: it costs as much
+    memory again as the PackedRhs (``nbytes``; a few bytes more per column
+    for the int8 layout's column sums). Where no layout serves the product
+    (int8 x int8 QArrays on a CPU without int8 dot products, or an int8
+    lhs with scales along k), the weights are kept unpacked once (the
+    QArray: one byte a value and its scales) and the call runs as with the
+    QArray. :attr:`PackedRhs.layouts` lists what it holds. A call whose
+    product no layout of these weights computes (a float64 product of
+    float32, 16-bit or quantized weights) raises a ValueError naming the
+    function, the argument and the fix; never a silently slower or
+    different result.
+
     Returns:
       A :class:`PackedRhs` of the ``[g, k, n]`` weights, accepted as ``rhs``
       by ragged_dot, gmm and ragged_dot_general wherever the plain array is
       (ragged_dot_general: the ragged_dot form of its dimension numbers),
-      with a float lhs (float32, bfloat16, float16; float64 for float64
-      weights). It holds its own copy: ``rhs`` may be dropped afterwards.
+      and as moe_block's ``w0``, ``w1``, ``wo``, with a float lhs (float32,
+      bfloat16, float16; float64 for float64 weights) or a QArray lhs. It
+      holds its own copy: ``rhs`` may be dropped afterwards.
     Raises:
       ValueError for float8_e4m3fn values holding NaN codes (the layout has
-      no NaN weights) or a QArray with float64 scales (a float64 product).
+      no NaN weights) or a QArray with float64 scales (a float64 product);
+      TypeError for an ``lhs_dtype`` these weights are not multiplied with
+      (naming the fix).
     """
     fn = "prepack"
     shape_doc = " [g, n, k]" if transpose_rhs else " [g, k, n]"
@@ -221,13 +280,13 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
         return _prepack_quantized(rhs, transpose_rhs, shape_doc, fn, lhs_dtype)
     rhs = v.as_array(rhs, "rhs", fn, ndim=3, shape_doc=shape_doc)
     dt = v.float_dtype(rhs, "rhs", fn)
+    lhs = _lhs_dtype(lhs_dtype, dt, fn)
     if not rhs.dtype.isnative or not rhs.flags.aligned:
         rhs = np.array(rhs, dtype=dt)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     g, k, n = w.shape
     ctype = _LAYOUT[dt.name]
-    if dt.name == "bfloat16" and _lhs_dtype(lhs_dtype, dt, fn).name == "bfloat16" \
-            and gw.served(_BF16_DOT):
+    if dt.name == "bfloat16" and lhs.name == "bfloat16" and gw.served(_BF16_DOT):
         ctype = _BF16_DOT
     per_group, nr, kc, kernel = gw.prepack_layout(ctype, dt.name, k, n)
     buf = _aligned(g * per_group)
@@ -244,6 +303,7 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     if dt.itemsize == 8:
         raise ValueError(f"{fn}: the QArray 'rhs' has float64 scales (a float64 product); prepacked "
                          "quantized weights compute in float32: give float32 scales")
+    lhs = _lhs_dtype(lhs_dtype, dt, fn, qtype=q.qtype)
     if q.qtype == "float8_e4m3fn":
         codes = q.qvalue.view(np.uint8)
         nan = (codes & 0x7F) == 0x7F
@@ -254,7 +314,7 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     w = q.transpose(0, 2, 1) if transpose_rhs else q
     g, k, n = w.shape
     ctype = _QLAYOUT[q.qtype]
-    if _lhs_dtype(lhs_dtype, dt, fn, quantized=True) == np.int8 and ctype == "float32-int8w" \
+    if lhs == np.int8 and ctype == "float32-int8w" \
             and gw.served(_INT8_DOT) and gw.integral_zero_points(w.zero_point):
         ctype = _INT8_DOT
     storage = np.dtype(w.qvalue.dtype)
@@ -263,15 +323,21 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     per_group, nr, kc, kernel = gw.prepack_layout(ctype, storage.name, k, n, qtile, zp)
     buf = _aligned(g * per_group)
     if buf.size:
-        gw.prepack(gw.operand(w, np.dtype(np.float32), gw.PACKED), buf, ctype, kc, nr)
+        gw.prepack(gw.operand(w, _FLOAT32, gw.PACKED), buf, ctype, kc, nr)
     kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True),
             None if w.zero_point is None else np.array(w.zero_point, copy=True))
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
 
 
-def _lhs_dtype(lhs_dtype, weights, fn, quantized=False):
-    """prepack's ``lhs_dtype`` as a dtype (the weights' dtype when None): a
-    float dtype, or int8 for quantized weights; TypeError naming it
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+_LHS_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _lhs_dtype(lhs_dtype, weights, fn, qtype=None):
+    """prepack's ``lhs_dtype`` as a dtype (the weights' dtype ``weights``
+    when None), checked against the weights (``qtype``: a QArray's, or None
+    for float weights): a float dtype of a product these weights serve, or
+    int8 for int8 / int4 QArray weights; TypeError naming it and the fix
     otherwise."""
     if lhs_dtype is None:
         return weights
@@ -279,10 +345,113 @@ def _lhs_dtype(lhs_dtype, weights, fn, quantized=False):
         dt = np.dtype(lhs_dtype)
     except TypeError:
         dt = None
-    if dt is None or not (dt.kind == "f" or dt.name == "bfloat16" or (quantized and dt == np.int8)):
-        kinds = "a float dtype or int8" if quantized else "a float dtype (float16, bfloat16, float32, float64)"
-        raise TypeError(f"{fn}: 'lhs_dtype' must be {kinds}, got {lhs_dtype!r}")
+    what = "quantized weights" if qtype else f"{weights.name} weights"
+    if dt is not None and dt == np.int8:
+        if qtype in ("int8", "int4"):
+            return dt
+        if qtype:
+            raise TypeError(f"{fn}: 'lhs_dtype'=int8 (the int8 dot-product layout) takes int8 or int4 "
+                            f"QArray weights, got {qtype} ones: leave lhs_dtype out (a float lhs)")
+        raise TypeError(f"{fn}: 'lhs_dtype'=int8 is for int8 QArray weights, got {what}: quantize them "
+                        "first (raggeddot.quantize(rhs, 'int8', channelwise_axes=(0, 2))), or leave "
+                        "lhs_dtype out for a float lhs")
+    if dt is None or dt.name not in _LHS_FLOATS:
+        kinds = "float16, bfloat16, float32, float64" + (" or int8" if qtype in ("int8", "int4") else "")
+        raise TypeError(f"{fn}: 'lhs_dtype' must be a dtype of the lhs these {what} will be multiplied "
+                        f"with ({kinds}), got {lhs_dtype!r}")
+    if dt.name == "float64" and weights.name != "float64":
+        raise TypeError(f"{fn}: 'lhs_dtype'=float64 makes float64 products, which prepacked {what} do "
+                        "not compute (their layouts are float32 products): prepack float64 weights, "
+                        "or multiply them by a float32 lhs")
     return dt
+
+
+# ----------------------------------------------------------------- meeting an lhs
+
+def _int8_exact(packed):
+    """Whether the weights hold int8 values with integral zero points in
+    [-128, 127] (or none): those the int8 dot-product layout holds."""
+    return packed.ctype == _INT8_DOT or (
+        packed.qtype in ("int8", "int4") and gw.integral_zero_points(packed._zero_point))
+
+
+def _int8_lhs(lhs):
+    """An int8 QArray lhs whose products with int8 weights are the exact
+    integer ones (as for the plain QArray weights)."""
+    return isinstance(lhs, QArray) and lhs.qvalue.dtype == np.int8 and gw.integral_zero_points(lhs.zero_point)
+
+
+def quantizes_in_kernel(rows, packed):
+    """Whether float ``rows`` multiplied by ``packed`` can be quantized to
+    int8 per row by the kernels while they pack them (as for the plain
+    QArray weights: int8 values, the int8 dot products served)."""
+    return isinstance(rows, np.ndarray) and rows.dtype.name in ("float32", "bfloat16") \
+        and _int8_exact(packed) and gw.served(_INT8_DOT)
+
+
+def _wanted(packed, lhs, quantize_lhs, exact=False):
+    """The compute type of the layout that multiplies ``lhs`` as the plain
+    weights would (the product the kernels choose for the plain weights),
+    or None when no prepacked layout computes it. ``exact``: the call asks
+    for exact float32 products (no bfloat16 dot products)."""
+    if packed.qtype is None:
+        if packed.dtype.name == "bfloat16":
+            bf16 = isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" and not quantize_lhs \
+                and not exact
+            return _BF16_DOT if bf16 and gw.served(_BF16_DOT) else _LAYOUT["bfloat16"]
+        return packed.ctype
+    if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
+        per_row = quantize_lhs or lhs.scale.shape[-1] == 1      # one scale along k
+        return _INT8_DOT if per_row and gw.served(_INT8_DOT) else None
+    return _QLAYOUT[packed.qtype]
+
+
+def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
+    """``(lhs, weights)`` for a product of ``lhs`` (an array, a QArray, or
+    with ``quantize_lhs`` float rows the kernels quantize to int8) and the
+    PackedRhs ``packed``, computed in ``ct`` (the call's compute dtype):
+    ``weights`` the layout that product runs on as the plain weights'
+    would (``packed`` itself, or one made once and kept on it), or the
+    plain weights when no layout computes it; ``lhs`` as that layout reads
+    it (a QArray dequantized in ``ct`` for a float layout, as the packing of
+    the plain call dequantizes it). ValueError naming ``fn``, ``arg`` and
+    the fix when no layout of these weights computes in ``ct``. ``exact``:
+    the call asks for exact float32 products (a precision that rules out
+    the bfloat16 dot products: bfloat16 weights then take the widening
+    layout)."""
+    own = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
+    if ct != own:
+        plain = "the QArray" if packed.qtype else "the plain weights"
+        raise ValueError(f"{fn}: '{arg}' was prepacked for {own.name} products ({packed.dtype.name} "
+                         f"weights{', ' + packed.qtype if packed.qtype else ''}), but this call computes "
+                         f"in {ct.name} (an operand or the result is {ct.name}): give {own.name} (or "
+                         f"16-bit) operands and result, or pass {plain} ('{arg}'.unpack()) or prepack "
+                         f"{ct.name} weights")
+    ctype = _wanted(packed, lhs, quantize_lhs, exact)
+    weights = packed if ctype == packed.ctype else packed._layout(ctype)
+    if isinstance(lhs, QArray) and isinstance(weights, PackedRhs) and weights.ctype != _INT8_DOT:
+        lhs = _dequantized(lhs, ct)
+    return lhs, weights
+
+
+def _dequantized(q, ct):
+    """``(qvalue - zero_point) * scale`` in ``ct``, each value as the
+    packing of a quantized operand computes it."""
+    zp = None if q.zero_point is None else np.asarray(q.zero_point).astype(ct)
+    return dequantize(QArray(q.qvalue, np.asarray(q.scale).astype(ct), zp, q.qtype))
+
+
+def _layout_of(packed, ctype):
+    """The layout of compute type ``ctype`` made from ``packed``'s weights
+    (None: the plain weights)."""
+    w = packed.unpack()
+    if ctype is None:
+        return w
+    lhs_dtype = {_INT8_DOT: np.int8, "float32-bfloat16w": np.float32}.get(ctype)
+    made = prepack(w, lhs_dtype=lhs_dtype)
+    if made.ctype != ctype:     # (the selection changed under the caller)
+        raise RuntimeError(f"prepack laid weights out for {made.ctype}, not {ctype}")
+    return made
 
 
 def _aligned(nbytes, alignment=64):

@@ -5,7 +5,7 @@ from . import _gateway as gw
 from . import _operand
 from . import _validate as v
 from ._megablox import tgmm
-from ._prepack import PackedRhs
+from ._prepack import PackedRhs, meet
 
 __all__ = ["ragged_dot"]
 
@@ -28,7 +28,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         QArray (per channel ``[g, 1, n]``, subchannel ``[g, k/bk, n]``, ...).
         A QArray's values are dequantized while packed, never copied whole.
         Or a :class:`~raggeddot.PackedRhs` (:func:`~raggeddot.prepack`):
-        weights laid out once, read in place (with a float lhs).
+        weights laid out once, read in place (an lhs it was not laid out
+        for gets the plain weights' result: see prepack).
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
       precision: as jax's: None, "default", "high", "highest", a
         ``jax.lax.Precision`` or a pair of them (all compute alike here: the
@@ -88,16 +89,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                                {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
     res[:bounds[0]] = 0
     res[bounds[-1]:] = 0
-    if packed:
-        gw.check_packed_compute(rhs, ct, fn)
+    if packed:   # the layout for this lhs (prepack's rule)
+        lhs, rhs = meet(rhs, lhs, ct, fn, "rhs", quantize_lhs, exact=(algo == "exact"))
+        packed = isinstance(rhs, PackedRhs)
     if packed and algo == "bf16":
         raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
                         "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
-    if packed and algo == "exact" and rhs.ctype == "bfloat16-dot":
-        raise ValueError(f"{fn}: precision={precision!r} asks for exact float32 products, but 'rhs' was "
-                         "prepacked for the bfloat16 dot-product kernels (prepack(w) of bfloat16 weights for a "
-                         "bfloat16 lhs), which only those kernels read: prepack(w, lhs_dtype=np.float32) keeps "
-                         "the layout the float32 kernels widen, or pass the plain weights")
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         if packed:
             gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)

@@ -8,7 +8,9 @@ converted for the kernels by the gateway (``_gateway``).
 """
 import enum
 import operator
+import os
 import reprlib
+import sys
 
 import numpy as np
 
@@ -142,12 +144,24 @@ def received(x):
     return f"{type(x).__name__} {reprlib.repr(x)}"
 
 
+def refuse_masked(x, name, fn):
+    """TypeError naming ``name`` for a numpy.ma masked array: the kernels
+    read its data and would ignore the mask (NumPy's own matmul honours or
+    refuses it), so the caller says which values the masked entries take."""
+    ma = sys.modules.get("numpy.ma")    # (no masked array exists before numpy.ma is imported)
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        raise TypeError(f"{fn}: '{name}' is a masked array (numpy.ma), whose mask raggeddot would ignore: "
+                        f"pass '{name}'.filled(value) for the values the masked entries take (e.g. 0), "
+                        f"or '{name}'.data to use the data as it is")
+
+
 def as_array(x, name, fn, ndim=None, shape_doc=""):
     """np.asarray(x) with a readable error; non-numeric values (None,
     strings, objects) are refused naming what was received (and a
     PackedRhs, with :func:`packed_refused`'s message)."""
     if x is None:
         raise TypeError(f"{fn}: '{name}' must be an array, got None")
+    refuse_masked(x, name, fn)
     try:
         arr = np.asarray(x)
     except Exception as e:  # ragged nested lists and similar
@@ -161,6 +175,50 @@ def as_array(x, name, fn, ndim=None, shape_doc=""):
             f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {arr.ndim}-D array of shape {arr.shape}"
         )
     return arr
+
+
+def physical_memory():
+    """Bytes of the machine's physical memory (None where the system does
+    not say): no array larger than it can ever be filled, whatever the
+    operating system promises when it is allocated (an overcommitting Linux
+    hands out any size and ends the process when the pages are touched)."""
+    global _PHYSICAL
+    if _PHYSICAL is False:
+        try:
+            _PHYSICAL = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            _PHYSICAL = None
+        if _PHYSICAL is not None and _PHYSICAL <= 0:
+            _PHYSICAL = None
+    return _PHYSICAL
+
+
+_PHYSICAL = False    # not read yet
+
+
+def check_fits(arrays):
+    """MemoryError, before anything is allocated, when one of ``arrays``
+    (``(shape, dtype)`` pairs) or all of them together need more bytes than
+    the machine's physical memory; worded as the allocator's message (the
+    bytes, shape and dtype of the first that cannot fit), for
+    :class:`memory_for` to name the function. Nothing when the size of the
+    memory is unknown."""
+    limit = physical_memory()
+    if limit is None:
+        return
+    total = 0
+    for shape, dtype in arrays:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        total += nbytes
+        if nbytes > limit:
+            raise MemoryError(f"cannot allocate {nbytes} bytes ({nbytes >> 20} MiB) for an array of shape "
+                              f"{tuple(int(n) for n in shape)} and dtype {dtype.name}: more than this "
+                              f"machine's memory ({limit} bytes)")
+    if total > limit:
+        raise MemoryError(f"cannot allocate {total} bytes ({total >> 20} MiB) for arrays of shapes "
+                          f"{', '.join(str(tuple(int(n) for n in s)) for s, _ in arrays)}: more than this "
+                          f"machine's memory ({limit} bytes) together")
 
 
 class memory_for:
@@ -454,6 +512,7 @@ def out_buffer(out, shape, dtype, fn, inputs):
     """A caller's ``out=`` array, checked: an ndarray of exactly `shape` and of
     the result's `dtype`, writeable, aligned, native, with no repeated
     elements and sharing no memory with any of `inputs` (name -> array)."""
+    refuse_masked(out, "out", fn)
     if not isinstance(out, np.ndarray):
         if is_packed(out):
             raise packed_refused(out, "'out'", fn)

@@ -52,8 +52,9 @@ def _int_at_least(value, least, name, fn):
 
 
 def set_num_threads(n):
-    """Set the number of threads of the kernels (default: RAGGEDDOT_NUM_THREADS,
-    else OpenMP's default). Results are bitwise identical for every count."""
+    """Set the number of threads of the kernels, 1 to 4096 (default:
+    RAGGEDDOT_NUM_THREADS, else OpenMP's default); ValueError naming ``n``
+    outside that range. Results are bitwise identical for every count."""
     _core.set_num_threads(_int_at_least(n, 1, "n", "set_num_threads"))
 
 

@@ -5,7 +5,8 @@
   parametrized case gets its own reproducible stream.
 - ``restore_runtime``: every runtime setting (kernel, threads, streaming
   threshold, buffer cache) is put back after the test, whatever it did.
-- ``jax``, ``x64``, ``megablox``: jax (64-bit types off, its default), a
+- ``jax``, ``x64``, ``megablox``: jax (on the CPU, float32 products in full
+  precision: the oracle must not be a TF32 GPU product; 64-bit types off, its default), a
   context factory ``x64(enabled=True)`` that turns them on or off, and
   megablox's gmm module. They skip when jax is missing, except that with
   RAGGEDDOT_REQUIRE_JAX=1 (CI) a missing jax stops the run (pytest_configure).
@@ -26,6 +27,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The suite must not run on plans tuned on this machine: `import raggeddot` leaves the
 # user's plans file unread (test_tune.py writes and reads its own, in a temporary directory).
 os.environ.setdefault("RAGGEDDOT_PLANS", "0")
+# jax is the oracle of the conformance tests, and raggeddot.jax's custom calls are CPU
+# ones: jax runs on the CPU whatever accelerator the machine has (on a GPU it would run
+# jax.lax.ragged_dot in TF32), and float32 products in full precision. Set before any
+# test module imports jax; the `jax` fixture checks both took.
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -47,7 +54,10 @@ def restore_runtime():
 
 @pytest.fixture(scope="session")
 def jax():
-    return pytest.importorskip("jax")
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_default_matmul_precision", "highest")
+    return jax
 
 
 @pytest.fixture(scope="session")

@@ -139,6 +139,9 @@ def _child(q, lhs, rhs, gs):
            raggeddot.build_info()["forked_single_threaded"]))
 
 
+# forking a process that ran threads is what this test checks (Python 3.12+
+# warns of it in general)
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_fork_after_use(rng):
     """GNU OpenMP's threads do not survive fork: a child forked after the
     parent ran threads computes single-threaded (same results) instead of

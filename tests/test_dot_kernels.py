@@ -382,7 +382,7 @@ def test_int8_results_do_not_depend_on_threads(rng, family):
 def test_int8_weights_prepacked_in_k_quads(rng, family):
     """prepack(q, lhs_dtype=np.int8): k-quads with column sums, blocks cut at
     the scale tiles along k; the same bits as the QArray call, unpack()
-    gives the values back, and an lhs other than an int8 QArray is refused."""
+    gives the values back, and a float lhs gets the QArray call's bits too."""
     with runtime.configured(kernel=family):
         for m, k, n, g, bk, zp in [(300, 70, 50, 16, 0, False), (64, 1, 33, 8, 0, True),
                                    (200, 600, 100, 7, 100, True), (40, 1025, 33, 3, 25, False)]:
@@ -399,8 +399,10 @@ def test_int8_weights_prepacked_in_k_quads(rng, family):
             got = raggeddot.ragged_dot(x, packed, sizes, preferred_element_type=np.float32)
             want = raggeddot.ragged_dot(x, w, sizes, preferred_element_type=np.float32)
             assert np.array_equal(_bits(got), _bits(want)), (m, k, n, g, bk, zp)
-        with pytest.raises(TypeError, match="prepacked for an int8 lhs"):
-            raggeddot.ragged_dot(raggeddot.dequantize(x), packed, sizes)
+        # a float lhs: the float layout, made once and kept (prepack's rule)
+        fx = raggeddot.dequantize(x)
+        assert np.array_equal(_bits(raggeddot.ragged_dot(fx, packed, sizes)),
+                              _bits(raggeddot.ragged_dot(fx, w, sizes)))
         assert raggeddot.prepack(w).ctype == "float32-int8w"          # a float lhs by default
         fractional = QArray(w.qvalue, w.scale, np.full(w.scale.shape, 0.5, np.float32))
         assert raggeddot.prepack(fractional, lhs_dtype=np.int8).ctype == "float32-int8w"
@@ -425,8 +427,9 @@ def test_moe_block_w8a8_with_prepacked_int8_weights(rng, family):
         for name in want_g:
             if want_g[name] is not None:
                 assert np.array_equal(np.asarray(got_g[name]), np.asarray(want_g[name])), name
-        with pytest.raises(TypeError, match="activation_qtype='int8'"):
-            raggeddot.moe_block(x, router, *packed, top_k=2)
+        # float activations: the QArray weights' result (prepack's rule)
+        assert np.array_equal(_bits(raggeddot.moe_block(x, router, *packed, top_k=2)),
+                              _bits(raggeddot.moe_block(x, router, *ws, top_k=2)))
 
 
 # ---------------------------------------------------------------------------

@@ -338,3 +338,26 @@ def test_registration():
     finally:
         assert rt.register_transformers() is True
     assert ALL_EXPERTS_FUNCTIONS["raggeddot"] is rt.experts_forward
+
+
+def test_set_experts_implementation_on_a_built_model(monkeypatch):
+    """The README's second way in: a model built with "eager" switched to
+    "raggeddot" (and back) by model.set_experts_implementation."""
+    import pathlib
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert 'from_config(config, experts_implementation="raggeddot")' in readme
+    assert 'model.set_experts_implementation("raggeddot")' in readme
+    eager, _ = _pair(_config("olmoe"))
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(copy.deepcopy(_config("olmoe")), experts_implementation="eager")
+    model.load_state_dict(eager.state_dict())
+    model.eval()
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1))
+    model.set_experts_implementation("raggeddot")
+    with torch.no_grad():
+        logits, calls = _ran_raggeddot(monkeypatch, lambda: model(ids).logits)
+        assert calls > 0
+        assert _rel(logits, eager(ids).logits) <= 2e-6
+        model.set_experts_implementation("eager")
+        _, calls = _ran_raggeddot(monkeypatch, lambda: model(ids).logits)
+    assert calls == 0

@@ -76,6 +76,9 @@ def compare_aux(aux, want, dtype, label=""):
     check_close(aux["topk_weights"], want["topk_weights"], dtype, err_msg=f"{label}: topk_weights")
     np.testing.assert_array_equal(aux["group_sizes"], want["group_sizes"], err_msg=f"{label}: group_sizes")
     np.testing.assert_array_equal(aux["bias_updates"], want["bias_updates"], err_msg=f"{label}: bias_updates")
+    for name in ("slot_of", "token_of_slot"):   # the dispatch order
+        assert aux[name].dtype == np.int64, f"{label}: {name}"
+        np.testing.assert_array_equal(aux[name], want[name], err_msg=f"{label}: {name}")
     assert aux["dropped"] == want["dropped"], f"{label}: dropped {aux['dropped']} != {want['dropped']}"
     check_close(np.float64(aux["load_balance_loss"]), np.float64(want["load_balance_loss"]), dtype,
                 err_msg=f"{label}: load_balance_loss")

@@ -105,7 +105,7 @@ def compare(args, kw, label):
     assert set(aux) == set(want_aux), f"{label}: aux keys {sorted(aux)} != {sorted(want_aux)}"
     np.testing.assert_array_equal(aux["topk_indices"], want_aux["topk_indices"], err_msg=label)
     check_close(out, want, err_msg=label)
-    for name in ("group_sizes", "bias_updates", "dropped"):
+    for name in ("group_sizes", "bias_updates", "dropped", "slot_of", "token_of_slot"):
         np.testing.assert_array_equal(aux[name], want_aux[name], err_msg=f"{label}: {name}")
     assert aux["router_logits"].dtype == want.dtype, label
     check_close(aux["router_logits"], want_aux["router_logits"], err_msg=f"{label}: router_logits")

@@ -158,7 +158,7 @@ def test_experts_backward_finite_differences(rng, activation, layout):
         return d_xs, g.w0, g.w1, g.wo, g.w0_bias, g.w1_bias, g.wo_bias
 
     vjp = step_vjp(lambda *a: experts.forward(held(*a[1:]), a[0], gs), backward)
-    worst = check_grads(fun, (xs, w0, w1, wo, b0, b1, bo), modes=("rev",), vjp=vjp)
+    worst = check_grads(fun, (xs, w0, w1, wo, b0, b1, bo), modes=("rev",), vjp=vjp, return_error=True)
     assert worst < 1e-6
     y = fun(xs, w0, w1, wo, b0, b1, bo)
     assert (y[-2:] == 0).all()                           # rows of no expert
@@ -205,7 +205,7 @@ def test_route_backward_finite_differences(rng, name):
     def backward(res, ct, args):
         return route.backward(router(*args[1:]), res, ct)
 
-    worst = check_grads(fun, (x, rw, rb), modes=("rev",), vjp=step_vjp(forward_fn, backward))
+    worst = check_grads(fun, (x, rw, rb), modes=("rev",), vjp=step_vjp(forward_fn, backward), return_error=True)
     assert worst < 1e-6
     # the router's input gradient is added into a given d_x by the kernel
     _, res = forward_fn(x, rw, rb)
@@ -232,7 +232,7 @@ def test_dispatch_and_combine_backward_finite_differences(rng, capacity):
 
     vjp = step_vjp(lambda x: dispatch.forward(x, idx, E, capacity),
                    lambda plan, ct, args: (dispatch.backward(plan, ct),))
-    assert check_grads(dispatch_fun, (x,), modes=("rev",), vjp=vjp) < 1e-6
+    assert check_grads(dispatch_fun, (x,), modes=("rev",), vjp=vjp, return_error=True) < 1e-6
 
     y = rng.standard_normal(xs.shape)
     w = rng.standard_normal((T, k))
@@ -242,7 +242,7 @@ def test_dispatch_and_combine_backward_finite_differences(rng, capacity):
 
     vjp = step_vjp(lambda y, w: combine.forward(y, plan, w),
                    lambda res, ct, args: combine.backward(res, ct))
-    assert check_grads(combine_fun, (y, w), modes=("rev",), vjp=vjp) < 1e-6
+    assert check_grads(combine_fun, (y, w), modes=("rev",), vjp=vjp, return_error=True) < 1e-6
     # a dropped assignment gets no weight gradient
     _, res = combine.forward(y, plan, w)
     _, d_w = combine.backward(res, rng.standard_normal((T, d)))
@@ -269,7 +269,7 @@ def test_shared_backward_finite_differences(rng):
         d_s = shared.backward(shared.SharedExperts(*args[1:], "silu", 7.0), res, ct, d_x)
         return (d_x,) + tuple(d_s)
 
-    assert check_grads(fun, (x, s0, s1, so), modes=("rev",), vjp=step_vjp(forward_fn, backward)) < 1e-6
+    assert check_grads(fun, (x, s0, s1, so), modes=("rev",), vjp=step_vjp(forward_fn, backward), return_error=True) < 1e-6
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def test_experts_without_tokens(rng):
         dataclasses.replace(layer.experts, w0=w0, w1=w1, wo=wo), xs, gs), backward)
     ex = layer.experts
     assert check_grads(fun, (xs, np.array(ex.w0), np.array(ex.w1), np.array(ex.wo)), modes=("rev",),
-                       vjp=vjp) < 1e-6
+                       vjp=vjp, return_error=True) < 1e-6
 
 
 def test_moe_block_vjp_is_the_registered_rule(rng):

@@ -2,6 +2,8 @@
 import pathlib
 import re
 
+import numpy as np
+
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -12,6 +14,11 @@ def test_readme_examples_run():
     for block in blocks:          # later examples may use names from earlier ones
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["y"].shape == (512, 256)
+    # the MoE example runs in float32 as written (NumPy 2 promotes a float32
+    # array divided by a NumPy float64 scalar such as np.sqrt(d) to float64)
+    for name in ("x", "router", "w0", "w1", "wo", "y", "gate_up", "down", "gate", "y_hf"):
+        assert namespace[name].dtype == np.float32, (name, namespace[name].dtype)
+    assert all(g.dtype == np.float32 for g in namespace["grads"].values())
     assert set(namespace["grads"]) >= {"x", "router_weights", "w0", "w1", "wo"}
 
 
@@ -64,7 +71,7 @@ def test_readme_differentiation_claims_hold():
     rng = np.random.default_rng(0)
     for name in claimed:
         fun, args = _small_call(name, rng)
-        assert check_grads(fun, args, modes=("rev", "fwd")) < 1e-6, name
+        assert check_grads(fun, args, modes=("rev", "fwd"), return_error=True) < 1e-6, name
 
 
 def test_readme_table_signatures_of_vjp_jvp_grad():

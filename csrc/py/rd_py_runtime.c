@@ -6,7 +6,9 @@
 #include "py/rd_py.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -32,11 +34,25 @@ PyDoc_STRVAR(empty_doc,
 "set_buffer_cache): a large block freed by an earlier result is reused\n"
 "with its pages already mapped.");
 
+/* Bytes of the machine's physical memory, 0 when the system does not say. */
+static unsigned long long
+rd_physical_memory(void)
+{
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && size > 0)
+        return (unsigned long long)pages * (unsigned long long)size;
+#endif
+    return 0;
+}
+
 /* MemoryError "cannot allocate <bytes> for an array of shape (...) and
  * dtype <name>", as NumPy words it (bytes < 0: more than an address space
- * holds). Returns NULL. */
+ * holds; limit > 0: more than the machine's memory, refused before the
+ * allocation, which an overcommitting system would grant and end the
+ * process when its pages are touched). Returns NULL. */
 static PyObject *
-rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes)
+rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes, unsigned long long limit)
 {
     PyObject *shape = PyTuple_New(dims->len);
     if (shape == NULL)
@@ -52,6 +68,10 @@ rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes)
     if (bytes < 0)
         PyErr_Format(PyExc_MemoryError, "cannot allocate an array of shape %R and dtype %s: it needs "
                      "more bytes than memory can hold", shape, dtype);
+    else if (limit > 0)
+        PyErr_Format(PyExc_MemoryError, "cannot allocate %lld bytes (%lld MiB) for an array of shape %R "
+                     "and dtype %s: more than this machine's memory (%llu bytes)", bytes, bytes >> 20, shape,
+                     dtype, limit);
     else
         PyErr_Format(PyExc_MemoryError, "cannot allocate %lld bytes (%lld MiB) for an array of shape %R "
                      "and dtype %s", bytes, bytes >> 20, shape, dtype);
@@ -103,7 +123,14 @@ rd_py_empty(PyObject *self, PyObject *args)
     if (too_large) {
         /* more bytes than an address space holds: a result that cannot be
          * allocated, as for any too-large allocation */
-        rd_empty_no_memory(&dims, dtype_name, -1);
+        rd_empty_no_memory(&dims, dtype_name, -1, 0);
+        Py_DECREF(descr);
+        PyDimMem_FREE(dims.ptr);
+        return NULL;
+    }
+    const unsigned long long limit = rd_physical_memory();
+    if (limit > 0 && (unsigned long long)bytes > limit) {
+        rd_empty_no_memory(&dims, dtype_name, (long long)bytes, limit);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
         return NULL;
@@ -111,7 +138,7 @@ rd_py_empty(PyObject *self, PyObject *args)
     size_t got = 0;
     void *p = rd_buffer_take(bytes, &got);
     if (p == NULL) {
-        rd_empty_no_memory(&dims, dtype_name, (long long)bytes);
+        rd_empty_no_memory(&dims, dtype_name, (long long)bytes, 0);
         Py_DECREF(descr);
         PyDimMem_FREE(dims.ptr);
         return NULL;
@@ -140,17 +167,30 @@ rd_py_empty(PyObject *self, PyObject *args)
     return arr;
 }
 
+/* The integer `arg` of `fn`'s argument `name` as a Py_ssize_t in [lo, hi];
+ * -1 with a ValueError naming both (or the TypeError of a non-integer). */
+static int
+rd_int_in(PyObject *arg, const char *fn, const char *name, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t *out)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (v == -1 && !overflow && PyErr_Occurred())
+        return -1;
+    if (overflow || v < (long long)lo || v > (long long)hi) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' must be in [%zd, %zd], got %R", fn, name, lo, hi, arg);
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
+    return 0;
+}
+
 static PyObject *
 rd_py_set_buffer_cache(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
-    if (bytes == -1 && PyErr_Occurred())
+    Py_ssize_t bytes;
+    if (rd_int_in(arg, "set_buffer_cache", "nbytes", 0, PY_SSIZE_T_MAX, &bytes) != 0)
         return NULL;
-    if (bytes < 0) {
-        PyErr_Format(PyExc_ValueError, "set_buffer_cache: nbytes must be >= 0, got %zd", bytes);
-        return NULL;
-    }
     return PyLong_FromSize_t(rd_buffer_cache_limit((size_t)bytes));
 }
 
@@ -160,13 +200,9 @@ static PyObject *
 rd_py_set_num_threads(PyObject *self, PyObject *arg)
 {
     (void)self;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
+    Py_ssize_t n;
+    if (rd_int_in(arg, "set_num_threads", "n", 1, 4096, &n) != 0)
         return NULL;
-    if (n < 1 || n > 4096) {
-        PyErr_Format(PyExc_ValueError, "number of threads must be in [1, 4096], got %ld", n);
-        return NULL;
-    }
     rd_set_num_threads((int)n);
     Py_RETURN_NONE;
 }
@@ -258,8 +294,8 @@ static PyObject *
 rd_py_set_stream_threshold(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
-    if (bytes == -1 && PyErr_Occurred())
+    Py_ssize_t bytes;
+    if (rd_int_in(arg, "set_stream_threshold", "nbytes", PY_SSIZE_T_MIN, PY_SSIZE_T_MAX, &bytes) != 0)
         return NULL;
     rd_int previous = rd_get_stream_min_bytes();
     rd_set_stream_min_bytes(bytes < 0 ? -1 : bytes);
@@ -454,9 +490,11 @@ rd_py_read_bandwidth(PyObject *self, PyObject *args)
         return NULL;
     if (threads < 1 || threads > 4096 || !(megabytes >= 1.0 && megabytes <= 65536.0)
         || !(seconds > 0.0 && seconds <= 60.0)) {
+        /* (PyErr_Format has no conversion for doubles) */
+        char got[96];
+        snprintf(got, sizeof got, "%d, %g, %g", threads, megabytes, seconds);
         PyErr_Format(PyExc_ValueError, "read_bandwidth needs 1 <= threads <= 4096, "
-                     "1 <= megabytes <= 65536 and 0 < seconds <= 60, got %d, %g, %g",
-                     threads, megabytes, seconds);
+                     "1 <= megabytes <= 65536 and 0 < seconds <= 60, got %s", got);
         return NULL;
     }
     double total = 0.0;

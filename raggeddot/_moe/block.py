@@ -66,6 +66,20 @@ def forward(layer):
     return out, Residuals(r_route, plan, r_experts, r_combine, r_shared)
 
 
+def activations(layer):
+    """``(shape, dtype)`` of the arrays :func:`forward` holds at once: the
+    router's logits and scores ``[T, E]``, the dispatched rows ``[N, d]``,
+    ``h0``, ``h1``, ``a`` ``[N, f]``, the experts' outputs ``[N, d]`` and
+    the result ``[T, d]`` (N = T * top_k); checked against the machine's
+    memory before the first is allocated."""
+    T, d = layer.x.shape
+    N, E, f = T * layer.router.top_k, layer.num_experts, layer.experts.w0.shape[2]
+    ct = layer.compute_dtype
+    hd = ct if layer.x_hidden is None else layer.x_hidden.dtype
+    return [((T, E), ct), ((T, E), ct), ((N, d), hd), ((N, f), hd), ((N, f), hd), ((N, f), hd),
+            ((N, d), hd), ((T, d), ct)]
+
+
 def backward(layer, res, d_out, d_logits=None):
     """Gradients of the layer for ``d_out [T, d]`` (compute dtype, contiguous
     rows), in the compute dtype: a dict with x ``[T, d]``, router_weights,
@@ -183,7 +197,10 @@ def aux_dict(layer, res, counts, prob_sum, T, group_sizes, dropped, z_total=None
 
 def _aux(layer, res):
     """moe_block's aux dict (see its docstring)."""
-    return aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
+    aux = aux_dict(layer, res, *aux_sums(layer, res), res.plan.group_sizes, np.sum(res.plan.slot_of < 0))
+    aux["slot_of"] = res.plan.slot_of.reshape(layer.x_shape[:-1] + (layer.router.top_k,)).copy()
+    aux["token_of_slot"] = res.plan.token_of_slot.copy()
+    return aux
 
 
 AUX_DIFFERENTIABLE = ("load_balance_loss", "router_z_loss", "router_logits")
@@ -283,7 +300,9 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         w0, w1 and wo may be :class:`~raggeddot.QArray` (or ``AsQArray``):
         the layer uses their dequantized values, read by the grouped
         kernels' packing (never dequantized whole); their gradients are
-        those of the dequantized values.
+        those of the dequantized values. Or all three may be
+        :class:`~raggeddot.PackedRhs` (:func:`~raggeddot.prepack`, with
+        weights_layout="edf" and w1 given): see "Prepacked weights" below.
       top_k: experts per token.
       score_func: "softmax" (Mixtral, Qwen3, gpt-oss) or "sigmoid" (DeepSeek-V3,
         Llama4) of the logits, per token.
@@ -293,8 +312,9 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
       n_groups, topk_groups: group-limited routing: experts form n_groups groups;
         only the topk_groups groups with the highest sum of their two best
         selection scores are eligible.
-      norm_topk_prob: divide the chosen weights by their sum (+1e-20 for sigmoid).
-      routed_scaling_factor: multiplies the weights.
+      norm_topk_prob: True or False: divide the chosen weights by their sum
+        (+1e-20 for sigmoid).
+      routed_scaling_factor: a finite real that multiplies the weights.
       activation: "silu", "gelu", "gelu_tanh", "relu" (all ``act(x@w0) * (x@w1)``)
         or "swiglu_oai" (gpt-oss: ``g * sigmoid(alpha g) * (u + 1)`` with
         ``g = min(x@w0, limit)``, ``u = clip(x@w1, -limit, limit)``, limit =
@@ -305,14 +325,16 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         must be None.
       shared_experts: ``(w0 [d, fs], w1 [d, fs], wo [fs, d])``, a dense gated
         MLP (same activation) added for every token.
-      capacity_factor: None is dropless; else each expert keeps at most
+      capacity_factor: None (or ``float("inf")``) is dropless; else a
+        positive real, and each expert keeps at most
         ``ceil(T * top_k / E * capacity_factor)`` assignments, first come first
         served in token order, and dropped assignments contribute zero.
       weights_layout: "edf" or "efd" (see w0, w1, wo).
       return_aux: also return a dict (see below).
-      swiglu_limit, swiglu_alpha: the clip and the sigmoid's slope of
-        "swiglu_oai" (gpt-oss's config.swiglu_limit and config.swiglu_alpha),
-        for the routed and the shared experts.
+      swiglu_limit, swiglu_alpha: the clip (positive; inf: none) and the
+        sigmoid's slope (finite) of "swiglu_oai" (gpt-oss's
+        config.swiglu_limit and config.swiglu_alpha), for the routed and the
+        shared experts.
       shared_expert_gate: ``[d]`` or ``[d, 1]`` (Qwen2-MoE's
         ``shared_expert_gate``, an ``nn.Linear(d, 1)`` whose weight is its
         transpose ``[1, d]``); requires shared_experts.
@@ -341,7 +363,12 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     ``router_z_loss_func``), router_logits ``[..., E]`` (``x @
     router_weights + router_bias``, before selection_bias and the scores;
     transformers' ``router_logits``), bias_updates (``sign(mean load -
-    load_e)``, DeepSeek's aux-loss-free update direction), dropped (count).
+    load_e)``, DeepSeek's aux-loss-free update direction), dropped (count),
+    and the dispatch order the grouped products ran in: slot_of ``[..., k]``
+    (int64: the row of assignment ``(t, j)`` among the ``N`` rows sorted by
+    expert, -1 when a capacity dropped it) and token_of_slot ``[N]`` (the
+    token of each sorted row); the rows of expert e are
+    ``[sum(group_sizes[:e]), sum(group_sizes[:e + 1]))``, in token order.
     Empty x gives losses 0.
 
     Dynamic activation quantization: ``activation_qtype`` ("int8", "int4"
@@ -353,9 +380,25 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     products then run on the exact int8 x int8 kernels (w8a8); with float
     weights the quantized rows are dequantized while packed. Gradients are
     straight through (qwix's): d(rows) and d(a) are those of the float
-    layer, the weight gradients use the quantized rows. With prepacked
-    weights the quantized rows are dequantized first (the prepacked
-    kernels take float rows).
+    layer, the weight gradients use the quantized rows.
+
+    Prepacked weights: the layer's result and gradients are those of the
+    weights a PackedRhs holds (the array or QArray given to prepack), bit
+    for bit, whatever rows they meet, and each product runs on the layout
+    for its rows, as prepack's rule says: rows quantized to int8
+    (``activation_qtype="int8"``) on the int8 dot-product layout of int8
+    QArray weights, float32 rows (a float32 x or router with 16-bit
+    weights) on the widening layout of bfloat16 weights, bfloat16 rows on
+    the bfloat16 dot-product layout, float, int4 or float8 rows on the
+    float layout of quantized weights. ``prepack(w, lhs_dtype=...)`` picks
+    the layout made up front (``lhs_dtype=np.int8`` for int8 activations,
+    ``np.float32`` for float32 rows with bfloat16 weights); a layout for
+    other rows is made once, on the first call that needs it, and kept on
+    the PackedRhs: as much memory again as its ``nbytes``
+    (``PackedRhs.layouts`` lists them). A layer computing in float64 (a
+    float64 x or router) with float32, 16-bit or quantized prepacked
+    weights raises ValueError naming moe_block and the weight: give float32
+    inputs, or the plain weights.
 
     Precision: arithmetic in float32 (float64 when any input is float64).
     When x and every weight share one 16-bit dtype (bfloat16 or float16),
@@ -385,6 +428,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
     with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
                       "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
+        v.check_fits(activations(layer))
         out, res = forward(layer)
         out = deliver_out(layer, out)
     if return_aux:
@@ -421,9 +465,10 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     kwargs = dict(kwargs)
     return_aux = bool(kwargs.pop("return_aux", False))
     kw = bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs)
-    layer = prepare(**kw)
+    layer = prepare(**kw, fn=fn)
     with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
                       "[N, f], expert outputs [N, d]) or its result [..., d]"):
+        v.check_fits(activations(layer))
         out, res = forward(layer)
 
     def gradients(d_out, d_aux):

@@ -4,6 +4,7 @@ tokens, the :class:`~.route.Router`, the :class:`~.experts.Experts` and the
 :class:`~.shared.SharedExperts`."""
 import dataclasses
 import math
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _operand
 from .. import _validate as v
-from .._prepack import PackedRhs
+from .._prepack import PackedRhs, meet
 from .. import quant as qz
 from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
@@ -63,10 +64,13 @@ class Layer:
 
 def capacity_of(num_tokens, top_k, num_experts, capacity_factor):
     """Assignments kept per expert: ``ceil(T * top_k / E * capacity_factor)``
-    for T tokens (MaxText's rule), -1 (all) when capacity_factor is None."""
-    if capacity_factor is None:
+    for T tokens (MaxText's rule), at most ``T * top_k``; -1 (all) when
+    capacity_factor is None or infinite (dropless)."""
+    if capacity_factor is None or math.isinf(capacity_factor):
         return -1
-    return int(math.ceil(num_tokens * top_k / num_experts * capacity_factor))
+    # no expert is given more than T * top_k assignments: a larger capacity keeps them all
+    return min(int(math.ceil(min(num_tokens * top_k / num_experts * capacity_factor, 2.0 ** 62))),
+               num_tokens * top_k)
 
 
 def _check_weight(arr, name, shape, axes_doc, fn, layout):
@@ -144,6 +148,22 @@ def _activation_qtype(qtype, fn):
             raise
         raise ValueError(f"{fn}: 'activation_qtype' must be None or one of {ACTIVATION_QTYPES} "
                          f"(or their dtypes), got {qtype!r}") from None
+
+
+def _real(value, name, fn):
+    """A real number option as a float; TypeError naming it otherwise (a
+    string, a bool, an array)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{fn}: '{name}' must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _flag(value, name, fn):
+    """A boolean option; TypeError naming it otherwise (a string "False" is
+    not False)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: '{name}' must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
 
 
 def _choice(value, name, allowed, fn):
@@ -227,11 +247,14 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     if activation not in gw.ACTIVATIONS:
         raise ValueError(f"{fn}: 'activation' must be one of {sorted(gw.ACTIVATIONS)}, got {activation!r}")
     n_groups, topk_groups = _group_limits(n_groups, topk_groups, top_k, E, fn)
-    scale = float(routed_scaling_factor)
+    scale = _real(routed_scaling_factor, "routed_scaling_factor", fn)
+    if not math.isfinite(scale):
+        raise ValueError(f"{fn}: 'routed_scaling_factor' must be finite, got {scale}")
     if capacity_factor is not None:
-        capacity_factor = float(capacity_factor)
+        capacity_factor = _real(capacity_factor, "capacity_factor", fn)
         if not capacity_factor > 0:
-            raise ValueError(f"{fn}: 'capacity_factor' must be positive or None, got {capacity_factor}")
+            raise ValueError(f"{fn}: 'capacity_factor' must be positive (inf: no limit) or None, "
+                             f"got {capacity_factor}")
 
     def vec(a, name, size):
         if a is None:
@@ -262,7 +285,12 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     else:
         b0, b1 = bias(w0_bias, "w0_bias", f), bias(w1_bias, "w1_bias", f)
     bo = bias(wo_bias, "wo_bias", d)
-    limit, alpha = float(swiglu_limit), float(swiglu_alpha)
+    limit, alpha = _real(swiglu_limit, "swiglu_limit", fn), _real(swiglu_alpha, "swiglu_alpha", fn)
+    if not limit > 0:
+        raise ValueError(f"{fn}: 'swiglu_limit' must be positive (inf: no clip), got {limit}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"{fn}: 'swiglu_alpha' must be finite, got {alpha}")
+    norm_topk_prob = _flag(norm_topk_prob, "norm_topk_prob", fn)
     weights_on = _choice(router_weights_on, "router_weights_on", ROUTER_WEIGHTS_ON, fn)
     load_balance = _choice(load_balance, "load_balance", LOAD_BALANCE, fn)
     shared, gate_shape = None, None
@@ -279,15 +307,16 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     T = int(np.prod(x.shape[:-1], dtype=np.int64))
     xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)
     router = Router(gw.operand(rw, ct), router_bias, selection_bias, score_func, top_k, n_groups,
-                    topk_groups, bool(norm_topk_prob), scale)
+                    topk_groups, norm_topk_prob, scale)
     # [E, d, f] / [E, f, d] views for the kernels, whatever the stored layout
     # (fused gate/up: two strided views of the one stored array)
     def weight(a):   # QArrays as they are, half weights read in place
         return a if isinstance(a, qz.QArray) else gw.operand(a, ct, gw.PACKED)
 
-    if packed:   # laid out once by prepack, read where they lie
-        for a, name in named:
-            gw.check_packed_compute(a, ct, f"{fn}: '{name}'")
+    if packed:   # laid out once by prepack, read where they lie (each product takes the
+        for a, name in named:   # layout for its lhs: _prepack.meet)
+            if ct != (np.float64 if a.ctype == "float64" else np.float32):
+                meet(a, None, ct, fn, name)
     else:
         w0, wo = weight(w0), weight(wo)
     if fused:

@@ -47,8 +47,8 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
-from .._prepack import PackedRhs
-from ..quant import QArray, dequantize, quantize
+from .._prepack import PackedRhs, meet, quantizes_in_kernel
+from ..quant import QArray, quantize
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward",
            "backward", "jvp"]
@@ -178,24 +178,18 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
 
 
 def _rows(x, w, bounds, out, accumulate=False):
-    """gw.rows, or gw.rows_packed for prepacked weights (which take float
-    rows: quantized ones are dequantized for them, but for weights laid out
-    for the int8 dot products, which take them as they are). ``x`` may be a
+    """gw.rows, or gw.rows_packed for prepacked weights, on the layout that
+    multiplies ``x`` as the plain weights would (``_prepack.meet``: made
+    once and kept on the PackedRhs when it is not its own). ``x`` may be a
     :class:`_Deferred` quantization, done by the kernels while they pack
     it."""
-    if isinstance(x, _Deferred):
-        if isinstance(w, PackedRhs):
-            return gw.rows_packed(x.rows, w, bounds, out, accumulate, quantize_lhs=True)
-        return gw.rows(x.rows, w, bounds, out, accumulate, quantize_lhs=True)
+    deferred = isinstance(x, _Deferred)
+    lhs = x.rows if deferred else x
     if isinstance(w, PackedRhs):
-        if isinstance(x, QArray) and w.ctype != "int8-dot":
-            x = dequantize(x)
-        elif w.ctype == "int8-dot" and not isinstance(x, QArray):
-            raise TypeError("moe_block: the expert weights were prepacked for int8 activations "
-                            "(prepack(w, lhs_dtype=np.int8)): pass activation_qtype='int8', or prepack them "
-                            "without lhs_dtype")
-        return gw.rows_packed(x, w, bounds, out, accumulate)
-    return gw.rows(x, w, bounds, out, accumulate)
+        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", quantize_lhs=deferred)
+        if isinstance(w, PackedRhs):
+            return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
+    return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
 
 
 class _Deferred(NamedTuple):
@@ -216,9 +210,18 @@ def _quantized_rows(rows, qtype, *weights):
     can quantize them while packing for every product with ``weights``."""
     if qtype is None:
         return None
-    if weights and all(gw.quantizes_in_kernel(rows, w, qtype) for w in weights):
+    if weights and all(_in_kernel(rows, w, qtype) for w in weights):
         return _Deferred(rows, qtype)
     return quantize(rows, qtype, channelwise_axes=(0,))
+
+
+def _in_kernel(rows, w, qtype):
+    """Whether the kernels quantize ``rows`` per row to ``qtype`` while they
+    pack them for the product with ``w`` (a PackedRhs: as for the plain
+    weights it holds)."""
+    if isinstance(w, PackedRhs):
+        return qtype in ("int8", np.int8) and quantizes_in_kernel(rows, w)
+    return gw.quantizes_in_kernel(rows, w, qtype)
 
 
 def _values(q):

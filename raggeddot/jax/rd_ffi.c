@@ -29,6 +29,7 @@
 #include "xla/ffi/api/c_api.h"
 #include "rd_capi.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,17 +66,36 @@ rd_error(const XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, const char *msg)
     return cf->api->XLA_FFI_Error_Create(&e);
 }
 
+/* The leading fields of every extension chained from a call frame's
+ * extension_start, in every version of c_api.h: the struct's size, its
+ * type (an enum, int-sized) and the next one.  The header has renamed the
+ * struct that declares them (XLA_FFI_Extension_Base up to jaxlib 0.10;
+ * jaxlib 0.11's calls it XLA_FFI_InternalExtension, and XLA_FFI_Extension
+ * is another struct there), so the chain is read through this mirror of
+ * those fields and the handlers name neither: they compile against both. */
+typedef struct rd_ffi_ext {
+    size_t struct_size;
+    int type;
+    struct rd_ffi_ext *next;
+} rd_ffi_ext;
+
+/* The metadata extension is that header followed by the metadata to fill:
+ * the header's own XLA_FFI_Metadata_Extension must hold the mirror first. */
+_Static_assert(offsetof(XLA_FFI_Metadata_Extension, metadata) >= sizeof(rd_ffi_ext),
+               "XLA_FFI_Metadata_Extension starts with the extension header");
+_Static_assert(sizeof(XLA_FFI_Extension_Metadata) == sizeof(int), "extension types are int-sized");
+
 /* The metadata call (XLA asks every handler for its API version), or NULL. */
 static XLA_FFI_Error *
 rd_metadata(XLA_FFI_CallFrame *cf, int *handled)
 {
     *handled = 0;
-    XLA_FFI_Extension_Base *ext = cf->extension_start;
-    while (ext != NULL && ext->type != XLA_FFI_Extension_Metadata)
+    rd_ffi_ext *ext = (rd_ffi_ext *)(void *)cf->extension_start;
+    while (ext != NULL && ext->type != (int)XLA_FFI_Extension_Metadata)
         ext = ext->next;
     if (ext == NULL)
         return NULL;
-    XLA_FFI_Metadata_Extension *me = (XLA_FFI_Metadata_Extension *)ext;
+    XLA_FFI_Metadata_Extension *me = (XLA_FFI_Metadata_Extension *)(void *)ext;
     me->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
     me->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
     me->metadata->traits = 0;

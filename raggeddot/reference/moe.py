@@ -254,7 +254,25 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
         "bias_updates": np.sign(assigned.mean() - assigned),
         "dropped": int(np.sum(~kept)),
     }
+    aux["slot_of"], aux["token_of_slot"] = _dispatch_order(chosen, kept, E)
+    aux["slot_of"] = aux["slot_of"].reshape(lead + (top_k,))
     return out, aux
+
+
+def _dispatch_order(chosen, kept, E):
+    """``(slot_of [T, k], token_of_slot [N])`` of the kept assignments sorted
+    by expert, in token order within an expert (then by j): slot_of[t, j] is
+    the sorted position of assignment (t, j), -1 when dropped."""
+    T, k = chosen.shape
+    slot_of = np.full((T, k), -1, dtype=np.int64)
+    token_of_slot = []
+    for e in range(E):
+        for t in range(T):
+            for j in range(k):
+                if chosen[t, j] == e and kept[t, j]:
+                    slot_of[t, j] = len(token_of_slot)
+                    token_of_slot.append(t)
+    return slot_of, np.array(token_of_slot, dtype=np.int64)
 
 
 def _logsumexp(row):

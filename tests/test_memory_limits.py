@@ -1,0 +1,56 @@
+"""Results and workspaces larger than the machine's memory raise MemoryError
+before anything is allocated or touched (item 15), whatever the operating
+system's overcommit policy: an overcommitting Linux grants any allocation
+and ends the process when its pages are touched, so the size is compared
+with the physical memory where the array is allocated."""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import raggeddot
+from raggeddot import _core
+from raggeddot import _validate as v
+
+
+def test_physical_memory_is_known():
+    assert v.physical_memory() > 2 ** 28
+
+
+def test_a_result_buffer_beyond_memory_is_refused_before_allocation():
+    limit = v.physical_memory()
+    n = limit // 4 + 1024                       # a float32 array just past the machine's memory
+    with pytest.raises(MemoryError, match=rf"^cannot allocate {4 * n} bytes .*shape \({n},\) and dtype "
+                                          r"float32: more than this machine's memory \(\d+ bytes\)$"):
+        _core.empty((n,), np.dtype(np.float32))
+    # a result of that size in an op: named, refused the same way
+    rows = np.broadcast_to(np.zeros((1, 1), np.float32), (n // 1024 + 1, 1))
+    with pytest.raises(MemoryError, match=r"^ragged_dot: out of memory for the result \[m, n\].*more than "
+                                          r"this machine's memory"):
+        raggeddot.ragged_dot(rows, np.zeros((1, 1, 1024), np.float32), np.array([rows.shape[0]]))
+
+
+def test_moe_block_checks_its_activations_first(monkeypatch):
+    """A layer whose activations do not fit raises before the router runs:
+    nothing of their size is allocated (a machine of 64 MiB here)."""
+    monkeypatch.setattr(v, "_PHYSICAL", 64 << 20)
+    T = 2 ** 23
+    x = np.broadcast_to(np.zeros(4, np.float32), (T, 4))
+    w = np.zeros((4, 4, 3), np.float32)
+    args = (x, np.zeros((4, 4), np.float32), w, w, np.zeros((4, 3, 4), np.float32))
+    tracemalloc.start()
+    try:
+        for call in (raggeddot.moe_block, raggeddot.moe_block_vjp):
+            name = call.__name__
+            with pytest.raises(MemoryError, match=rf"^{name}: out of memory for the layer's activations.*"
+                                                  rf"shape \({T}, 4\) and dtype float32: more than this "
+                                                  r"machine's memory"):
+                call(*args, top_k=2)
+        assert tracemalloc.get_traced_memory()[1] < 16 << 20
+    finally:
+        tracemalloc.stop()
+    # activations that fit one by one but not together are refused too
+    T = 2 ** 20
+    x = np.broadcast_to(np.zeros(4, np.float32), (T, 4))
+    with pytest.raises(MemoryError, match=r"^moe_block: out of memory.*together"):
+        raggeddot.moe_block(x, *args[1:], top_k=2)

@@ -48,6 +48,7 @@ __all__ = [
     "gather_reduce",
     "gated_act",
     "gated_act_grad",
+    "gated_rows",
 ]
 
 #: Names of the gated activations the kernels compute (``act(gate) * up``
@@ -487,3 +488,22 @@ def gated_act_grad(gate, up, d_out, activation, limit, alpha=1.702):
     return _core.gated_act_grad(operand(gate, ct, CONTIGUOUS), operand(up, ct, CONTIGUOUS),
                                 operand(d_out, ct, CONTIGUOUS), _core.ACTIVATIONS[activation], float(limit),
                                 float(alpha))
+
+
+def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=1.702):
+    """The gate and up products of the experts in one pass: for each group
+    j, rows r in ``[bounds[j], bounds[j + 1])``, ``h0 = lhs[r] @ w0[j] (+
+    b0[j])``, ``h1 = lhs[r] @ w1[j] (+ b1[j])`` rounded to ``a``'s dtype,
+    ``a[r] = act(h0) * h1`` (:func:`gated_act`) written as each tile of the
+    products completes; h0 and h1 written too when given (arrays like
+    ``a``), else never stored whole. lhs ``[m, k]``, w0 and w1 ``[g, k, n]``
+    of one dtype (as :func:`operand` reads them for ``layout="packed"``),
+    a ``[m, n]`` of the hidden dtype (float32, float64, bfloat16, float16)
+    with contiguous rows, b0 and b1 ``[g, n]`` or None. The values of
+    :func:`rows` into h0 and h1, then :func:`gated_act`, bit for bit.
+    Returns ``a``."""
+    ct = compute_dtype(a.dtype)
+    biases = [None if b is None else np.ascontiguousarray(b, dtype=ct) for b in (b0, b1)]
+    _core.gated_rows(operand(lhs, ct, PACKED), operand(w0, ct, PACKED), operand(w1, ct, PACKED), bounds, a, h0,
+                     h1, *biases, _core.ACTIVATIONS[activation], float(limit), float(alpha))
+    return a

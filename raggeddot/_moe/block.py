@@ -43,12 +43,14 @@ class Residuals(NamedTuple):
     shared: Optional[shared.SharedResiduals]
 
 
-def forward(layer):
+def forward(layer, keep=True):
     """``(out [T, d], residuals)`` of a checked :class:`~.config.Layer`, in the
     compute dtype (the experts' rows and hidden activations in the 16-bit
     dtype of ``layer.x_hidden`` when it is given). The router weights scale the experts' outputs in the
     combine, or (``layer.weights_on == "input"``) their inputs in the
-    dispatch, the combine then summing unweighted."""
+    dispatch, the combine then summing unweighted. ``keep``: keep what the
+    backward and the jvp read (without, the experts' gate and up products
+    are never stored whole)."""
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
     on_input = layer.weights_on == "input"
     rows = layer.x if layer.x_hidden is None else layer.x_hidden   # the experts' dtype
@@ -57,7 +59,7 @@ def forward(layer):
     if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
         xs = gw.narrow(xs, rows.dtype)
     # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
-    y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes)
+    y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=keep)
     # (... and y comes back here, in the plan's slot order)
     out, r_combine = combine.forward(y, plan, None if on_input else topk_weights)
     r_shared = None
@@ -429,7 +431,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
                       "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
         v.check_fits(activations(layer))
-        out, res = forward(layer)
+        out, res = forward(layer, keep=False)     # no backward: h0, h1 need not be kept
         out = deliver_out(layer, out)
     if return_aux:
         return out, _aux(layer, res)

@@ -235,7 +235,18 @@ def _transposed(w):
     return (w.unpack() if isinstance(w, PackedRhs) else w).transpose(0, 2, 1)
 
 
-def forward(experts, xs, group_sizes, group_offset=0):
+def _fused(lhs, experts):
+    """Whether the gate and up products of ``lhs`` run as one pass
+    (gw.gated_rows): plain weights of one dtype the packing reads, a plain
+    lhs (no activation quantization)."""
+    w0, w1 = experts.w0, experts.w1
+    if not (isinstance(lhs, np.ndarray) and isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray)):
+        return False
+    ct = gw.compute_dtype(lhs.dtype)
+    return w0.dtype == w1.dtype and all(d.isnative and gw._packing_reads(d, ct) for d in (lhs.dtype, w0.dtype))
+
+
+def forward(experts, xs, group_sizes, group_offset=0, keep=True):
     """The held experts' FFNs over ``xs [N, d]`` (compute dtype).
 
     Args:
@@ -245,8 +256,17 @@ def forward(experts, xs, group_sizes, group_offset=0):
       group_offset: the held experts are groups ``[group_offset,
         group_offset + n)``; ``0 <= group_offset <= g - n``.
 
+      keep: keep h0 and h1 in the residuals (for the backward or the jvp);
+        without, the gate and up products are never stored whole.
+
     Returns:
       ``(y [N, d], residuals)``; rows outside the held experts' are 0.
+
+    The gate and up products run as one pass where they can
+    (:func:`_fused`): each block of rows packed once for both, the biases,
+    the rounding to the hidden dtype and the activation applied to each tile
+    as it completes (gw.gated_rows): the bits of the separate products and
+    gated_act.
     """
     n = experts.num_experts
     f, d = experts.w0.shape[2], experts.wo.shape[2]
@@ -274,9 +294,17 @@ def forward(experts, xs, group_sizes, group_offset=0):
     rows = xs[first:last]
     rows_q = _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
-    h0 = product(lhs, experts.w0, experts.b0, last - first)
-    h1 = product(lhs, experts.w1, experts.b1, last - first)
-    a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
+    if _fused(lhs, experts):
+        count = last - first
+        a = _buffer((count, f), hd)
+        h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
+        if count and f:
+            gw.gated_rows(lhs, experts.w0, experts.w1, bounds, a, h0, h1, experts.b0, experts.b1,
+                          experts.activation, experts.limit, experts.alpha)
+    else:
+        h0 = product(lhs, experts.w0, experts.b0, last - first)
+        h1 = product(lhs, experts.w1, experts.b1, last - first)
+        a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
     a_q = _quantized_rows(a, experts.act_qtype, experts.wo)
     y = product(a if a_q is None else a_q, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
     return y, ExpertsResiduals(xs, h0, h1, a, bounds, first, rows_q, a_q)

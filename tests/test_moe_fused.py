@@ -1,0 +1,84 @@
+"""The experts' gate and up products in one pass (gw.gated_rows: each block
+of rows packed once for both weights, the biases, the rounding to the
+hidden dtype and the activation applied to each tile as it completes): the
+same bits as the separate products and gated_act, on every kernel family
+and hidden dtype, with biases, fused gate/up weights and every activation;
+moe_block (no backward) keeps neither product, moe_block_vjp both."""
+import numpy as np
+import pytest
+
+import raggeddot
+from raggeddot import _gateway as gw
+from raggeddot import runtime
+from raggeddot._moe import experts
+
+from helpers import DOT_KERNELS, KERNELS
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16), np.dtype(np.float64)]
+FAMILIES = ["auto", "ref"] + DOT_KERNELS["bfloat16-tile"][:1] + [k for k in KERNELS if k not in ("ref",)][:1]
+
+
+def _bits(x):
+    x = np.ascontiguousarray(x)
+    return x.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("activation, gate_up, bias", [
+    ("silu", None, False), ("gelu", None, True), ("gelu_tanh", "concat", False), ("relu", None, False),
+    ("swiglu_oai", "interleaved", True)])
+def test_fused_gate_up_equals_the_separate_passes(rng, monkeypatch, family, dtype, activation, gate_up, bias):
+    T, d, f, E = 70, 48, 80, 5
+    ct = np.float64 if dtype == np.float64 else np.float32
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(ct)
+    if gate_up:
+        w01 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype)
+        ws = (w01, None)
+    else:
+        ws = tuple((rng.standard_normal((E, d, f)) / np.sqrt(d)).astype(dtype) for _ in range(2))
+    wo = (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype)
+    kw = dict(top_k=2, activation=activation, **({"gate_up": gate_up} if gate_up else {}))
+    if activation == "swiglu_oai":
+        kw["swiglu_limit"] = 1.5
+    if bias:
+        kw["w0_bias"] = rng.standard_normal((E, 2 * f if gate_up else f)).astype(ct)
+        if not gate_up:
+            kw["w1_bias"] = rng.standard_normal((E, f)).astype(ct)
+    ct_out = rng.standard_normal((T, d)).astype(ct)
+    calls = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with runtime.configured(kernel=family):
+        fused = raggeddot.moe_block(x, router, ws[0], ws[1], wo, **kw)
+        out, fn = raggeddot.moe_block_vjp(x, router, ws[0], ws[1], wo, **kw)
+        grads = fn(ct_out.astype(out.dtype))
+        assert calls, "the fused pass ran"
+        monkeypatch.setattr(experts, "_fused", lambda *a: False)
+        want = raggeddot.moe_block(x, router, ws[0], ws[1], wo, **kw)
+        want_out, want_fn = raggeddot.moe_block_vjp(x, router, ws[0], ws[1], wo, **kw)
+        want_grads = want_fn(ct_out.astype(out.dtype))
+    assert np.array_equal(_bits(fused), _bits(want))
+    assert np.array_equal(_bits(out), _bits(want_out))
+    for name, g in want_grads.items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(grads[name])), _bits(np.asarray(g))), name
+
+
+def test_forward_alone_keeps_neither_product(rng, monkeypatch):
+    """moe_block without a backward asks the fused pass for a only; the vjp
+    keeps h0 and h1 for its backward."""
+    T, d, f, E = 40, 32, 24, 4
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [rng.standard_normal(s).astype(np.float32) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    kept = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda lhs, w0, w1, b, a, h0, h1, *r: kept.append(h0 is not None)
+                        or real(lhs, w0, w1, b, a, h0, h1, *r))
+    raggeddot.moe_block(x, router, *ws, top_k=2)
+    raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+    assert kept == [False, True]

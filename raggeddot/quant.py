@@ -30,8 +30,10 @@ Quantized types (``qtype``):
   ±4, ±6), float scales of any tiling (as qwix and tokamax define them);
 - ``"mxfp4"`` (OCP Microscaling): float4_e2m1fn values with
   ``float8_e8m0fnu`` scales (powers of two 2^(e - 127); 0xFF, NaN, refused),
-  one per 32 values along one axis. Dequantized to bfloat16, which holds
-  every such value exactly (as float32 does).
+  one per 32 values along one axis. Dequantized to float32; bfloat16 holds
+  every such value exactly too (up to overflow past 2^127 * 6, where both
+  give infinity), so a product with a bfloat16 lhs is that of the bfloat16
+  weights, on the bfloat16 dot-product kernels where those serve.
 
 4-bit values are kept two a byte (:class:`PackedFloat4`: the low nibble the
 even element along the axis they are packed on, as the OCP and gpt-oss
@@ -193,8 +195,10 @@ class PackedFloat4:
         return self.unpack().astype(dtype)
 
     # ------------------------------------------------------------- views
-    def transpose(self, axes=None):
-        axes = tuple(reversed(range(self.ndim))) if axes is None else tuple(operator.index(a) for a in axes)
+    def transpose(self, *axes):
+        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], (int, np.integer))):
+            axes = axes[0]
+        axes = tuple(reversed(range(self.ndim))) if not axes else tuple(operator.index(a) % self.ndim for a in axes)
         return PackedFloat4(self.codes.transpose(axes), axes.index(self.axis), self.length)
 
     def __getitem__(self, key):
@@ -348,9 +352,9 @@ class QArray:
     @property
     def dtype(self):
         """The dtype of the dequantized values (scale's, native byte order;
-        bfloat16 for "mxfp4", which holds its values exactly)."""
+        float32 for "mxfp4")."""
         if self.qtype == "mxfp4":
-            return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(np.float32)
         return v.native(self.scale.dtype)
 
     @property

@@ -46,7 +46,7 @@ def dequantize(q):
 
 def _dtype(q):
     """The dtype a quantized operand stands for: its ``dtype`` where it has
-    one (raggeddot's QArray: bfloat16 for "mxfp4", whose float8_e8m0fnu
+    one (raggeddot's QArray: float32 for "mxfp4", whose float8_e8m0fnu
     scales are no compute dtype), else its scales'."""
     dt = getattr(q, "dtype", None)
     return np.dtype(dt) if dt is not None else np.asarray(q.scale).dtype

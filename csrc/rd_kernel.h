@@ -41,6 +41,15 @@ typedef enum {
     /* float32 values read as bfloat16: each rounded to nearest even while
      * packed (jax's DotAlgorithmPreset.BF16_BF16_F32 on float32 inputs) */
     RD_F32_AS_BF16 = 6,
+    /* float4_e2m1fn values (1 sign, 2 exponent bits of bias 1, 1 mantissa
+     * bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), two a byte, the
+     * low nibble first.  An operand of this dtype is addressed in nibbles:
+     * its pointer is the nibble address (twice the byte address) and its
+     * strides count nibbles, so that the framework moves through it as
+     * through any other operand (rd_dtype_size 1); only the packing
+     * routines that read it turn the address back into a byte and a
+     * nibble (rd_f4_at).  Read with its scales only. */
+    RD_F4E2M1 = 7,
     RD_DTYPE_COUNT
 } rd_dtype_t;
 
@@ -116,6 +125,14 @@ typedef enum {
      * KC. */
     RD_CT_BF16TILE = 9,
     RD_CT_U8S8TILE = 10,
+    /* float32 arithmetic on prepacked 4-bit weights (float4_e2m1fn values
+     * with power-of-two scales: MXFP4): B panels keep 4 bits a weight and
+     * one byte (an e8m0 exponent) a column per scale run; the micro-kernel
+     * decodes each value exactly (a 16-entry table) and multiplies it by
+     * its scale, exactly, before the products of the float32 contract: the
+     * results equal RD_CT_F32's on the dequantized weights bit for bit.
+     * A is packed as RD_CT_F32 packs it. */
+    RD_CT_F32_F4W = 11,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -126,6 +143,8 @@ typedef struct {
     int k_unit;             /* the packed contraction is padded to a multiple */
     size_t scale_size;      /* bytes per row of the scales that follow each
                                packed micro-panel (0: none) */
+    int b_nibbles;          /* 1: B panels hold two values a byte (b_size 1
+                               then counts two elements) */
 } rd_ctype_desc_t;
 
 /* The longest contraction an RD_CT_I8I32 micro-kernel sums in int32: pair
@@ -179,6 +198,17 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   (z = 0 without zero points), rounded to float32 as written, then the
  *   products and sums of the float32 contract above.  widen is exact.
  *
+ * RD_CT_F32_F4W (float32 A as RD_CT_F32, NR even):
+ *   b : NR/2 bytes a step: B[p][j] is the low nibble of byte
+ *       b[p*NR/2 + j] for j < NR/2, the high nibble of b[p*NR/2 + j - NR/2]
+ *       otherwise (a float4_e2m1fn code); then at byte NR*kc/2 the
+ *       rd_qtrailer_t (zp 0) and for run r, at RD_F4RUN(r, NR) bytes past
+ *       its start, uint8 e[NR]: the scale of column j is 2^(e[j] - 127)
+ *       (e 0: 2^-127, a float32 subnormal; 255 never occurs).
+ *   For step p of run r:  B[p][j] = e2m1(code) * 2^(e[j] - 127), exact
+ *   (infinite past FLT_MAX, as the float32 product is), then the products
+ *   and sums of the float32 contract.
+ *
  * RD_CT_BF16DP (k_unit 2): with kp = kc rounded up to even,
  *   a : bfloat16 A[i][p] = a[(p/2)*2*MR + 2*i + p%2] (uint16 bits),
  *   b : bfloat16 B[p][j] = b[(p/2)*2*NR + 2*j + p%2], odd kc padded with 0,
@@ -229,6 +259,24 @@ typedef struct {
  * of a kc-step block (NR columns). */
 #define RD_QRUN(r, NR, zp) \
     ((size_t)sizeof(rd_qtrailer_t) + (size_t)(r) * (size_t)(NR) * sizeof(float) * ((zp) ? 2u : 1u))
+
+/* Bytes from an RD_CT_F32_F4W trailer's start to run r's exponents. */
+#define RD_F4RUN(r, NR) ((size_t)sizeof(rd_qtrailer_t) + (size_t)(r) * (size_t)(NR))
+
+/* The values of the float4_e2m1fn codes 0-15, and the float32 of an e8m0
+ * scale exponent (2^(e - 127); e 0 is the subnormal 2^-127). */
+static const float rd_e2m1_values[16] = {
+    0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
+};
+
+static inline float
+rd_e8m0_to_float(unsigned e)
+{
+    union { unsigned u; float f; } v;
+    v.u = e == 0 ? 0x00400000u : e << 23;
+    return v.f;
+}
 
 static inline rd_int
 rd_qruns(rd_int first, rd_int tile, rd_int kc)

@@ -101,15 +101,20 @@ def operand(arr, dtype, layout=STRIDED):
     whole-array copy. A :class:`~raggeddot.QArray` is passed as the tuple
     ``(qvalue, scale, zero_point)`` with its (small) scale and zero-point
     arrays in the compute dtype: the packing dequantizes each value with the
-    scale of its tile (only ``layout="packed"`` takes one). The gathers read whole rows (``layout="rows"``: unit
+    scale of its tile (only ``layout="packed"`` takes one); 4-bit values
+    (qtypes "float4_e2m1fn", "mxfp4") as ``(codes, scale, None, axis,
+    length)``, their bytes as :class:`~raggeddot.quant.PackedFloat4` holds
+    them, e8m0 scales widened exactly to the compute dtype. The gathers read whole rows (``layout="rows"``: unit
     column stride, copied otherwise) and the element-wise kernels flat
     memory (``layout="contiguous"``: C-contiguous)."""
     if isinstance(arr, QArray):
         if layout != PACKED:
             raise TypeError("a QArray is read only by the grouped matmuls (layout='packed')")
         zp = arr.zero_point
-        return (arr.qvalue, np.ascontiguousarray(arr.scale, dtype=dtype),
-                None if zp is None else np.ascontiguousarray(zp, dtype=dtype))
+        scale = np.ascontiguousarray(arr.scale, dtype=dtype)
+        if arr.qtype in ("float4_e2m1fn", "mxfp4"):   # 4-bit codes two a byte: (codes, ..., axis, length)
+            return (arr.qvalue.codes, scale, None, arr.qvalue.axis, arr.qvalue.length)
+        return (arr.qvalue, scale, None if zp is None else np.ascontiguousarray(zp, dtype=dtype))
     if layout == PACKED:
         native = arr.dtype.newbyteorder("=") if not arr.dtype.isnative else arr.dtype
         if _packing_reads(native, dtype):

@@ -139,7 +139,7 @@ def storage(x):
     qvalue, a PackedRhs's panels), for the checks that an output shares no
     memory with it."""
     if isinstance(x, QArray):
-        return x.qvalue
+        return getattr(x.qvalue, "codes", x.qvalue)   # a PackedFloat4's bytes
     if isinstance(x, PackedRhs):
         return x._buf
     return x

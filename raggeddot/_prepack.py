@@ -26,6 +26,9 @@ _INT8_DOT = "int8-dot"
 # float32 (int4 values are held in int8).
 _QLAYOUT = {"int8": "float32-int8w", "int4": "float32-int8w", "float8_e4m3fn": "float32-float8w"}
 _TRAILER = 16   # bytes of the header before a quantized panel's scales (rd_qtrailer_t)
+# 4-bit weights with power-of-two scales (every "mxfp4" QArray): 4 bits a
+# value in the panels, one e8m0 exponent a column per scale run after them.
+_F4LAYOUT = "float32-float4w"
 
 
 class PackedRhs(v.Prepacked):
@@ -44,7 +47,10 @@ class PackedRhs(v.Prepacked):
     unpacked call bit for bit).
 
     Quantized weights (a :class:`~raggeddot.QArray`, qtype int8, int4 or
-    float8_e4m3fn) keep one byte a value; after each panel of a block come
+    float8_e4m3fn) keep one byte a value (4-bit weights with power-of-two
+    scales, every "mxfp4" QArray: 4 bits a value, and one e8m0 exponent
+    byte a column per scale run, 4.25 bits a weight; "float4_e2m1fn" with
+    other scales: one byte, as float8_e4m3fn, which holds every e2m1 value); after each panel of a block come
     the float32 scales (and zero points) of its columns for that block, per
     scale tile along k that the block meets. The micro-kernel widens each
     value exactly and computes ``(q - zero_point) * scale`` in float32
@@ -179,6 +185,8 @@ class PackedRhs(v.Prepacked):
         return out
 
     def _unpack_quantized(self):
+        if self.ctype == _F4LAYOUT:
+            return self._unpack_float4()
         g, k, n = self.shape
         nr, kc = self.nr, self.kc
         panels = -(-n // nr)
@@ -204,6 +212,56 @@ class PackedRhs(v.Prepacked):
         return QArray(values.view(self._storage), self._scale.copy(), zp, self.qtype)
 
 
+    def _unpack_float4(self):
+        """unpack of the 4-bit layout: per block (KC deep, cut nowhere
+        else), panels of ``depth * NR / 2`` bytes (columns j and j + NR/2
+        in the low and high nibbles of byte j of a step), then the trailer."""
+        from .quant import PackedFloat4
+        g, k, n = self.shape
+        nr, kc = self.nr, self.kc
+        panels = -(-n // nr)
+        flat = self._buf.view(np.uint8).reshape(g, -1)
+        codes = np.empty((g, k, panels * nr), dtype=np.uint8)
+        start = 0
+        for pc in range(0, k, kc):
+            depth = min(kc, k - pc)
+            step = _f4panel_bytes(nr, pc, depth, self._qtile)
+            block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :depth * nr // 2]
+            block = block.reshape(g, panels, depth, nr // 2)
+            both = np.concatenate([block & 0xF, block >> 4], axis=-1)      # [g, panels, depth, nr]
+            codes[:, pc:pc + depth, :] = both.transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
+            start += panels * step
+        values = PackedFloat4.pack(codes[:, :, :n].view(self._storage), -1)
+        return QArray(values, self._scale.copy(), None, self.qtype)
+
+
+def _f4panel_bytes(nr, pc, kc, qtile):
+    """Bytes of one micro-panel of 4-bit weights in the block at ``pc``
+    (``kc`` deep): the values, the trailer header, one exponent byte a
+    column per run (rd_ppanel_bytes)."""
+    first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
+    runs = 1 if kc <= first else 1 + -(-(kc - first) // tile)
+    return nr * kc // 2 + _TRAILER + runs * nr
+
+
+def _pow2_scales(q):
+    """Whether every scale of the 4-bit QArray ``q`` is an e8m0 power of two
+    (2^-127 to 2^127): always for "mxfp4"."""
+    if q.qtype == "mxfp4":
+        return True
+    s = np.asarray(q.scale, dtype=np.float32)
+    m, e = np.frexp(s)
+    return bool(np.all((m == 0.5) & (e >= -126) & (e <= 128)))
+
+
+def _as_float8(q):
+    """A 4-bit QArray as the float8_e4m3fn one of the same values and scales
+    (every e2m1 value is an e4m3 value): one byte a weight."""
+    import ml_dtypes
+    values = np.asarray(q.qvalue).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return QArray(values, q.scale, None, "float8_e4m3fn")
+
+
 def _qpanel_bytes(nr, pc, kc, qtile, zp):
     """Bytes of one micro-panel of quantized weights in the block at ``pc``
     (``kc`` deep): the values, the trailer header, then per run of the block
@@ -221,7 +279,8 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
       rhs: ``[g, k, n]`` weights (``[g, n, k]`` with ``transpose_rhs``, read
         as its transpose, as :func:`~raggeddot.gmm` reads it): float32,
         float64, bfloat16 or float16, any strides; or a
-        :class:`~raggeddot.QArray` of qtype int8, int4 or float8_e4m3fn with
+        :class:`~raggeddot.QArray` of qtype int8, int4, float8_e4m3fn,
+        float4_e2m1fn or mxfp4 with
         any tiling of its scales (per tensor, per channel ``[g, 1, n]``,
         subchannel ``[g, k / bk, n]``, tiles along n or g), with or without
         zero points, and float32, bfloat16 or float16 scales. Its product
@@ -313,7 +372,11 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
                              f"({int(nan.sum())} NaN values): NaN weights cannot be prepacked")
     w = q.transpose(0, 2, 1) if transpose_rhs else q
     g, k, n = w.shape
-    ctype = _QLAYOUT[q.qtype]
+    if q.qtype in ("float4_e2m1fn", "mxfp4"):
+        if _pow2_scales(w):
+            return _prepack_float4(q, w, dt, fn)
+        w = _as_float8(w)       # float scales: the same values one byte a weight
+    ctype = _QLAYOUT[w.qtype]
     if lhs == np.int8 and ctype == "float32-int8w" \
             and gw.served(_INT8_DOT) and gw.integral_zero_points(w.zero_point):
         ctype = _INT8_DOT
@@ -327,6 +390,21 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True),
             None if w.zero_point is None else np.array(w.zero_point, copy=True))
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
+
+
+def _prepack_float4(q, w, dt, fn):
+    """prepack of 4-bit weights ``w [g, k, n]`` with power-of-two scales:
+    4 bits a weight, one byte a column per scale run (4.25 bits a weight for
+    MXFP4, whose runs are 32 deep)."""
+    g, k, n = w.shape
+    storage = np.dtype(w.qvalue.dtype)
+    qtile = w.tile_shape[1]
+    per_group, nr, kc, kernel = gw.prepack_layout(_F4LAYOUT, storage.name, k, n, qtile, False)
+    buf = _aligned(g * per_group)
+    if buf.size:
+        gw.prepack(gw.operand(w, np.dtype(np.float32), gw.PACKED), buf, _F4LAYOUT, kc, nr)
+    kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True), None)
+    return PackedRhs(buf, (g, k, n), dt, _F4LAYOUT, nr, kc, kernel, per_group, kept)
 
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -403,6 +481,8 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
     if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
         per_row = quantize_lhs or lhs.scale.shape[-1] == 1      # one scale along k
         return _INT8_DOT if per_row and gw.served(_INT8_DOT) else None
+    if packed.qtype in ("float4_e2m1fn", "mxfp4"):
+        return packed.ctype     # its 4-bit (or float8) layout takes every float lhs
     return _QLAYOUT[packed.qtype]
 
 

@@ -25,7 +25,19 @@ Quantized types (``qtype``):
 - ``"int8"``: values in [-128, 127], stored as int8;
 - ``"int4"``: values in [-8, 7], stored as int8 (ml_dtypes' int4 arrays are
   accepted and copied into int8 storage, one byte a value either way);
-- ``"float8_e4m3fn"``: ml_dtypes' float8_e4m3fn (largest finite 448).
+- ``"float8_e4m3fn"``: ml_dtypes' float8_e4m3fn (largest finite 448);
+- ``"float4_e2m1fn"``: ml_dtypes' float4_e2m1fn (0, ±0.5, ±1, ±1.5, ±2, ±3,
+  ±4, ±6), float scales of any tiling (as qwix and tokamax define them);
+- ``"mxfp4"`` (OCP Microscaling): float4_e2m1fn values with
+  ``float8_e8m0fnu`` scales (powers of two 2^(e - 127); 0xFF, NaN, refused),
+  one per 32 values along one axis. Dequantized to float32; bfloat16 holds
+  every such value exactly too (up to overflow past 2^127 * 6, where both
+  give infinity), so a product with a bfloat16 lhs is that of the bfloat16
+  weights, on the bfloat16 dot-product kernels where those serve.
+
+4-bit values are kept two a byte (:class:`PackedFloat4`: the low nibble the
+even element along the axis they are packed on, as the OCP and gpt-oss
+order them): 4.25 bits a weight in memory for "mxfp4".
 """
 import math
 import operator
@@ -39,12 +51,15 @@ try:
 except ImportError:  # then float8_e4m3fn and ml_dtypes' int4 are unavailable
     ml_dtypes = None
 
-__all__ = ["QArray", "AsQArray", "quantize", "dequantize", "QTYPES"]
+__all__ = ["QArray", "AsQArray", "PackedFloat4", "quantize", "dequantize", "from_mxfp4", "QTYPES"]
 
 #: Accepted qtypes: name -> (smallest value, largest value).
-QTYPES = {"int8": (-128, 127), "int4": (-8, 7), "float8_e4m3fn": (-448.0, 448.0)}
+QTYPES = {"int8": (-128, 127), "int4": (-8, 7), "float8_e4m3fn": (-448.0, 448.0),
+          "float4_e2m1fn": (-6.0, 6.0), "mxfp4": (-6.0, 6.0)}
 
 _INT_QTYPES = ("int8", "int4")
+_F4_QTYPES = ("float4_e2m1fn", "mxfp4")
+_MX_BLOCK = 32      # values a scale along the tiled axis of "mxfp4"
 
 
 def _qtype_name(qtype, fn, name="qtype"):
@@ -58,17 +73,187 @@ def _qtype_name(qtype, fn, name="qtype"):
             key = None
     if key not in QTYPES:
         raise ValueError(f"{fn}: '{name}' must be one of {', '.join(QTYPES)} (or their dtypes), got {qtype!r}")
-    if key == "float8_e4m3fn" and ml_dtypes is None:
+    if key in ("float8_e4m3fn",) + _F4_QTYPES and ml_dtypes is None:
         raise ValueError(f"{fn}: '{name}'={key!r} needs the ml_dtypes package")
     return key
 
 
 def _storage_dtype(qtype):
+    if qtype in _F4_QTYPES:
+        return np.dtype(ml_dtypes.float4_e2m1fn)
     return np.dtype(ml_dtypes.float8_e4m3fn) if qtype == "float8_e4m3fn" else np.dtype(np.int8)
+
+
+def _is_e8m0(dtype):
+    return dtype.name == "float8_e8m0fnu" and dtype.itemsize == 1
+
+
+# ------------------------------------------------------------ 4-bit values
+
+
+class PackedFloat4:
+    """float4_e2m1fn values kept two a byte: the storage of a 4-bit
+    :class:`QArray` (qtypes "float4_e2m1fn" and "mxfp4").
+
+    ``codes`` is a uint8 array of the values' shape but along ``axis``,
+    where it has ``(length + 1) // 2`` bytes of unit stride: value ``2j``
+    is the low nibble of byte ``j``, value ``2j + 1`` its high nibble (the
+    order of the OCP Microscaling formats and of gpt-oss's checkpoints; an
+    odd ``length`` leaves the last high nibble unused). It behaves as an
+    array of float4_e2m1fn of that shape for what a QArray does with its
+    values: ``shape``, ``ndim``, ``size``, ``dtype``, ``transpose``, basic
+    indexing, ``reshape`` (merging adjacent axes), ``astype`` and
+    ``np.asarray`` (one byte a value, a copy). Views keep the codes where
+    they can and copy them (repacked) where the pairs do not survive.
+
+    Build one with :meth:`pack` (from float4_e2m1fn values) or from the
+    bytes themselves: ``PackedFloat4(codes, axis, length)``.
+    """
+
+    __slots__ = ("codes", "axis", "length")
+
+    def __init__(self, codes, axis=-1, length=None):
+        fn = "PackedFloat4"
+        codes = v.as_array(codes, "codes", fn)
+        if codes.dtype != np.uint8:
+            raise TypeError(f"{fn}: 'codes' must be uint8 (two float4_e2m1fn codes a byte), got {codes.dtype}")
+        if codes.ndim == 0:
+            raise ValueError(f"{fn}: 'codes' must have at least one dimension")
+        axis = _axes((axis,), codes.ndim, "axis", fn)[0]
+        have = codes.shape[axis]
+        length = 2 * have if length is None else operator.index(length)
+        if (length + 1) // 2 != have:
+            raise ValueError(f"{fn}: 'length' {length} needs {(length + 1) // 2} bytes along axis {axis}, "
+                             f"'codes' has {have}")
+        if length > 2 and codes.strides[axis] != 1:
+            codes = np.ascontiguousarray(np.moveaxis(codes, axis, -1))
+            codes = np.moveaxis(codes, -1, axis)
+        for name, val in (("codes", codes), ("axis", axis), ("length", length)):
+            object.__setattr__(self, name, val)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("PackedFloat4 is immutable")
+
+    def __repr__(self):
+        return f"PackedFloat4(shape={self.shape}, axis={self.axis})"
+
+    @classmethod
+    def pack(cls, values, axis=-1):
+        """``values`` (float4_e2m1fn, or uint8 codes 0-15 one a byte) packed
+        two a byte along ``axis``."""
+        values = np.asarray(values)
+        if values.dtype.name != "float4_e2m1fn" and values.dtype != np.uint8:
+            raise TypeError(f"PackedFloat4.pack: 'values' must be float4_e2m1fn, got {values.dtype}")
+        codes = values.view(np.uint8)
+        if values.ndim == 0:
+            raise ValueError("PackedFloat4.pack: 'values' must have at least one dimension")
+        axis = _axes((axis,), values.ndim, "axis", "PackedFloat4.pack")[0]
+        c = np.moveaxis(codes & 0xF, axis, -1)
+        n = c.shape[-1]
+        if n % 2:
+            c = np.concatenate([c, np.zeros(c.shape[:-1] + (1,), np.uint8)], axis=-1)
+        packed = np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4))
+        return cls(np.moveaxis(packed, -1, axis), axis, n)
+
+    # -------------------------------------------------- the array it stands for
+    @property
+    def shape(self):
+        s = list(self.codes.shape)
+        s[self.axis] = self.length
+        return tuple(s)
+
+    @property
+    def ndim(self):
+        return self.codes.ndim
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(ml_dtypes.float4_e2m1fn)
+
+    @property
+    def nbytes(self):
+        return self.codes.nbytes
+
+    def unpack(self):
+        """The values one a byte: a new float4_e2m1fn array."""
+        c = np.moveaxis(self.codes, self.axis, -1)
+        out = np.empty(c.shape[:-1] + (2 * c.shape[-1],), np.uint8)
+        out[..., 0::2] = c & 0xF
+        out[..., 1::2] = c >> 4
+        out = out[..., :self.length]
+        return np.moveaxis(out, -1, self.axis).view(ml_dtypes.float4_e2m1fn)
+
+    def __array__(self, dtype=None, copy=None):
+        x = self.unpack()
+        return x if dtype is None else x.astype(dtype)
+
+    def astype(self, dtype, copy=True):
+        return self.unpack().astype(dtype)
+
+    # ------------------------------------------------------------- views
+    def transpose(self, *axes):
+        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], (int, np.integer))):
+            axes = axes[0]
+        axes = tuple(reversed(range(self.ndim))) if not axes else tuple(operator.index(a) % self.ndim for a in axes)
+        return PackedFloat4(self.codes.transpose(axes), axes.index(self.axis), self.length)
+
+    def __getitem__(self, key):
+        """Basic indexing (integers and slices); the codes are kept where
+        the packed axis is sliced from an even start with unit step (or not
+        indexed), repacked along the last axis otherwise."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        key = key + (slice(None),) * (self.ndim - len(key))
+        k = key[self.axis]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(self.length)
+            n = len(range(start, stop, step))
+            if step == 1 and start % 2 == 0:
+                ckey = list(key)
+                ckey[self.axis] = slice(start // 2, start // 2 + (n + 1) // 2)
+                axis = self.axis - sum(not isinstance(x, slice) for x in key[:self.axis])
+                return PackedFloat4(self.codes[tuple(ckey)], axis, n)
+        values = self.unpack()[key]
+        return PackedFloat4.pack(values, -1) if values.ndim else values
+
+    def reshape(self, *shape):
+        """A reshape that merges adjacent axes (or adds and drops axes of
+        size 1) keeps the codes when the packed axis stays the innermost of
+        its merged axes (with an even length if it merges with others);
+        any other is repacked along the last axis."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = shape[0]
+        shape = tuple(operator.index(d) for d in shape)
+        old = self.shape
+        before, inner, n = math.prod(old[:self.axis]), math.prod(old[self.axis + 1:]), self.length
+        for j, d in enumerate(shape):
+            if math.prod(shape[j + 1:]) != inner or n == 0 or d % n:
+                continue
+            if math.prod(shape[:j]) * d != before * n or (d != n and n % 2):
+                continue
+            cshape = list(shape)
+            cshape[j] = d // n * ((n + 1) // 2)
+            return PackedFloat4(self.codes.reshape(cshape), j, d)
+        return PackedFloat4.pack(self.unpack().reshape(shape), -1)
 
 
 def _is_int4(dtype):
     return dtype.name == "int4" and dtype.itemsize == 1
+
+
+def _check_e8m0(scale, fn, name):
+    """``scale`` of an "mxfp4" QArray: float8_e8m0fnu, no NaN (0xFF)."""
+    if not _is_e8m0(scale.dtype):
+        raise TypeError(f"{fn}: '{name}' of an 'mxfp4' QArray must be float8_e8m0fnu (power-of-two scales), "
+                        f"got {scale.dtype}")
+    nan = scale.view(np.uint8) == 0xFF
+    if nan.any():
+        where = tuple(int(i) for i in np.argwhere(nan)[0])
+        raise ValueError(f"{fn}: '{name}' holds the NaN scale 0xFF at {where} ({int(nan.sum())} of them)")
 
 
 class QArray:
@@ -77,12 +262,18 @@ class QArray:
     Args:
       qvalue: array of the quantized values: int8 for ``qtype`` "int8" or
         "int4" (ml_dtypes.int4 also accepted for "int4"), ml_dtypes'
-        float8_e4m3fn for "float8_e4m3fn".
+        float8_e4m3fn for "float8_e4m3fn", a :class:`PackedFloat4` for
+        "float4_e2m1fn" and "mxfp4" (a float4_e2m1fn array, one byte a
+        value, is packed two a byte along its last axis: a copy).
       scale: float array (float16, bfloat16, float32 or float64) with as
-        many dimensions as qvalue, each dimension dividing qvalue's.
-      zero_point: None (symmetric) or a real array of scale's shape.
-      qtype: "int8", "int4", "float8_e4m3fn" (or their dtypes); default
-        from qvalue's dtype ("int8" for int8 values).
+        many dimensions as qvalue, each dimension dividing qvalue's; for
+        "mxfp4" float8_e8m0fnu, one per 32 values along one axis and one
+        per index along the others, no NaN (0xFF).
+      zero_point: None (symmetric) or a real array of scale's shape (none
+        for the 4-bit qtypes).
+      qtype: "int8", "int4", "float8_e4m3fn", "float4_e2m1fn", "mxfp4" (or
+        their dtypes); default from qvalue's dtype ("int8" for int8 values;
+        "mxfp4" for float8_e8m0fnu scales).
 
     Attributes: ``qvalue``, ``scale``, ``zero_point``, ``qtype``, and derived
     ``shape``, ``ndim``, ``dtype`` (the dtype of :func:`dequantize`: scale's)
@@ -95,19 +286,31 @@ class QArray:
 
     def __init__(self, qvalue, scale, zero_point=None, qtype=None):
         fn = "QArray"
-        qvalue = v.as_array(qvalue, "qvalue", fn)
+        if not isinstance(qvalue, PackedFloat4):
+            qvalue = v.as_array(qvalue, "qvalue", fn)
+        scale = v.as_array(scale, "scale", fn)
         if qtype is None:
-            qtype = ("float8_e4m3fn" if qvalue.dtype.name == "float8_e4m3fn"
+            qtype = ("mxfp4" if _is_e8m0(scale.dtype)
+                     else "float4_e2m1fn" if qvalue.dtype.name == "float4_e2m1fn"
+                     else "float8_e4m3fn" if qvalue.dtype.name == "float8_e4m3fn"
                      else "int4" if _is_int4(qvalue.dtype) else "int8")
         qtype = _qtype_name(qtype, fn)
         want = _storage_dtype(qtype)
         if qtype == "int4" and _is_int4(qvalue.dtype):
             qvalue = qvalue.astype(np.int8)
+        if qtype in _F4_QTYPES and not isinstance(qvalue, PackedFloat4) and qvalue.dtype == want:
+            qvalue = PackedFloat4.pack(qvalue, -1)   # one byte a value given: two a byte kept
         if qvalue.dtype != want:
             raise TypeError(f"{fn}: 'qvalue' of qtype {qtype!r} must have dtype {want.name}"
-                            f"{' (or int4)' if qtype == 'int4' else ''}, got {qvalue.dtype.name}")
-        scale = v.as_array(scale, "scale", fn)
-        v.float_dtype(scale, "scale", fn)
+                            f"{' (or int4)' if qtype == 'int4' else ''}"
+                            f"{' (a PackedFloat4 or a float4_e2m1fn array)' if qtype in _F4_QTYPES else ''}"
+                            f", got {qvalue.dtype.name}")
+        if qtype == "mxfp4":
+            _check_e8m0(scale, fn, "scale")
+        else:
+            v.float_dtype(scale, "scale", fn)
+        if qtype in _F4_QTYPES and zero_point is not None:
+            raise ValueError(f"{fn}: a {qtype!r} QArray has no 'zero_point' (symmetric float values)")
         if scale.ndim != qvalue.ndim:
             raise ValueError(f"{fn}: 'scale' must have as many dimensions as 'qvalue' ({qvalue.ndim}), "
                              f"got shape {scale.shape} for qvalue shape {qvalue.shape}")
@@ -148,7 +351,10 @@ class QArray:
 
     @property
     def dtype(self):
-        """The dtype of the dequantized values (scale's, native byte order)."""
+        """The dtype of the dequantized values (scale's, native byte order;
+        float32 for "mxfp4")."""
+        if self.qtype == "mxfp4":
+            return np.dtype(np.float32)
         return v.native(self.scale.dtype)
 
     @property
@@ -304,6 +510,9 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
                    scale = max|x| / 448              (float8_e4m3fn)
                    q = clip(round_half_even(x / scale), qmin, qmax)   (int)
                    q = float8_e4m3fn(x / scale)   (ml_dtypes' rounding)
+                   scale = max|x| / 6                (float4_e2m1fn)
+                   scale = 2^(floor(log2(max|x|)) - 2) (mxfp4, OCP MX v1.0)
+                   q = float4_e2m1fn(clip(x / scale, -6, 6))  (nearest, ties even)
         "minmax":  (int qtypes; asymmetric) lo = min(x, 0), hi = max(x, 0),
                    scale = (hi - lo) / (qmax - qmin),
                    zero_point = clip(round(qmin - lo / scale), qmin, qmax),
@@ -314,14 +523,20 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
 
     Args:
       x: float array (float16, bfloat16, float32, float64).
-      qtype: "int8", "int4" or "float8_e4m3fn" (or their dtypes).
+      qtype: "int8", "int4", "float8_e4m3fn", "float4_e2m1fn" or "mxfp4"
+        (or their dtypes). "mxfp4" takes one tiled axis of tile 32 and
+        every other axis channelwise: ``quantize(w, "mxfp4",
+        channelwise_axes=(0, 2), tiled_axes={1: 32})`` for ``[g, k, n]``
+        weights.
       channelwise_axes: axes with one scale per index.
       tiled_axes: ``{axis: tile}``, each tile a positive divisor of the axis.
       calibration_method: "absmax" or "minmax".
 
     Returns:
-      A QArray: qvalue of qtype's storage dtype, scale float32 (float64 for
-      a float64 ``x``) of shape ``x.shape // tile``.
+      A QArray: qvalue of qtype's storage dtype (4-bit values: a
+      :class:`PackedFloat4` packed along the last axis), scale float32
+      (float64 for a float64 ``x``; float8_e8m0fnu for "mxfp4") of shape
+      ``x.shape // tile``.
     """
     fn = "quantize"
     x = v.as_array(x, "x", fn)
@@ -356,8 +571,18 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
         tile[a] = t
     ct = np.dtype(np.float64) if xt == np.float64 else np.dtype(np.float32)
     sshape = tuple(n // t if t else 1 for n, t in zip(x.shape, tile))
+    if qtype == "mxfp4":
+        blocks = [t for t in tile if t != 1]
+        if len(blocks) != 1 or blocks[0] != _MX_BLOCK or len(chan) + 1 != x.ndim:
+            raise ValueError(f"{fn}: 'mxfp4' takes one scale per {_MX_BLOCK} values along one axis "
+                             f"(tiled_axes={{axis: {_MX_BLOCK}}}, the size of that axis a multiple of "
+                             f"{_MX_BLOCK}) and every other axis in 'channelwise_axes'; got tiles {tuple(tile)} "
+                             f"for x of shape {x.shape}")
     if x.size == 0:
         zp = np.zeros(sshape, ct) if calibration_method == "minmax" else None
+        if qtype == "mxfp4":
+            return QArray(np.zeros(x.shape, _storage_dtype(qtype)),
+                          np.full(sshape, 127, np.uint8).view(ml_dtypes.float8_e8m0fnu), None, qtype)
         return QArray(np.zeros(x.shape, _storage_dtype(qtype)), np.ones(sshape, ct), zp, qtype)
     # x viewed as [s0, t0, s1, t1, ...]: a tile is a fixed (s0, s1, ...) index
     split = tuple(d for s, t in zip(sshape, tile) for d in (s, t))
@@ -365,6 +590,8 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
     red = tuple(range(1, 2 * x.ndim, 2))
     qmin, qmax = QTYPES[qtype]
     zp = None
+    if qtype in _F4_QTYPES:
+        return _quantize_f4(xs, red, ct, qtype, x.shape, sshape)
     if calibration_method == "absmax":
         amax = np.abs(xs).max(axis=red, keepdims=True)
         scale = amax / ct.type(qmax + 0.5 if qtype in _INT_QTYPES else qmax)
@@ -385,6 +612,69 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
     return QArray(q.reshape(x.shape), scale.reshape(sshape), zp, qtype)
 
 
+def _quantize_f4(xs, red, ct, qtype, shape, sshape):
+    """quantize's 4-bit qtypes, ``xs`` the tiles as quantize splits them.
+
+    "float4_e2m1fn": scale = max|x| / 6 (its largest value); "mxfp4" (OCP
+    MX v1.0): the shared scale 2^(floor(log2(max|x|)) - 2), 2 being the
+    exponent of e2m1's largest power of two, clamped to e8m0's [2^-127,
+    2^127] (2^0 for a tile of zeros). Then each value x / scale rounded to
+    the nearest float4_e2m1fn, ties to even, saturating at +-6."""
+    amax = np.abs(xs).max(axis=red, keepdims=True)
+    if qtype == "mxfp4":
+        _, e = np.frexp(amax)                     # amax = f * 2^e, f in [0.5, 1): floor(log2) = e - 1
+        e = np.clip(np.where(amax > 0, e - 1 - 2, 0), -127, 127).astype(np.int64)
+        scale = np.ldexp(ct.type(1), e).astype(ct)
+        stored = (e + 127).astype(np.uint8).reshape(sshape).view(ml_dtypes.float8_e8m0fnu)
+    else:
+        scale = amax / ct.type(6)
+        scale = np.where(scale == 0, ct.type(1), scale).astype(ct)
+        stored = scale.reshape(sshape)
+    q = np.clip(xs / scale, -6, 6).astype(ml_dtypes.float4_e2m1fn).reshape(shape)
+    return QArray(PackedFloat4.pack(q, -1), stored, None, qtype)
+
+
+def from_mxfp4(blocks, scales):
+    """The MXFP4 weights of a checkpoint (gpt-oss's ``*_blocks`` and
+    ``*_scales`` tensors) as a :class:`QArray` over the same bytes.
+
+    Args:
+      blocks: uint8 ``[..., out, in / 32, 16]``: per row and block of 32
+        values, 16 bytes, value ``2j`` in the low nibble of byte ``j`` and
+        ``2j + 1`` in its high nibble (float4_e2m1fn codes). Any array NumPy
+        reads without a copy (a NumPy array, a CPU torch tensor).
+      scales: uint8 ``[..., out, in / 32]``: the e8m0 exponent of each
+        block's scale, 2^(e - 127) (255, NaN, refused).
+
+    Returns:
+      A QArray of qtype "mxfp4" and shape ``[..., out, in]`` whose values
+      are ``blocks`` (reshaped, not copied, when its last two axes are
+      contiguous) and whose scales are ``scales`` viewed as
+      float8_e8m0fnu. It is ``[E, out, in]`` as transformers holds expert
+      weights: multiply it with ``transpose_rhs=True`` (gmm) or prepack it
+      with ``transpose_rhs=True``, as any ``[E, out, in]`` weights.
+    """
+    fn = "from_mxfp4"
+    if ml_dtypes is None:
+        raise ValueError(f"{fn}: needs the ml_dtypes package")
+    blocks = v.as_array(blocks, "blocks", fn)
+    scales = v.as_array(scales, "scales", fn)
+    for name, a in (("blocks", blocks), ("scales", scales)):
+        if a.dtype != np.uint8 and not (name == "scales" and _is_e8m0(a.dtype)):
+            raise TypeError(f"{fn}: '{name}' must be uint8, got {a.dtype}")
+    if blocks.ndim < 3 or blocks.shape[-1] != _MX_BLOCK // 2:
+        raise ValueError(f"{fn}: 'blocks' must be [..., out, in / {_MX_BLOCK}, {_MX_BLOCK // 2}] uint8 "
+                         f"({_MX_BLOCK // 2} bytes a block of {_MX_BLOCK} values), got shape {blocks.shape}")
+    if scales.shape != blocks.shape[:-1]:
+        raise ValueError(f"{fn}: 'scales' must have shape {blocks.shape[:-1]} (one per block of 'blocks' "
+                         f"{blocks.shape}), got {scales.shape}")
+    scales = scales.view(ml_dtypes.float8_e8m0fnu)
+    _check_e8m0(scales, fn, "scales")
+    nb = blocks.shape[-2]
+    codes = blocks.reshape(blocks.shape[:-2] + (nb * (_MX_BLOCK // 2),))
+    return QArray(PackedFloat4(codes, -1, nb * _MX_BLOCK), scales, None, "mxfp4")
+
+
 def dequantize(q):
     """``(qvalue - zero_point) * scale`` broadcast over the tiles, in scale's
     dtype (qwix's ``dequantize``): an array of ``q.shape``."""
@@ -395,6 +685,9 @@ def dequantize(q):
         return np.zeros(q.shape, dt)
     split = tuple(d for s, t in zip(q.scale.shape, q.tile_shape) for d in (s, t))
     bshape = tuple(d for s in q.scale.shape for d in (s, 1))
+    if q.qtype in _F4_QTYPES:   # exact: values of 2 bits times the scales, rounded once to dt
+        x = q.qvalue.astype(np.float32).reshape(split)
+        return (x * q.scale.astype(np.float32).reshape(bshape)).astype(dt).reshape(q.shape)
     x = q.qvalue.astype(dt).reshape(split)
     if q.zero_point is not None:
         x = x - q.zero_point.astype(dt).reshape(bshape)

@@ -361,3 +361,76 @@ def test_set_experts_implementation_on_a_built_model(monkeypatch):
         model.set_experts_implementation("eager")
         _, calls = _ran_raggeddot(monkeypatch, lambda: model(ids).logits)
     assert calls == 0
+
+
+def _mxfp4_checkpoint(model):
+    """The experts' weights of ``model`` as a gpt-oss checkpoint holds them:
+    ``*_blocks`` uint8 [E, out, in / 32, 16] and ``*_scales`` uint8
+    [E, out, in / 32] (raggeddot.quantize's MXFP4 codes and exponents)."""
+    import numpy as np
+    import raggeddot as rdp
+    tensors = {}
+    for name, m in model.named_modules():
+        if not hasattr(m, "has_gate"):
+            continue
+        for wname in ("gate_up_proj", "down_proj"):
+            w = getattr(m, wname).detach().float().numpy().transpose(0, 2, 1)      # [E, out, in]
+            q = rdp.quantize(w, "mxfp4", channelwise_axes=(0, 1), tiled_axes={2: 32})
+            codes = np.ascontiguousarray(q.qvalue.codes)
+            tensors[f"{name}.{wname}_blocks"] = torch.from_numpy(codes.reshape(codes.shape[:2] + (-1, 16)))
+            tensors[f"{name}.{wname}_scales"] = torch.from_numpy(np.ascontiguousarray(q.scale.view(np.uint8)))
+    return tensors
+
+
+def test_gpt_oss_experts_kept_in_mxfp4():
+    """A bfloat16 gpt-oss whose experts are loaded from MXFP4 blocks and
+    scales and kept that way: its logits equal, bit for bit, those of the
+    same model on the dequantized bfloat16 weights through the same
+    implementation (the weights are exact in bfloat16 and the 4-bit kernels
+    sum as the bfloat16-weight ones do), come within bfloat16 rounding of the
+    eager loop's on those weights, greedy generate() is identical, and the
+    experts hold <= 0.3x the bytes of their bfloat16 weights."""
+    import raggeddot as rdp
+    cfg = _config("gpt_oss", hidden_size=64, intermediate_size=64)
+    eager, ref = _pair(cfg, dtype=torch.bfloat16)
+    mx = copy.deepcopy(ref)
+    tensors = _mxfp4_checkpoint(ref)
+    bf16_bytes = {}
+    for (name, m), (_, e), (_, r) in zip(mx.named_modules(), eager.named_modules(), ref.named_modules()):
+        if hasattr(m, "has_gate"):       # the reference models get the dequantized values, in bfloat16
+            bf16_bytes[name] = sum(getattr(m, w).numel() * 2 for w in ("gate_up_proj", "down_proj"))
+            for wname in ("gate_up_proj", "down_proj"):
+                q = rdp.quant.from_mxfp4(tensors[f"{name}.{wname}_blocks"].numpy(),
+                                         tensors[f"{name}.{wname}_scales"].numpy())
+                deq = torch.from_numpy(rdp.dequantize(q).transpose(0, 2, 1).copy()).to(torch.bfloat16)
+                for model_m in (e, r):
+                    getattr(model_m, wname).data.copy_(deq)
+    loaded = rt.load_mxfp4_experts(mx, tensors)
+    assert len(loaded) == 2 * len(bf16_bytes)
+    held = {name: sum(p.nbytes for p in m._raggeddot_mxfp4.values())
+            for name, m in mx.named_modules() if hasattr(m, "has_gate")}
+    for name, nbytes in held.items():
+        assert nbytes <= 0.3 * bf16_bytes[name], (name, nbytes, bf16_bytes[name])
+        assert getattr(dict(mx.named_modules())[name], "gate_up_proj").numel() == 0
+    ids = torch.randint(3, V, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want, loop = mx(ids).logits, ref(ids).logits, eager(ids).logits
+    assert torch.equal(got, want)
+    assert _rel(got, loop) <= 0.05, _rel(got, loop)
+    kw = dict(max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert torch.equal(mx.generate(ids[:1, :4], **kw), ref.generate(ids[:1, :4], **kw))
+    with pytest.raises(RuntimeError, match="for inference"):
+        mx(ids, labels=ids).loss.backward()
+
+
+def test_quantize_experts_mxfp4_in_place():
+    """quantize_experts_mxfp4 gives the model of load_mxfp4_experts."""
+    cfg = _config("gpt_oss", hidden_size=64, intermediate_size=64)
+    _, a = _pair(cfg, dtype=torch.bfloat16)
+    b = copy.deepcopy(a)
+    tensors = _mxfp4_checkpoint(a)
+    rt.quantize_experts_mxfp4(a)
+    rt.load_mxfp4_experts(b, tensors)
+    ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)

@@ -30,6 +30,9 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
      * and zero point), B as the two types above */
     [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2},
     [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12},
+    /* 4-bit B panels (two values a byte), each micro-panel followed by its
+     * rd_qtrailer_t and one e8m0 exponent a column per scale run */
+    [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
@@ -40,6 +43,7 @@ const size_t rd_dtype_size[RD_DTYPE_COUNT] = {
     [RD_I8] = 1,
     [RD_F8E4M3] = 1,
     [RD_F32_AS_BF16] = sizeof(float),
+    [RD_F4E2M1] = 1,    /* one nibble: 4-bit operands are addressed in nibbles */
 };
 
 const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
@@ -50,6 +54,7 @@ const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
     [RD_I8] = "int8",
     [RD_F8E4M3] = "float8_e4m3fn",
     [RD_F32_AS_BF16] = "float32 as bfloat16",
+    [RD_F4E2M1] = "float4_e2m1fn",
 };
 
 extern const rd_family_t rd_family_ref;

@@ -54,6 +54,7 @@ typedef struct {
     rd_pack_t pack_a, pack_b;
     rd_qpack_t qpack_a, qpack_b;    /* for quantized operands (else NULL) */
     size_t a_src, b_src;            /* storage element sizes of lhs, rhs */
+    int b_src_nibbles;              /* rhs addressed in nibbles (4-bit values) */
     size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
     size_t scale_size;              /* bytes a row of scales after each micro-panel */
     size_t q_size;                  /* bytes of an element of the operands' scales */
@@ -136,7 +137,8 @@ rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_in
         return (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
     if (b->panels > 0) {
         const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
-        const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp, cl->scale_size};
+        const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp, cl->scale_size,
+                                rd_ctypes[cl->plan->ct].b_nibbles};
         *bstep = rd_ppanel_bytes(&L, pc, kc);
         return (const char *)b->p + rd_pblock_offset(&L, pc) + (size_t)((b->j0 + jc) / NR) * *bstep;
     }
@@ -238,7 +240,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * room in L2 for the next one */
             rd_ahead.next = rd_ahead.end = NULL;
             if (nt == 1 && pairs == 1 && !streamed && b->panels == 0 && b->cs == 1 && b->rs == nc
-                && pc + kc < K) {
+                && pc + kc < K && cl->b_src_nibbles == 0) {
                 const rd_int rows = K - pc - kc < KC ? K - pc - kc : KC;
                 rd_ahead.next = (const char *)rd_at(b->p, cl->b_src, pc + kc, b->rs, jc, 1);
                 rd_ahead.end = rd_ahead.next + rows * nc * (rd_int)cl->b_src;
@@ -475,6 +477,7 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
         return -2;
     cl->a_src = rd_dtype_size[lhs->dtype];
     cl->b_src = rd_dtype_size[rhs->dtype];
+    cl->b_src_nibbles = rhs->dtype == RD_F4E2M1;
     cl->a_size = ct->a_size;
     cl->b_size = ct->b_size;
     cl->c_size = ct->c_size;

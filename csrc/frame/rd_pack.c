@@ -262,6 +262,12 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_BF16] = {rd_pack_b_t_pack, rd_pack_b_p_pack},
         [RD_F32_AS_BF16] = {rd_pack_r_t_pack, rd_pack_r_p_pack},
     },
+    [RD_CT_F32_F4W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, NULL},
+        [RD_BF16] = {rd_pack_b_s_pack, NULL},
+        [RD_F4E2M1] = {NULL, rd_pack_f4_f4_pack},
+    },
 };
 
 rd_pack_t
@@ -277,6 +283,7 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
         [RD_CT_F32_F16W] = {rd_pack_h_s_f16c_pack, NULL},
         [RD_CT_F32_I8W] = {rd_pack_h_s_f16c_pack, NULL},
         [RD_CT_F32_F8W] = {rd_pack_h_s_f16c_pack, NULL},
+        [RD_CT_F32_F4W] = {rd_pack_h_s_f16c_pack, NULL},
     };
     if (src == RD_F16 && f16c[ct][which] != NULL) {
         __builtin_cpu_init();
@@ -292,10 +299,20 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
     [RD_CT_F32] = {
         [RD_I8] = {rd_pack_i8_s_qpack, rd_pack_i8_s_qpack},
         [RD_F8E4M3] = {rd_pack_f8_s_qpack, rd_pack_f8_s_qpack},
+        [RD_F4E2M1] = {rd_pack_f4_s_qpack, rd_pack_f4_s_qpack},
     },
     [RD_CT_F64] = {
         [RD_I8] = {rd_pack_i8_d_qpack, rd_pack_i8_d_qpack},
         [RD_F8E4M3] = {rd_pack_f8_d_qpack, rd_pack_f8_d_qpack},
+        [RD_F4E2M1] = {rd_pack_f4_d_qpack, rd_pack_f4_d_qpack},
+    },
+    /* 4-bit weights with power-of-two scales for a bfloat16 lhs: the
+     * bfloat16 k-pairs of their dequantized values (exact) */
+    [RD_CT_BF16DP] = {
+        [RD_F4E2M1] = {NULL, rd_pack_f4_p_qpack},
+    },
+    [RD_CT_BF16TILE] = {
+        [RD_F4E2M1] = {NULL, rd_pack_f4_p_qpack},
     },
     [RD_CT_I8I32] = {
         [RD_I8] = {rd_pack_i8_i16_qpack, rd_pack_i8_i16_qpack},

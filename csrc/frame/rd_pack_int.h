@@ -53,4 +53,15 @@ void rd_pack_s_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
 void rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
 
+/* 4-bit float operands (frame/rd_pack_f4.c): dequantized into float32 (s),
+ * float64 (d) or bfloat16 k-pairs (p, power-of-two scales), and the 4-bit
+ * panels of prepacked weights (f4, RD_CT_F32_F4W). */
+void rd_pack_f4_s_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_f4_d_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_f4_p_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+
 #endif /* RD_PACK_INT_H */

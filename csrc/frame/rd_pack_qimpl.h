@@ -6,6 +6,9 @@
  *               scales and zero points
  *   RD_CVT(v)   the stored value as an RD_DST (exact)
  *   RD_FN(x)    name mangler
+ *   RD_LOAD(x, i)  optional: the value at element offset i of x as an
+ *               RD_DST (default RD_CVT(x[i]); 4-bit values, addressed in
+ *               nibbles, define it)
  *
  * qpack(rows, depth, src, rs, cs, r, dst, qb): as the plain routines
  * (rd_pack_impl.h), X[i][p] = src[i*rs + p*cs] into r-row micro-panels,
@@ -14,6 +17,9 @@
  * and zero point z of its tile (see rd_qblock_t).  The scale is looked up
  * once per row and run of depth within one tile, never per element.
  */
+#ifndef RD_LOAD
+#define RD_LOAD(x, i) RD_CVT((x)[i])
+#endif
 static void
 RD_FN(qpack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
              int r, void *dst_, const rd_qblock_t *qb)
@@ -41,10 +47,10 @@ RD_FN(qpack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
                 const RD_DST zp = z != NULL ? z[t * qb->ps] : (RD_DST)0;
                 if (cs == 1)
                     for (; p < end; p++)
-                        col[p * r] = (RD_CVT(x[p]) - zp) * sc;
+                        col[p * r] = (RD_LOAD(x, p) - zp) * sc;
                 else
                     for (; p < end; p++)
-                        col[p * r] = (RD_CVT(x[p * cs]) - zp) * sc;
+                        col[p * r] = (RD_LOAD(x, p * cs) - zp) * sc;
             }
         }
         for (rd_int i = have; i < r; i++)
@@ -58,3 +64,4 @@ RD_FN(qpack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
 #undef RD_DST
 #undef RD_CVT
 #undef RD_FN
+#undef RD_LOAD

@@ -15,7 +15,8 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     const rd_int NR = plan->k.nr;
-    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size};
+    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size,
+                      ct->b_nibbles};
     if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
         L.KC = RD_I32_KC_MAX;
     return L;
@@ -27,7 +28,7 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 static int
 rd_quantized_panels(rd_ctype_t ct)
 {
-    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || rd_ctype_layout(ct) == RD_CT_U8S8;
+    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_F32_F4W || rd_ctype_layout(ct) == RD_CT_U8S8;
 }
 
 /* The routine that packs the weights of storage dtype `dtype` into the
@@ -49,6 +50,16 @@ rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n, rd
     return rd_pblock_offset(&L, k);
 }
 
+/* The e8m0 exponent of a power-of-two float32 scale in [2^-127, 2^127]
+ * (the caller checked that it is one: rd_pow2_scale). */
+static uint8_t
+rd_float_to_e8m0(float s)
+{
+    uint32_t u;
+    memcpy(&u, &s, sizeof u);
+    return u == 0x00400000u ? 0 : (uint8_t)(u >> 23);
+}
+
 /* The trailer of one micro-panel of group g's block at pc (kc deep), whose
  * columns start at column j0 of n: the header, then per run the scales
  * (and zero points) of the columns, 0 past n.  q: the weights' scales, of
@@ -64,6 +75,15 @@ rd_put_trailer(const rd_playout_t *L, const rd_scales_t *q, rd_int g, rd_int pc,
     for (rd_int r = 0; r < runs; r++) {
         /* the tile along k of the run's first step */
         const rd_int t = (pc + (r == 0 ? 0 : h.first + (r - 1) * h.tile)) / L->qtile;
+        if (L->nibbles) {
+            /* 4-bit panels: the exponent of each power-of-two scale */
+            uint8_t *er = (uint8_t *)(dst + RD_F4RUN(r, L->NR));
+            for (rd_int j = 0; j < L->NR; j++) {
+                const rd_int col = j0 + j;
+                er[j] = col < n ? rd_float_to_e8m0(s[g / q->tg * q->gs + t * q->rs + col / q->tc * q->cs]) : 127;
+            }
+            continue;
+        }
         float *sr = (float *)(void *)(dst + RD_QRUN(r, L->NR, L->qzp));
         float *zr = sr + L->NR;
         for (rd_int j = 0; j < L->NR; j++) {
@@ -121,7 +141,8 @@ rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *
             for (rd_int j0 = 0; j0 < n; j0 += NR) {
                 pack(n - j0 < NR ? n - j0 : NR, kc, blk + j0 * rhs->cs * (rd_int)src, rhs->cs, rhs->rs,
                      (int)NR, out);
-                rd_put_trailer(&L, &rhs->q, g, pc, kc, j0, n, out + (size_t)NR * (size_t)kc);
+                rd_put_trailer(&L, &rhs->q, g, pc, kc, j0, n,
+                               out + (size_t)NR * (size_t)kc / (L.nibbles ? 2u : 1u));
                 out += step;
             }
         }

@@ -11,6 +11,7 @@
  *       sums scaled into float32 once per block (RD_CT_I8I32)
  *   rd_sgemm_avx2_{i8w,f8w}_6x16: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
+ *   rd_sgemm_avx2_f4w_6x16: float32 with 4-bit B panels (RD_CT_F32_F4W)
  *
  * Per step p of the contraction: two loads of the B row, six broadcasts of
  * the A column, twelve independent FMAs (two FMA pipes x four cycles of
@@ -210,6 +211,58 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
 RD_AVX2_QGEMM(rd_sgemm_avx2_i8w_6x16, Q_LOAD_I8)
 RD_AVX2_QGEMM(rd_sgemm_avx2_f8w_6x16, Q_LOAD_F8)
 
+/* float32 on 4-bit panels (RD_CT_F32_F4W): a step's 8 bytes hold columns
+ * 0-7 in their low nibbles and 8-15 in their high ones; each code's
+ * magnitude is looked up (vpermps on its low 3 bits, an 8-entry table) and
+ * its sign bit moved into place, then multiplied by the column's
+ * power-of-two scale (both exact), then the FMAs of the float32 kernel. */
+RD_AVX2 static inline __m256
+rd_avx2_e2m1(__m256i code, __m256 mag)
+{
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, code), _mm256_castsi256_ps(sign));
+}
+
+RD_AVX2 static inline __m256
+rd_avx2_e8m0(const uint8_t *e)
+{
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
+    const __m256i sub = _mm256_and_si256(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()),
+                                         _mm256_set1_epi32(0x00400000));
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(v, 23), sub));
+}
+
+#define Q_LOAD_F4(b, b0, b1)                                                \
+    const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b))); \
+    const __m256 b0 = _mm256_mul_ps(rd_avx2_e2m1(bq, mag), s0);             \
+    const __m256 b1 = _mm256_mul_ps(rd_avx2_e2m1(_mm256_srli_epi32(bq, 4), mag), s1);
+
+RD_AVX2 static void
+rd_sgemm_avx2_f4w_6x16(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c, rd_int cs_c,
+                       int m, int n, int accumulate)
+{
+    const float *a = (const float *)a_;
+    const uint8_t *b = (const uint8_t *)b_;
+    float *c = (float *)c_;
+    const char *tr = (const char *)b_ + 8 * kc;
+    rd_qtrailer_t h;
+    memcpy(&h, tr, sizeof h);
+    const __m256 mag = _mm256_loadu_ps(rd_e2m1_values);
+    S_ACC_ZERO
+    rd_int p = 0, len = h.first;
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {
+        const uint8_t *e = (const uint8_t *)(tr + RD_F4RUN(r, 16));
+        const __m256 s0 = rd_avx2_e8m0(e), s1 = rd_avx2_e8m0(e + 8);
+        const rd_int end = kc - p < len ? kc : p + len;
+        for (; p < end; p++) {
+            S_STEP(0, Q_LOAD_F4);
+            a += 6;
+            b += 8;
+        }
+    }
+    S_ACC_STORE
+}
+
 /* ---------------------------------------------------------------- float64 */
 
 #define D_STEP(AOFF, BOFF)                                                  \
@@ -370,6 +423,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_I8I32] = {rd_i8gemm_avx2_6x16, 6, 16, 144, 512, 4080},
         [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080},
         [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32_F4W] = {rd_sgemm_avx2_f4w_6x16, 6, 16, 144, 256, 4080},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},

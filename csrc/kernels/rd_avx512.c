@@ -9,6 +9,7 @@
  *       vpaddd), scaled into float32 once per block (RD_CT_I8I32)
  *   rd_sgemm_avx512_{i8w,f8w}_12x32: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
+ *   rd_sgemm_avx512_f4w_12x32: float32 with 4-bit B panels (RD_CT_F32_F4W)
  *
  * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
@@ -148,6 +149,53 @@ RD_QBODY(sf8_rows8, 8, ROWS8)
 RD_QBODY(sf8_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_f8w_12x32, sf8_rows4, sf8_rows8, sf8_rows12)
 #undef WIDEN
+
+/* float32 on 4-bit panels (RD_CT_F32_F4W): a step's 16 bytes hold columns
+ * 0-15 in their low nibbles and 16-31 in their high ones, zero-extended to
+ * 32-bit lanes; vpermps looks each code up in the 16 values of e2m1 (it
+ * reads the low 4 bits of its index, so the high nibble needs one shift
+ * and the low none), and the product with the column's power-of-two scale
+ * is exact: then the FMAs of the float32 kernel. */
+RD_AVX512Q static inline __m512
+rd_avx512_e8m0(const uint8_t *e)
+{
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)e));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero,
+                                                     _mm512_set1_epi32(0x00400000)));
+}
+
+#define RD_F4BODY(NAME, R, ROWS)                                            \
+RD_AVX512Q static void                                                      \
+NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
+     int m, int n, int accumulate)                                          \
+{                                                                           \
+    const char *tr = (const char *)b + W * kc;                              \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, tr, sizeof h);                                               \
+    const V table = _mm512_loadu_ps(rd_e2m1_values);                        \
+    RD_BODY_ENTER(R, ROWS)                                                  \
+    rd_int p = 0, len = h.first;                                            \
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
+        const uint8_t *e = (const uint8_t *)(tr + RD_F4RUN(r, 2 * W));      \
+        const V s0 = rd_avx512_e8m0(e), s1 = rd_avx512_e8m0(e + W);         \
+        const rd_int end = kc - p < len ? kc : p + len;                     \
+        for (; p < end; p++) {                                              \
+            const __m512i bq = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)b)); \
+            const V b0 = _mm512_mul_ps(_mm512_permutexvar_ps(bq, table), s0); \
+            const V b1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bq, 4), table), s1); \
+            V av;                                                           \
+            ROWS(RD_STEP)                                                   \
+            a += 12;                                                        \
+            b += W;                                                         \
+        }                                                                   \
+    }                                                                       \
+    RD_BODY_LEAVE(R, ROWS)                                                  \
+}
+RD_F4BODY(sf4_rows4, 4, ROWS4)
+RD_F4BODY(sf4_rows8, 8, ROWS8)
+RD_F4BODY(sf4_rows12, 12, ROWS12)
+RD_KERNEL(rd_sgemm_avx512_f4w_12x32, sf4_rows4, sf4_rows8, sf4_rows12)
 #undef TB
 #undef LOAD_B
 #undef T
@@ -328,6 +376,7 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_I8I32] = {rd_i8gemm_avx512_12x32, 12, 32, 144, 512, 4080},
         [RD_CT_F32_I8W] = {rd_sgemm_avx512_i8w_12x32, 12, 32, 144, 512, 4080},
         [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 512, 4080},
+        [RD_CT_F32_F4W] = {rd_sgemm_avx512_f4w_12x32, 12, 32, 144, 512, 4080},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx512_stream_8x2048, RD_SMR, RD_SNR}},

@@ -32,6 +32,63 @@ rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd
     return 0;
 }
 
+/* The 4-bit values of a quantized operand, the tuple (codes, scale,
+ * zero_point, axis, length): codes a uint8 array holding two
+ * float4_e2m1fn codes a byte (the low nibble first) along `axis`, where
+ * it has (length + 1) / 2 bytes of unit stride, for `length` values; x
+ * gets the values' shape and their nibble address and strides
+ * (rd_kernel.h, RD_F4E2M1). */
+static int
+rd_arg_nibbles(PyObject *obj, const char *name, int ndim, rd_arg_t *x)
+{
+    Py_ssize_t axis = PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 3));
+    Py_ssize_t length = PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 4));
+    if (PyErr_Occurred())
+        return -1;
+    if (rd_arg_array(PyTuple_GET_ITEM(obj, 0), name, ndim, NPY_UINT8, 0, x) != 0)
+        return -1;
+    if (axis < 0 || axis >= ndim || length < 0 || x->dim[axis] != (length + 1) / 2
+        || (length > 2 && x->stride[axis] != 1)) {
+        PyErr_Format(PyExc_ValueError, "4-bit '%s' must hold (length + 1) / 2 bytes of unit stride along "
+                     "its axis", name);
+        return -1;
+    }
+    for (int d = 0; d < ndim; d++)
+        x->stride[d] = d == axis ? 1 : 2 * x->stride[d];
+    x->dim[axis] = length;
+    x->dtype = RD_F4E2M1;
+    x->data = (void *)((uintptr_t)x->data * 2u);
+    return 0;
+}
+
+/* Whether every scale of a quantized operand (a tuple, as rd_arg_operand
+ * read it, float32 scales) is a power of two in [2^-127, 2^127] with no
+ * zero points: an e8m0 exponent, whose products with float4_e2m1fn values
+ * bfloat16 and float32 hold exactly (up to overflow). */
+static int
+rd_pow2_scales(PyObject *obj)
+{
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) < 3 || PyTuple_GET_ITEM(obj, 2) != Py_None)
+        return 0;
+    PyObject *os = PyTuple_GET_ITEM(obj, 1);
+    if (!PyArray_Check(os) || PyArray_TYPE((PyArrayObject *)os) != NPY_FLOAT32)
+        return 0;
+    PyArrayIterObject *it = (PyArrayIterObject *)PyArray_IterNew(os);
+    if (it == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = 1;
+    while (ok && it->index < it->size) {
+        uint32_t u;
+        memcpy(&u, it->dataptr, sizeof u);
+        ok = u == 0x00400000u || ((u & 0x807fffffu) == 0 && (u >> 23) >= 1 && (u >> 23) <= 254);
+        PyArray_ITER_NEXT(it);
+    }
+    Py_DECREF(it);
+    return ok;
+}
+
 /* One operand of a grouped GEMM: an array of a storage dtype that compute
  * type `ct` packs (which = 0: lhs, 1: rhs), or a quantized operand, the
  * tuple (qvalue, scale, zero_point): qvalue int8 or float8_e4m3fn; scale an
@@ -58,9 +115,10 @@ rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int whi
     char sname[64], zname[64];
     snprintf(sname, sizeof sname, "%s scale", name);
     snprintf(zname, sizeof zname, "%s zero_point", name);
-    if (PyTuple_GET_SIZE(obj) != 3) {
-        PyErr_Format(PyExc_TypeError, "quantized '%s' must be a tuple (qvalue, scale, zero_point), "
-                     "got %zd items", name, PyTuple_GET_SIZE(obj));
+    if (PyTuple_GET_SIZE(obj) != 3 && PyTuple_GET_SIZE(obj) != 5) {
+        PyErr_Format(PyExc_TypeError, "quantized '%s' must be a tuple (qvalue, scale, zero_point) or, for "
+                     "4-bit values, (codes, scale, zero_point, axis, length), got %zd items", name,
+                     PyTuple_GET_SIZE(obj));
         return -1;
     }
     oq = PyTuple_GET_ITEM(obj, 0);
@@ -68,12 +126,13 @@ rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int whi
     oz = PyTuple_GET_ITEM(obj, 2);
     const int scale_type = ct == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
     rd_arg_t s, z;
-    if (rd_arg_array(oq, name, ndim, RD_ANY_STORAGE, 0, x) != 0 ||
+    if ((PyTuple_GET_SIZE(obj) == 5 ? rd_arg_nibbles(obj, name, ndim, x)
+                                    : rd_arg_array(oq, name, ndim, RD_ANY_STORAGE, 0, x)) != 0 ||
         rd_arg_array(os, sname, ndim, scale_type, 0, &s) != 0 ||
         (oz != Py_None && rd_arg_array(oz, zname, ndim, scale_type, 0, &z) != 0))
         return -1;
     if (rd_qpacker(ct, (rd_dtype_t)x->dtype, which) == NULL) {
-        PyErr_Format(PyExc_TypeError, "quantized '%s' must hold int8 or float8_e4m3fn values, got %s",
+        PyErr_Format(PyExc_TypeError, "quantized '%s' must hold int8, float8_e4m3fn or 4-bit float values, got %s",
                      name, PyArray_DESCR(x->arr)->typeobj->tp_name);
         return -1;
     }
@@ -204,7 +263,11 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
     }
     const int bf16_l = lhs->dtype == RD_BF16 || lhs->dtype == RD_F32_AS_BF16;
     const int bf16_r = rhs->dtype == RD_BF16 || rhs->dtype == RD_F32_AS_BF16;
-    if (plan->ct == RD_CT_F32 && lq->s == NULL && rq->s == NULL && bf16_l && bf16_r
+    /* 4-bit weights with power-of-two scales are exact in bfloat16: with a
+     * bfloat16 lhs, their product is that of the bfloat16 weights */
+    const int f4_r = rhs->dtype == RD_F4E2M1 && bf16_l && lhs->dtype == RD_BF16 && lq->s == NULL
+                     && rd_pow2_scales(orhs);
+    if (plan->ct == RD_CT_F32 && lq->s == NULL && (rq->s == NULL || f4_r) && bf16_l && (bf16_r || f4_r)
         && rd_bf16_product(exact) != RD_CT_F32)
         rd_plan_init(plan, rd_bf16_product(exact));
     else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
@@ -460,6 +523,11 @@ rd_py_prepack(PyObject *self, PyObject *args)
         return NULL;
     if (rd_arg_array(odst, "dst", 1, NPY_UINT8, RD_CONTIG | RD_AS_OUTPUT, &dst) != 0)
         return NULL;
+    if (plan.ct == RD_CT_F32_F4W && (rhs.dtype != RD_F4E2M1 || !rd_pow2_scales(orhs))) {
+        PyErr_SetString(PyExc_ValueError, "float32-float4w weights hold 4-bit values with power-of-two scales "
+                        "in [2^-127, 2^127] and no zero points");
+        return NULL;
+    }
     if (rd_ctype_layout(plan.ct) == RD_CT_U8S8 && !rd_int8_exact(orhs, &rhs)) {
         PyErr_SetString(PyExc_ValueError, "int8-dot weights hold int8 values with zero points absent or "
                         "integers in [-128, 127]");

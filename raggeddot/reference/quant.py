@@ -6,6 +6,9 @@ Any object with the attributes ``qvalue``, ``scale`` and ``zero_point`` (qwix's
     x = (qvalue - zero_point) * scale repeated over each tile,
     tile = qvalue.shape // scale.shape   (per axis)
 
+(4-bit values, float4_e2m1fn, and float8_e8m0fnu scales read through
+ml_dtypes; raggeddot's packed 4-bit values through their ``__array__``)
+
 in float64, and the reference ops multiply that: the result of a product of
 quantized operands is the float product of the dequantized ones. Its dtype is
 the one the op would give for operands of the scales' dtype.  NumPy only.
@@ -41,6 +44,14 @@ def dequantize(q):
     return x * s
 
 
+def _dtype(q):
+    """The dtype a quantized operand stands for: its ``dtype`` where it has
+    one (raggeddot's QArray: float32 for "mxfp4", whose float8_e8m0fnu
+    scales are no compute dtype), else its scales'."""
+    dt = getattr(q, "dtype", None)
+    return np.dtype(dt) if dt is not None else np.asarray(q.scale).dtype
+
+
 def operands(lhs, rhs):
     """``(lhs, rhs, lhs_like, rhs_like)``: the operands as arrays (quantized
     ones dequantized in float64) and, for the dtype rules, arrays of no
@@ -49,7 +60,7 @@ def operands(lhs, rhs):
     out = []
     for x in (lhs, rhs):
         if is_quantized(x):
-            out.append((dequantize(x), np.empty(0, np.asarray(x.scale).dtype)))
+            out.append((dequantize(x), np.empty(0, _dtype(x))))
         else:
             x = np.asarray(x)
             out.append((x, x))

@@ -34,8 +34,8 @@ explicitly.
 from ._matmul import gmm, ragged_dot, ragged_dot_general, ragged_dot_general_backward, tgmm
 from ._moe_ops import (ACTIVATIONS, LAYOUTS, gated_activation, gated_activation_backward, ragged_gather,
                        ragged_gather_backward, ragged_gather_reduce, ragged_gather_reduce_backward)
-from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, register_transformers,
-                       set_weight_cache)
+from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, hold_mxfp4,
+                       load_mxfp4_experts, quantize_experts_mxfp4, register_transformers, set_weight_cache)
 
 __all__ = [
     "ragged_dot",
@@ -50,6 +50,9 @@ __all__ = [
     "register_transformers",
     "set_weight_cache",
     "clear_weight_cache",
+    "hold_mxfp4",
+    "quantize_experts_mxfp4",
+    "load_mxfp4_experts",
     "EXPERTS_IMPLEMENTATION",
     "ACTIVATIONS",
     "LAYOUTS",

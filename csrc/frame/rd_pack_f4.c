@@ -1,0 +1,123 @@
+/*
+ * Packing of 4-bit float operands (RD_F4E2M1: float4_e2m1fn codes two a
+ * byte, addressed in nibbles, rd_kernel.h): dequantized while packed into
+ * float32 / float64 panels (any scales) and into the bfloat16 k-pairs of the
+ * bfloat16 dot products (power-of-two scales, whose products with e2m1
+ * values bfloat16 holds exactly), and kept as they are, 4 bits a value, in
+ * the panels of prepacked weights (RD_CT_F32_F4W).  The tables of
+ * frame/rd_pack.c bind them.
+ */
+#include "rd_frame.h"
+#include "rd_half.h"
+#include "rd_pack_int.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* The code at nibble address `at` (twice the byte address, plus 1 for the
+ * high nibble). */
+static inline unsigned
+rd_f4_code(uintptr_t at)
+{
+    const uint8_t byte = *(const uint8_t *)(at >> 1);
+    return (unsigned)(byte >> ((at & 1u) << 2)) & 0xfu;
+}
+
+/* The value at element offset i of the nibble-addressed x. */
+static inline float
+rd_f4_at(const void *x, rd_int i)
+{
+    return rd_e2m1_values[rd_f4_code((uintptr_t)x + (uintptr_t)i)];
+}
+
+/* dequantized while packed: (value - z) * s into float32 / float64 panels */
+#define RD_SRC uint8_t
+#define RD_DST float
+#define RD_CVT(v) ((float)(v))
+#define RD_LOAD(x, i) rd_f4_at((x), (i))
+#define RD_FN(x) rd_f4_s_##x
+#include "rd_pack_qimpl.h"
+
+#define RD_SRC uint8_t
+#define RD_DST double
+#define RD_CVT(v) ((double)(v))
+#define RD_LOAD(x, i) ((double)rd_f4_at((x), (i)))
+#define RD_FN(x) rd_f4_d_##x
+#include "rd_pack_qimpl.h"
+
+void
+rd_pack_f4_s_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_f4_s_qpack(rows, depth, src, rs, cs, r, dst, qb);
+}
+
+void
+rd_pack_f4_d_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_f4_d_qpack(rows, depth, src, rs, cs, r, dst, qb);
+}
+
+/*
+ * bfloat16 k-pairs (RD_CT_BF16DP's layout, which the tile type reads too):
+ * X[i][p] = value * s of its tile, computed in float32 (exact: a value of
+ * at most 2 significant bits times a power of two) and rounded to bfloat16
+ * (exact as well, unless the scale over- or underflows: then the value the
+ * dequantized bfloat16 array holds), at dst[(p/2)*2r + 2i + p%2], depth
+ * padded to even and rows past `rows` with zeros.  Zero points are not
+ * taken (the callers never pass them).
+ */
+void
+rd_pack_f4_p_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_,
+                   const rd_qblock_t *qb)
+{
+    const float *scale = (const float *)qb->s;
+    const rd_int kp = (depth + 1) / 2 * 2;
+    uint16_t *restrict dst = (uint16_t *)dst_;
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        for (rd_int i = 0; i < have; i++) {
+            const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
+            const float *s = scale + (qb->i0 + i0 + i) / qb->tr * qb->rs;
+            uint16_t *col = dst + 2 * i;
+            for (rd_int p = 0; p < depth; p++) {
+                const float sc = s[(qb->p0 + p) / qb->tp * qb->ps];
+                const float v = rd_e2m1_values[rd_f4_code(x + (uintptr_t)(p * cs))] * sc;
+                col[p / 2 * 2 * r + p % 2] = rd_float_to_bf16(v);
+            }
+            if (depth % 2)
+                col[depth / 2 * 2 * r + 1] = 0;
+        }
+        for (rd_int i = have; i < r; i++)
+            for (rd_int p = 0; p < kp; p++)
+                dst[p / 2 * 2 * r + 2 * i + p % 2] = 0;
+        dst += (rd_int)r * kp;
+    }
+}
+
+/*
+ * The 4-bit panels of prepacked weights (RD_CT_F32_F4W), codes as they are:
+ * row i of step p of an r-row micro-panel (r even) in the low nibble of
+ * byte p*r/2 + i for i < r/2, in the high nibble of byte p*r/2 + i - r/2
+ * otherwise; rows past `rows` hold code 0 (+0).  Panels of r*depth/2 bytes
+ * one after the other (rd_prepack writes a trailer after each).
+ */
+void
+rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_)
+{
+    uint8_t *restrict dst = (uint8_t *)dst_;
+    const int h = r / 2;
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        memset(dst, 0, (size_t)h * (size_t)depth);
+        for (rd_int i = 0; i < have; i++) {
+            const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
+            const int shift = i < h ? 0 : 4;
+            uint8_t *col = dst + (i < h ? i : i - h);
+            for (rd_int p = 0; p < depth; p++)
+                col[p * h] |= (uint8_t)(rd_f4_code(x + (uintptr_t)(p * cs)) << shift);
+        }
+        dst += (rd_int)h * depth;
+    }
+}

@@ -211,6 +211,10 @@ typedef struct {
     rd_int qtile;           /* prepacked quantized B (panels > 0): the depth
                              * along k of its scale tiles; 0: float panels */
     int qzp;                /* prepacked quantized B: with zero points */
+    const long long *ridx;  /* NULL, or (rd_gated_rows' lhs, not quantized):
+                             * row i of the operand is row ridx[i] of the
+                             * array at p (rows rs apart), gathered while
+                             * packed */
 } rd_in_t;
 
 /* An output: elements of the plan's compute type, or (dtype RD_BF16 or
@@ -309,7 +313,9 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
  * activation and writes the results, so that the products' outputs are
  * never written whole.  The sums are those of rd_ragged_rows with the same
  * plan, bit for bit.  w0 and w1 are of one storage dtype, both prepacked or
- * neither, both quantized or neither.  Returns as rd_ragged_rows. */
+ * neither, both quantized or neither.  An lhs with a row index (ridx: the
+ * dispatch of an MoE layer, slot i reading token ridx[i]) is gathered while
+ * packed, with no [rows, k] copy.  Returns as rd_ragged_rows. */
 typedef void (*rd_gated_epi_t)(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols,
                                void *t0, void *t1, rd_int ld);
 int rd_gated_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,

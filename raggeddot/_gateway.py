@@ -495,7 +495,7 @@ def gated_act_grad(gate, up, d_out, activation, limit, alpha=1.702):
                                 float(alpha))
 
 
-def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=1.702):
+def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=1.702, rows=None):
     """The gate and up products of the experts in one pass: for each group
     j, rows r in ``[bounds[j], bounds[j + 1])``, ``h0 = lhs[r] @ w0[j] (+
     b0[j])``, ``h1 = lhs[r] @ w1[j] (+ b1[j])`` rounded to ``a``'s dtype,
@@ -506,9 +506,13 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     a ``[m, n]`` of the hidden dtype (float32, float64, bfloat16, float16)
     with contiguous rows, b0 and b1 ``[g, n]`` or None. The values of
     :func:`rows` into h0 and h1, then :func:`gated_act`, bit for bit.
+    ``rows``: None, or int64 ``[m]`` indices into lhs's rows (lhs ``[T,
+    k]``): row i of the product reads ``lhs[rows[i]]``, gathered while the
+    kernels pack it (an MoE layer's dispatch without the ``[m, k]`` copy).
     Returns ``a``."""
     ct = compute_dtype(a.dtype)
     biases = [None if b is None else np.ascontiguousarray(b, dtype=ct) for b in (b0, b1)]
     _core.gated_rows(operand(lhs, ct, PACKED), operand(w0, ct, PACKED), operand(w1, ct, PACKED), bounds, a, h0,
-                     h1, *biases, _core.ACTIVATIONS[activation], float(limit), float(alpha))
+                     h1, *biases, _core.ACTIVATIONS[activation], float(limit), float(alpha),
+                     None if rows is None else _indices(rows))
     return a

@@ -68,17 +68,22 @@ def test_fused_gate_up_equals_the_separate_passes(rng, monkeypatch, family, dtyp
             assert np.array_equal(_bits(np.asarray(grads[name])), _bits(np.asarray(g))), name
 
 
-def test_forward_alone_keeps_neither_product(rng, monkeypatch):
-    """moe_block without a backward asks the fused pass for a only; the vjp
-    keeps h0 and h1 for its backward."""
+def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, monkeypatch):
+    """moe_block without a backward asks the fused pass for a only, reading
+    the tokens' rows through the dispatch's index (no [N, d] copy of them);
+    the vjp keeps h0 and h1 and the dispatched rows for its backward."""
+    from raggeddot._moe import dispatch
     T, d, f, E = 40, 32, 24, 4
     x = rng.standard_normal((T, d)).astype(np.float32)
     router = rng.standard_normal((d, E)).astype(np.float32)
     ws = [rng.standard_normal(s).astype(np.float32) for s in ((E, d, f), (E, d, f), (E, f, d))]
-    kept = []
-    real = gw.gated_rows
-    monkeypatch.setattr(gw, "gated_rows", lambda lhs, w0, w1, b, a, h0, h1, *r: kept.append(h0 is not None)
-                        or real(lhs, w0, w1, b, a, h0, h1, *r))
+    seen, gathers = [], []
+    real, real_gather = gw.gated_rows, gw.gather_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda lhs, w0, w1, b, a, h0, h1, *r, rows=None:
+                        seen.append((h0 is not None, rows is not None, lhs.shape))
+                        or real(lhs, w0, w1, b, a, h0, h1, *r, rows=rows))
+    monkeypatch.setattr(gw, "gather_rows", lambda *a, **k: gathers.append(1) or real_gather(*a, **k))
     raggeddot.moe_block(x, router, *ws, top_k=2)
+    assert seen == [(False, True, (T, d))] and gathers == []
     raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
-    assert kept == [False, True]
+    assert seen[1] == (True, False, (2 * T, d)) and gathers == [1]

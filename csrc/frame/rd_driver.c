@@ -25,14 +25,15 @@
 /*
  * Packing buffers, one pair per thread (and the float32 tile of a 16-bit
  * output; and in the calling thread the B panel its team shares; and for
- * the gated products a second B panel and tile), kept from
+ * the gated products a second B panel and tile, and their gathered rows
+ * of A), kept from
  * call to call: allocating
  * megabytes afresh on every call costs page faults (the kernel zeroing new
  * pages) comparable to the packing itself.  They grow to the largest size
  * asked for and stay: O(threads x cache blocks) of memory.
  */
-static __thread void *rd_scratch_buf[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-static __thread size_t rd_scratch_cap[6] = {0, 0, 0, 0, 0, 0};
+static __thread void *rd_scratch_buf[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+static __thread size_t rd_scratch_cap[7] = {0, 0, 0, 0, 0, 0, 0};
 
 static void *
 rd_scratch(int which, size_t bytes)
@@ -73,6 +74,7 @@ typedef struct {
     rd_int panels;              /* > 0: prepacked B (rd_prepack), p its group */
     rd_int qtile;               /* prepacked quantized B: scale tiles along k */
     int qzp;                    /* ... with zero points */
+    const long long *ridx;      /* NULL, or A's row i is row ridx[i] of the array at p */
 } rd_block_t;
 
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
@@ -82,6 +84,24 @@ static void
 rd_pack_block(const rd_call_t *cl, int which, const rd_block_t *x, rd_int i, rd_int j,
               rd_int rows, rd_int depth, int r, void *dst)
 {
+    if (x->ridx != NULL) {
+        /* rows gathered through the index into a block of their own (its
+         * rows `depth` apart, in this thread's staging buffer, sized by the
+         * caller), then packed as any block */
+        const size_t es = cl->a_src;
+        char *stage = (char *)rd_scratch(6, (size_t)rows * (size_t)depth * es);
+        for (rd_int ii = 0; ii < rows; ii++) {
+            const char *row = (const char *)x->p + (x->ridx[i + ii] * x->rs + j * x->cs) * (rd_int)es;
+            char *d = stage + (size_t)(ii * depth) * es;
+            if (x->cs == 1)
+                memcpy(d, row, (size_t)depth * es);
+            else
+                for (rd_int p = 0; p < depth; p++)
+                    memcpy(d + (size_t)p * es, row + p * x->cs * (rd_int)es, es);
+        }
+        cl->pack_a(rows, depth, stage, depth, 1, r, dst);
+        return;
+    }
     const void *src = rd_at(x->p, which ? cl->b_src : cl->a_src, i, x->rs, j, x->cs);
     const rd_int rs = which ? x->cs : x->rs, cs = which ? x->rs : x->cs;
     if (x->q == NULL) {
@@ -287,9 +307,12 @@ rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_in
 {
     if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
         return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels,
-                            x->qtile, x->qzp};
+                            x->qtile, x->qzp, NULL};
+    if (x->ridx != NULL)   /* gathered rows: the index from row i0 on, the columns from j0 */
+        return (rd_block_t){(const char *)x->p + j0 * x->cs * (rd_int)size, x->rs, x->cs, NULL, NULL, NULL, i0,
+                            j0, 0, 0, 0, x->ridx + i0};
     rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
-                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0};
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0, NULL};
     if (x->q.s != NULL) {
         const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
         b.q = &x->q;
@@ -593,8 +616,10 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
         char *apack = (char *)rd_scratch(0, a_bytes);
         char *bpack = (char *)rd_scratch(1, b_bytes), *bpack2 = (char *)rd_scratch(4, b_bytes);
         char *t0 = (char *)rd_scratch(2, t_bytes), *t1 = (char *)rd_scratch(5, t_bytes);
+        /* gathered rows are staged a block at a time (rd_pack_block) */
+        const int staged = lhs->ridx == NULL || rd_scratch(6, (size_t)mc_max * (size_t)kp_max * cl.a_src) != NULL;
         const int ok = apack != NULL && ((bpack != NULL && bpack2 != NULL) || b_bytes == 0)
-                       && t0 != NULL && t1 != NULL;
+                       && t0 != NULL && t1 != NULL && staged;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp atomic write

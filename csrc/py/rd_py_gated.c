@@ -51,7 +51,7 @@ rd_gated_out(PyObject *obj, const char *name, const rd_arg_t *a, void **data)
 }
 
 PyDoc_STRVAR(gated_rows_doc,
-"gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha)\n\n"
+"gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha, rows=None)\n\n"
 "The gate and up products of an MoE layer's experts in one pass: for each\n"
 "group g, rows r in [bounds[g], bounds[g+1]): h0 = lhs[r] @ w0[g] (+ b0[g]),\n"
 "h1 = lhs[r] @ w1[g] (+ b1[g]), rounded to a's dtype (written to h0, h1 when\n"
@@ -60,19 +60,20 @@ PyDoc_STRVAR(gated_rows_doc,
 "n] float32, float64, bfloat16 or float16 with contiguous rows (h0, h1\n"
 "like it or None); b0, b1 [g, n] of the compute type or None.  The values\n"
 "of ragged_rows into h0 and h1 then gated_act, bit for bit.  Rows outside\n"
-"[bounds[0], bounds[g]) are left as they are.");
+"[bounds[0], bounds[g]) are left as they are.  rows: None, or int64 [m]:\n"
+"row i of the product is row rows[i] of lhs (gathered while packed).");
 
 static PyObject *
 rd_py_gated_rows(PyObject *self, PyObject *args)
 {
-    PyObject *olhs, *ow0, *ow1, *obounds, *oa, *oh0, *oh1, *ob0, *ob1;
+    PyObject *olhs, *ow0, *ow1, *obounds, *oa, *oh0, *oh1, *ob0, *ob1, *oidx = Py_None;
     int kind;
     double limit, alpha;
     rd_arg_t lhs, w0, w1, a;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOidd", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
-                          &kind, &limit, &alpha))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOidd|O", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
+                          &kind, &limit, &alpha, &oidx))
         return NULL;
     if (rd_arg_array(oa, "a", 2, RD_ANY_STORAGE, RD_AS_OUTPUT | RD_ROWS, &a) != 0)
         return NULL;
@@ -95,7 +96,18 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype and shape");
         return NULL;
     }
-    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w0.dim[0], n = w0.dim[2];
+    /* with a row index, row i of the product is row rows[i] of lhs */
+    rd_arg_t idx;
+    const long long *ridx = NULL;
+    rd_int m = lhs.dim[0];
+    if (oidx != Py_None) {
+        if (rd_arg_array(oidx, "rows", 1, NPY_INT64, RD_CONTIG, &idx) != 0 ||
+            rd_arg_indices(&idx, "rows", 0, lhs.dim[0]) != 0)
+            return NULL;
+        ridx = (const long long *)idx.data;
+        m = idx.dim[0];
+    }
+    const rd_int k = lhs.dim[1], ng = w0.dim[0], n = w0.dim[2];
     if (w0.dim[1] != k || a.dim[0] != m || a.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
         return NULL;
@@ -122,7 +134,8 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         rd_gated_bias(ob1, "b1", bias_type, ng, n, &o.b1, &o.b_rs) != 0 ||
         rd_arg_bounds(obounds, ng, m, "w0.shape[0]", &bv) != 0)
         return NULL;
-    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
+                 .ridx = ridx};
     rd_in_t b0 = {.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
                   .cs = w0.stride[2]};
     rd_in_t b1 = {.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],

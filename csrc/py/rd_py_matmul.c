@@ -325,7 +325,7 @@ rd_gemm_call(PyObject *args, int contract)
         PyErr_SetString(PyExc_TypeError, "ragged_contract does not quantize its operands");
         return NULL;
     }
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0, NULL};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -335,7 +335,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0, NULL};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -344,7 +344,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0, NULL};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)

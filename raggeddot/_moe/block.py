@@ -54,10 +54,16 @@ def forward(layer, keep=True):
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
     on_input = layer.weights_on == "input"
     rows = layer.x if layer.x_hidden is None else layer.x_hidden   # the experts' dtype
-    xs, plan = dispatch.forward(rows, topk_idx, layer.num_experts, layer.capacity,
-                                weights=topk_weights if on_input else None)
-    if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
-        xs = gw.narrow(xs, rows.dtype)
+    if not keep and not on_input and experts.fuses(layer.experts, rows):
+        # no backward: the fused gate and up pass reads the tokens' rows
+        # through the dispatch's index while it packs them, no [N, d] copy
+        plan = dispatch.sort(topk_idx, layer.num_experts, layer.capacity)
+        xs = experts.Gathered(rows, plan.token_of_slot)
+    else:
+        xs, plan = dispatch.forward(rows, topk_idx, layer.num_experts, layer.capacity,
+                                    weights=topk_weights if on_input else None)
+        if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
+            xs = gw.narrow(xs, rows.dtype)
     # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
     y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=keep)
     # (... and y comes back here, in the plan's slot order)

@@ -72,13 +72,19 @@ def forward(x, topk_idx, num_experts, capacity=-1, weights=None):
     rank's tokens). ``weights [T, k]`` (router weights applied to the
     inputs): each gathered row is scaled by its assignment's weight.
     Returns ``(xs [N, d], plan)``."""
+    plan = sort(topk_idx, num_experts, capacity)
+    scale = None if weights is None else slot_weights(plan, weights, plan.token_of_slot.shape[0])
+    return gw.gather_rows(x, plan.token_of_slot, scale), plan
+
+
+def sort(topk_idx, num_experts, capacity=-1):
+    """The :class:`Plan` of :func:`forward` alone (the gather left to the
+    kernels that read the rows through ``plan.token_of_slot``)."""
     if np.ndim(capacity) == 0:
         slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, int(capacity))
     else:
         slot_of, token_of_slot, group_sizes = _sort_capped(topk_idx, num_experts, capacity)
-    plan = Plan(slot_of, token_of_slot, group_sizes)
-    scale = None if weights is None else slot_weights(plan, weights, token_of_slot.shape[0])
-    return gw.gather_rows(x, token_of_slot, scale), plan
+    return Plan(slot_of, token_of_slot, group_sizes)
 
 
 def _sort_capped(topk_idx, num_experts, capacity):

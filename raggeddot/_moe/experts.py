@@ -50,7 +50,7 @@ from .. import _validate as v
 from .._prepack import PackedRhs, meet, quantizes_in_kernel
 from ..quant import QArray, quantize
 
-__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "split_gate_up", "forward",
+__all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "Gathered", "fuses", "split_gate_up", "forward",
            "backward", "jvp"]
 
 GATE_UP = ("concat", "interleaved")
@@ -235,11 +235,36 @@ def _transposed(w):
     return (w.unpack() if isinstance(w, PackedRhs) else w).transpose(0, 2, 1)
 
 
+class Gathered(NamedTuple):
+    """The dispatched rows ``x[index]`` ``[N, d]`` left ungathered: the
+    fused gate and up pass reads them through the index while it packs them
+    (:func:`forward` with it needs :func:`fuses`)."""
+    x: np.ndarray           # [T, d]
+    index: np.ndarray       # [N] int64, the token of each slot
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+    @property
+    def shape(self):
+        return (self.index.shape[0], self.x.shape[1])
+
+
+def fuses(experts, x):
+    """Whether the experts' forward over rows of ``x`` (an array of the
+    rows' dtype) runs its gate and up products as one pass and can read the
+    rows through the dispatch's index (:class:`Gathered`)."""
+    return experts.act_qtype is None and _fused(x, experts)
+
+
 def _fused(lhs, experts):
     """Whether the gate and up products of ``lhs`` run as one pass
     (gw.gated_rows): plain weights of one dtype the packing reads, a plain
     lhs (no activation quantization)."""
     w0, w1 = experts.w0, experts.w1
+    if isinstance(lhs, Gathered):
+        lhs = lhs.x
     if not (isinstance(lhs, np.ndarray) and isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray)):
         return False
     ct = gw.compute_dtype(lhs.dtype)
@@ -251,7 +276,8 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True):
 
     Args:
       experts: the :class:`Experts` held, ``n`` of them.
-      xs: ``[N, d]`` rows sorted by expert.
+      xs: ``[N, d]`` rows sorted by expert, or a :class:`Gathered` (with
+        ``keep=False`` and where :func:`fuses`): the residuals then hold no xs.
       group_sizes: ``[g]`` int64 rows per expert (``sum <= N``).
       group_offset: the held experts are groups ``[group_offset,
         group_offset + n)``; ``0 <= group_offset <= g - n``.
@@ -291,23 +317,25 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True):
         _add_group_bias(part, bias, bounds)
         return out if out.dtype == hd else gw.narrow(out, hd)
 
-    rows = xs[first:last]
-    rows_q = _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
+    gathered = isinstance(xs, Gathered)
+    rows = Gathered(xs.x, xs.index[first:last]) if gathered else xs[first:last]
+    rows_q = None if gathered else _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
     if _fused(lhs, experts):
         count = last - first
         a = _buffer((count, f), hd)
         h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
         if count and f:
-            gw.gated_rows(lhs, experts.w0, experts.w1, bounds, a, h0, h1, experts.b0, experts.b1,
-                          experts.activation, experts.limit, experts.alpha)
+            gw.gated_rows(lhs.x if gathered else lhs, experts.w0, experts.w1, bounds, a, h0, h1, experts.b0,
+                          experts.b1, experts.activation, experts.limit, experts.alpha,
+                          rows=lhs.index if gathered else None)
     else:
         h0 = product(lhs, experts.w0, experts.b0, last - first)
         h1 = product(lhs, experts.w1, experts.b1, last - first)
         a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
     a_q = _quantized_rows(a, experts.act_qtype, experts.wo)
     y = product(a if a_q is None else a_q, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
-    return y, ExpertsResiduals(xs, h0, h1, a, bounds, first, rows_q, a_q)
+    return y, ExpertsResiduals(None if gathered else xs, h0, h1, a, bounds, first, rows_q, a_q)
 
 
 def backward(experts, res, d_y):

@@ -174,15 +174,7 @@ rd_amx_release(void)
 #define TENTER() rd_amx_enter()
 #define RD_TNAME(x) rd_amx_##x
 #define RD_TTARGET RD_AMX_TARGET
-#include "rd_amx_body.h"
-#undef TLOAD
-#undef TSTORE
-#undef TZERO
-#undef TDPBF16
-#undef TDPBUSD
-#undef TENTER
-#undef RD_TNAME
-#undef RD_TTARGET
+#include "rd_amx_body.h"   /* (which undefines the macros above) */
 
 /* -------------------------------------------------------- twin tiles */
 
@@ -332,15 +324,7 @@ rd_twin_dpbusd(rd_tile_t *ct, const rd_tile_t *at, const rd_tile_t *bt)
 #define TENTER() rd_twin_enter()
 #define RD_TNAME(x) rd_amxtwin_##x
 #define RD_TTARGET
-#include "rd_amx_body.h"
-#undef TLOAD
-#undef TSTORE
-#undef TZERO
-#undef TDPBF16
-#undef TDPBUSD
-#undef TENTER
-#undef RD_TNAME
-#undef RD_TTARGET
+#include "rd_amx_body.h"   /* (which undefines the macros above) */
 
 /* ------------------------------------------------------------- families */
 

@@ -7,7 +7,7 @@
  *   TENTER()             this thread's tile configuration, loaded once
  *   TZERO(t), TLOAD(t, p, stride), TSTORE(t, p, stride)
  *   TDPBF16(c, a, b), TDPBUSD(c, a, b)
- * with t, c, a, b literal tile numbers.
+ * with t, c, a, b literal tile numbers; it undefines them at its end.
  *
  * Tiles: 0-3 the accumulators C00 C01 C10 C11 (rows 0-15 / 16-31 by
  * columns 0-15 / 16-31 of the 32 x 32 block), 4-5 the two 16-row tiles of
@@ -159,3 +159,11 @@ RD_TNAME(u8s8)(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,
 #undef RD_TALL
 #undef RD_TZERO3
 #undef RD_TCHUNKS
+#undef TLOAD
+#undef TSTORE
+#undef TZERO
+#undef TDPBF16
+#undef TDPBUSD
+#undef TENTER
+#undef RD_TNAME
+#undef RD_TTARGET

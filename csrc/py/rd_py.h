@@ -58,6 +58,10 @@ rd_ctype_t rd_arg_ctype(const rd_arg_t *a);
  * in [0, limit] (`what` names ng in the message); -1 with an exception. */
 int rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, const rd_int **out);
 
+/* None for a grouped GEMM driver's return code 0, else the exception it
+ * means (-1: MemoryError, -2: TypeError). */
+PyObject *rd_gemm_result(int rc);
+
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
 int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
 

@@ -146,13 +146,7 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         rc = rd_gated_rows(&plan, k, n, ng, bv, &x, &b0, &b1, rd_gated_epilogue, &o);
         Py_END_ALLOW_THREADS
     }
-    if (rc == -1)
-        return PyErr_NoMemory();
-    if (rc != 0) {
-        PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return rd_gemm_result(rc);
 }
 
 PyMethodDef rd_gated_methods[] = {

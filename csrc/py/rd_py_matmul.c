@@ -295,7 +295,7 @@ rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
 }
 
 /* None for a driver's 0, else the exception its return code means. */
-static PyObject *
+PyObject *
 rd_gemm_result(int rc)
 {
     if (rc == -1)

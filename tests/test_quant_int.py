@@ -26,14 +26,16 @@ from helpers import DOT_KERNELS, KERNELS, assert_unchanged, check_close, random_
 INT = "int8-int32"   # the compute type's name in runtime.set_blocking / build_info
 
 
-@pytest.fixture(params=KERNELS + DOT_KERNELS["int8-dot"])
+@pytest.fixture(params=KERNELS + DOT_KERNELS["int8-dot"] + DOT_KERNELS["int8-tile"])
 def kernel(request):
-    """Every float family (vpmaddwd, int8-int32) and every int8 dot-product
-    family (vpdpbusd, int8-dot, natives and twins); INT names the compute
-    type the family serves, for set_blocking."""
+    """Every float family (vpmaddwd, int8-int32), every int8 dot-product
+    family (vpdpbusd, int8-dot) and tile family (TDPBUSD, int8-tile),
+    natives and twins; INT names the compute type the family serves, for
+    set_blocking."""
     global INT
     with runtime.configured(kernel=request.param):
-        INT = "int8-dot" if request.param in DOT_KERNELS["int8-dot"] else "int8-int32"
+        INT = "int8-dot" if request.param in DOT_KERNELS["int8-dot"] else \
+            "int8-tile" if request.param in DOT_KERNELS["int8-tile"] else "int8-int32"
         try:
             yield request.param
         finally:

@@ -313,7 +313,8 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
  * activation and writes the results, so that the products' outputs are
  * never written whole.  The sums are those of rd_ragged_rows with the same
  * plan, bit for bit.  w0 and w1 are of one storage dtype, both prepacked or
- * neither, both quantized or neither.  An lhs with a row index (ridx: the
+ * neither, both quantized or neither; w1 NULL: one product (t1 NULL), the
+ * epilogue of a single product (an activation's gradient).  An lhs with a row index (ridx: the
  * dispatch of an MoE layer, slot i reading token ridx[i]) is gathered while
  * packed, with no [rows, k] copy.  Returns as rd_ragged_rows. */
 typedef void (*rd_gated_epi_t)(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols,

@@ -49,6 +49,7 @@ __all__ = [
     "gated_act",
     "gated_act_grad",
     "gated_rows",
+    "gated_grad_rows",
 ]
 
 #: Names of the gated activations the kernels compute (``act(gate) * up``
@@ -516,3 +517,19 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
                      h1, *biases, _core.ACTIVATIONS[activation], float(limit), float(alpha),
                      None if rows is None else _indices(rows))
     return a
+
+
+def gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, activation, limit, alpha=1.702):
+    """The first product of the experts' backward with the activation's
+    gradient in its epilogue: for each group j, rows r in ``[bounds[j],
+    bounds[j + 1])``, ``d_a = lhs[r] @ w[j]`` rounded to h0's dtype, then
+    ``dh0[r], dh1[r] = gated_act_grad(h0[r], h1[r], d_a)`` (written into
+    dh0, dh1), as each tile completes: the values of :func:`rows` into d_a
+    then :func:`gated_act_grad`, bit for bit, without the d_a array. lhs
+    ``[m, k]``, w ``[g, k, n]`` (as :func:`operand` reads them for
+    ``layout="packed"``), h0, h1, dh0, dh1 ``[m, n]`` of one dtype with
+    contiguous rows and one row stride. Returns ``(dh0, dh1)``."""
+    ct = compute_dtype(h0.dtype)
+    _core.gated_grad_rows(operand(lhs, ct, PACKED), operand(w, ct, PACKED), bounds, h0, h1, dh0, dh1,
+                          _core.ACTIVATIONS[activation], float(limit), float(alpha))
+    return dh0, dh1

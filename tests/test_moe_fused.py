@@ -1,9 +1,11 @@
 """The experts' gate and up products in one pass (gw.gated_rows: each block
 of rows packed once for both weights, the biases, the rounding to the
-hidden dtype and the activation applied to each tile as it completes): the
-same bits as the separate products and gated_act, on every kernel family
-and hidden dtype, with biases, fused gate/up weights and every activation;
-moe_block (no backward) keeps neither product, moe_block_vjp both."""
+hidden dtype and the activation applied to each tile as it completes), and
+the backward's d_a product with the activation's gradient in its epilogue
+(gw.gated_grad_rows): the same bits as the separate products, gated_act and
+gated_act_grad, on every kernel family and hidden dtype, with biases, fused
+gate/up weights and every activation; moe_block (no backward) keeps neither
+product, moe_block_vjp both."""
 import numpy as np
 import pytest
 
@@ -49,14 +51,15 @@ def test_fused_gate_up_equals_the_separate_passes(rng, monkeypatch, family, dtyp
         if not gate_up:
             kw["w1_bias"] = rng.standard_normal((E, f)).astype(ct)
     ct_out = rng.standard_normal((T, d)).astype(ct)
-    calls = []
-    real = gw.gated_rows
+    calls, grad_calls = [], []
+    real, real_grad = gw.gated_rows, gw.gated_grad_rows
     monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(gw, "gated_grad_rows", lambda *a, **k: grad_calls.append(1) or real_grad(*a, **k))
     with runtime.configured(kernel=family):
         fused = raggeddot.moe_block(x, router, ws[0], ws[1], wo, **kw)
         out, fn = raggeddot.moe_block_vjp(x, router, ws[0], ws[1], wo, **kw)
         grads = fn(ct_out.astype(out.dtype))
-        assert calls, "the fused pass ran"
+        assert calls and grad_calls, "the fused passes ran"
         monkeypatch.setattr(experts, "_fused", lambda *a: False)
         want = raggeddot.moe_block(x, router, ws[0], ws[1], wo, **kw)
         want_out, want_fn = raggeddot.moe_block_vjp(x, router, ws[0], ws[1], wo, **kw)

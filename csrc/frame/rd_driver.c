@@ -585,17 +585,19 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
     rd_plan_t planned = *base, *plan = &planned;
     rd_plan_choose(plan, RD_MODE_ROWS, k, n, ng, bounds, w0->panels > 0,
                    plan->ct == RD_CT_F32 && w0->panels == 0 && w0->q.s == NULL && w0->dtype == RD_F32
-                   && w0->cs == 1 && w1->cs == 1 && w1->rs == w0->rs);
+                   && w0->cs == 1 && (w1 == NULL || (w1->cs == 1 && w1->rs == w0->rs)));
     int rc = rd_call_init(&cl, plan, lhs, w0);
     if (rc != 0)
         return rc;
-    if (w1->dtype != w0->dtype || (w1->panels > 0) != (w0->panels > 0) || (w1->q.s == NULL) != (w0->q.s == NULL))
+    if (w1 != NULL && (w1->dtype != w0->dtype || (w1->panels > 0) != (w0->panels > 0)
+                       || (w1->q.s == NULL) != (w0->q.s == NULL)))
         return -2;
     rd_shape_t sh = {RD_MODE_ROWS, bounds, 0, k};
     rd_tiling_t tl;
     const double rows = (double)(bounds[ng] - bounds[0]);
-    const double bytes = rows * (double)k * (double)cl.a_src + 2.0 * (double)ng * (double)k * (double)n
-                         * (double)cl.b_src + 2.0 * rows * (double)n * (double)cl.c_size;
+    const double pairs = w1 != NULL ? 2.0 : 1.0;
+    const double bytes = rows * (double)k * (double)cl.a_src + pairs * (double)ng * (double)k * (double)n
+                         * (double)cl.b_src + pairs * rows * (double)n * (double)cl.c_size;
     /* tiles of bounded width (as for a 16-bit output: their two products
      * are computed into tiles of their own) and no team tiles */
     if (rd_make_tiling(&tl, plan, &sh, ng, n, 1, bytes) != 0)
@@ -614,8 +616,10 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
 #endif
     {
         char *apack = (char *)rd_scratch(0, a_bytes);
-        char *bpack = (char *)rd_scratch(1, b_bytes), *bpack2 = (char *)rd_scratch(4, b_bytes);
-        char *t0 = (char *)rd_scratch(2, t_bytes), *t1 = (char *)rd_scratch(5, t_bytes);
+        char *bpack = (char *)rd_scratch(1, b_bytes);
+        char *bpack2 = w1 != NULL ? (char *)rd_scratch(4, b_bytes) : bpack;
+        char *t0 = (char *)rd_scratch(2, t_bytes);
+        char *t1 = w1 != NULL ? (char *)rd_scratch(5, t_bytes) : t0;
         /* gathered rows are staged a block at a time (rd_pack_block) */
         const int staged = lhs->ridx == NULL || rd_scratch(6, (size_t)mc_max * (size_t)kp_max * cl.a_src) != NULL;
         const int ok = apack != NULL && ((bpack != NULL && bpack2 != NULL) || b_bytes == 0)
@@ -636,9 +640,12 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
             const rd_int rows_t = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
             const rd_block_t a = rd_block(lhs, cl.a_src, cl.q_size, 0, tile->r0, 0);
             const rd_block_t b = rd_block(w0, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
-            const rd_block_t b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
-            rd_gemm_block(&cl, rows_t, cols, k, &a, &b, &b2, t0, t1, ld, 1, 0, 0, apack, bpack, bpack2, 0, 1);
-            epi(ctx, tile->g, tile->r0, tile->c0, rows_t, cols, t0, t1, ld);
+            rd_block_t b2;
+            if (w1 != NULL)
+                b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
+            rd_gemm_block(&cl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL, ld,
+                          1, 0, 0, apack, bpack, bpack2, 0, 1);
+            epi(ctx, tile->g, tile->r0, tile->c0, rows_t, cols, t0, w1 != NULL ? t1 : NULL, ld);
         }
         if (kd->release != NULL)
             kd->release();

@@ -142,3 +142,45 @@ rd_gated_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_in
             ops->gated_act(cols, o->kind, o->limit, o->alpha, p[0], p[1], a);
     }
 }
+
+/* The epilogue of the backward's first product, d_a = d_y @ wo^T
+ * (rd_gated_rows with one weight): per row of a finished tile, d_a rounded
+ * to the hidden dtype (as the array the separate pass writes), then the
+ * activation's gradient from the kept h0, h1 into d_h0, d_h1, rounded
+ * once: the values of the separate product and gated_act_grad, bit for
+ * bit, without the [rows, n] array of d_a. */
+void
+rd_gated_grad_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0_,
+                       void *t1_, rd_int ld)
+{
+    const rd_gated_grad_t *o = (const rd_gated_grad_t *)ctx_;
+    const int wide = o->ct == RD_CT_F64, half = o->dt == RD_BF16 || o->dt == RD_F16;
+    const size_t es = wide ? sizeof(double) : sizeof(float), os = half ? 2 : es;
+    const rd_moe_ops_t *ops = &rd_moe_ops[wide ? RD_CT_F64 : RD_CT_F32];
+    float h[2][RD_GATED_MAX_COLS], dg[RD_GATED_MAX_COLS], du[RD_GATED_MAX_COLS];
+    uint16_t row16[RD_GATED_MAX_COLS];
+    (void)g;
+    (void)t1_;
+    for (rd_int i = 0; i < rows; i++) {
+        char *da = (char *)t0_ + (size_t)(i * ld) * es;
+        const size_t at = (size_t)((r0 + i) * o->rs + c0) * os;
+        char *d0 = (char *)o->dh0 + at, *d1 = (char *)o->dh1 + at;
+        if (!half) {
+            ops->gated_act_grad(cols, o->kind, o->limit, o->alpha, (const char *)o->h0 + at,
+                                (const char *)o->h1 + at, da, d0, d1);
+            continue;
+        }
+        float *x = (float *)(void *)da;
+        rd_narrow(x, row16, o->dt, (size_t)cols, 0);
+        for (int q = 0; q < 2; q++) {
+            const uint16_t *src = (const uint16_t *)(const void *)((const char *)(q ? o->h1 : o->h0) + at);
+            for (rd_int j = 0; j < cols; j++)
+                h[q][j] = o->dt == RD_BF16 ? rd_bf16_to_float(src[j]) : rd_f16_to_float(src[j]);
+        }
+        for (rd_int j = 0; j < cols; j++)
+            x[j] = o->dt == RD_BF16 ? rd_bf16_to_float(row16[j]) : rd_f16_to_float(row16[j]);
+        ops->gated_act_grad(cols, o->kind, o->limit, o->alpha, h[0], h[1], x, dg, du);
+        rd_narrow(dg, d0, o->dt, (size_t)cols, 0);
+        rd_narrow(du, d1, o->dt, (size_t)cols, 0);
+    }
+}

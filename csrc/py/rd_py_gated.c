@@ -149,7 +149,91 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     return rd_gemm_result(rc);
 }
 
+PyDoc_STRVAR(gated_grad_rows_doc,
+"gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, kind, limit, alpha)\n\n"
+"The first products of an MoE layer's experts' backward with the\n"
+"activation's gradient in their epilogue: for each group g, rows r in\n"
+"[bounds[g], bounds[g+1]): d_a = lhs[r] @ w[g] rounded to h0's dtype, then\n"
+"dh0[r], dh1[r] = gated_act_grad(h0[r], h1[r], d_a).  lhs [m, k], w [g, k,\n"
+"n] arrays the packing reads; h0, h1, dh0, dh1 [m, n] of one dtype (float32,\n"
+"float64, bfloat16, float16) with contiguous rows and one row stride.  The\n"
+"values of ragged_rows into d_a then gated_act_grad, bit for bit.");
+
+static PyObject *
+rd_py_gated_grad_rows(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *ow, *obounds, *oh0, *oh1, *od0, *od1;
+    int kind;
+    double limit, alpha;
+    rd_arg_t lhs, w, h0;
+    const rd_int *bv;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOidd", &olhs, &ow, &obounds, &oh0, &oh1, &od0, &od1, &kind, &limit,
+                          &alpha))
+        return NULL;
+    if (rd_arg_array(oh0, "h0", 2, RD_ANY_STORAGE, RD_ROWS, &h0) != 0)
+        return NULL;
+    if (h0.dtype != RD_F32 && h0.dtype != RD_F64 && h0.dtype != RD_F16 && h0.dtype != RD_BF16) {
+        PyErr_SetString(PyExc_TypeError, "'h0' must be float32, float64, float16 or bfloat16");
+        return NULL;
+    }
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_Format(PyExc_ValueError, "unknown activation code %d", kind);
+        return NULL;
+    }
+    rd_gated_grad_t o;
+    memset(&o, 0, sizeof o);
+    void *h1 = NULL, *d0 = NULL, *d1 = NULL;
+    if (rd_gated_out(oh1, "h1", &h0, &h1) != 0 || rd_gated_out(od0, "dh0", &h0, &d0) != 0 ||
+        rd_gated_out(od1, "dh1", &h0, &d1) != 0)
+        return NULL;
+    if (h1 == NULL || d0 == NULL || d1 == NULL) {
+        PyErr_SetString(PyExc_TypeError, "'h1', 'dh0' and 'dh1' must be arrays");
+        return NULL;
+    }
+    const rd_ctype_t base = h0.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
+    rd_plan_t plan;
+    rd_plan_init(&plan, base);
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
+        rd_arg_array(ow, "w", 3, RD_ANY_STORAGE, 0, &w) != 0)
+        return NULL;
+    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.dim[0], n = w.dim[2];
+    if (w.dim[1] != k || h0.dim[0] != m || h0.dim[1] != n) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], h0 [m, n] disagree");
+        return NULL;
+    }
+    if (base == RD_CT_F32 && lhs.dtype == RD_BF16 && w.dtype == RD_BF16)
+        rd_plan_init(&plan, rd_bf16_product(0));
+    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL || rd_packer(plan.ct, (rd_dtype_t)w.dtype, 1) == NULL) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or 'w' (%s)", rd_ctypes[plan.ct].name,
+                     PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(w.arr)->typeobj->tp_name);
+        return NULL;
+    }
+    if (rd_arg_bounds(obounds, ng, m, "w.shape[0]", &bv) != 0)
+        return NULL;
+    o.ct = base;
+    o.dt = (rd_dtype_t)h0.dtype;
+    o.kind = kind;
+    o.limit = limit;
+    o.alpha = alpha;
+    o.h0 = h0.data;
+    o.h1 = h1;
+    o.dh0 = d0;
+    o.dh1 = d1;
+    o.rs = h0.stride[0];
+    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t b = {.p = w.data, .dtype = (rd_dtype_t)w.dtype, .gs = w.stride[0], .rs = w.stride[1], .cs = w.stride[2]};
+    int rc = 0;
+    if (bv[ng] > bv[0] && n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rd_gated_rows(&plan, k, n, ng, bv, &x, &b, NULL, rd_gated_grad_epilogue, &o);
+        Py_END_ALLOW_THREADS
+    }
+    return rd_gemm_result(rc);
+}
+
 PyMethodDef rd_gated_methods[] = {
     {"gated_rows", rd_py_gated_rows, METH_VARARGS, gated_rows_doc},
+    {"gated_grad_rows", rd_py_gated_grad_rows, METH_VARARGS, gated_grad_rows_doc},
     {NULL, NULL, 0, NULL},
 };

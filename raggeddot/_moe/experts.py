@@ -352,14 +352,21 @@ def backward(experts, res, d_y):
     hd = res.h0.dtype                 # of the hidden activations and weight gradients
     ct = gw.compute_dtype(hd)         # of d_xs and the accumulations
     dy = d_y[first:last]
-    # down projection
-    da = _buffer((count, f), hd)
-    if count and f:
-        gw.rows(dy, _transposed(experts.wo), bounds, da)
+    # down projection, and the activation's gradient: fused in the product's
+    # epilogue where the weights are plain arrays (no [rows, f] array of d_a)
+    wo_t = _transposed(experts.wo)
+    if count and f and _fused(dy, Experts(wo_t, wo_t, None, None, None, None, "silu", 0.0)):
+        dh0, dh1 = _buffer((count, f), hd), _buffer((count, f), hd)
+        gw.gated_grad_rows(dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation, experts.limit,
+                           experts.alpha)
+    else:
+        da = _buffer((count, f), hd)
+        if count and f:
+            gw.rows(dy, wo_t, bounds, da)
+        dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
     dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
-    dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     # gate and up projections
     d_xs = np.zeros((res.xs.shape[0], d), dtype=ct)
     if count and f:

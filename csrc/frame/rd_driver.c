@@ -577,6 +577,8 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
 
 /* ------------------------------------------------------- gated products */
 
+#define RD_GATED_TN ((rd_int)1024)
+
 int
 rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
               const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx)
@@ -598,9 +600,14 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
     const double pairs = w1 != NULL ? 2.0 : 1.0;
     const double bytes = rows * (double)k * (double)cl.a_src + pairs * (double)ng * (double)k * (double)n
                          * (double)cl.b_src + pairs * rows * (double)n * (double)cl.c_size;
-    /* tiles of bounded width (as for a 16-bit output: their two products
-     * are computed into tiles of their own) and no team tiles */
-    if (rd_make_tiling(&tl, plan, &sh, ng, n, 1, bytes) != 0)
+    /* no team tiles, and tiles at most RD_GATED_TN wide: the products are
+     * computed into tiles of their own, and an MoE layer's f (768 to 2048
+     * in the models of this field) is then one or two tiles, each packed
+     * block of rows read by every column of it */
+    plan->team = 0;
+    if (plan->tn <= 0 || plan->tn > RD_GATED_TN)
+        plan->tn = RD_GATED_TN;
+    if (rd_make_tiling(&tl, plan, &sh, ng, n, 0, bytes) != 0)
         return -1;
     const rd_ukr_desc_t *kd = &plan->k;
     const rd_int ld = rd_round_up(tl.tn, kd->nr);

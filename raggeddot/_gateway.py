@@ -503,8 +503,8 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     ``a[r] = act(h0) * h1`` (:func:`gated_act`) written as each tile of the
     products completes; h0 and h1 written too when given (arrays like
     ``a``), else never stored whole. lhs ``[m, k]``, w0 and w1 ``[g, k, n]``
-    of one dtype (as :func:`operand` reads them for ``layout="packed"``),
-    a ``[m, n]`` of the hidden dtype (float32, float64, bfloat16, float16)
+    of one dtype (as :func:`operand` reads them for ``layout="packed"``) or
+    two PackedRhs of one float layout, a ``[m, n]`` of the hidden dtype (float32, float64, bfloat16, float16)
     with contiguous rows, b0 and b1 ``[g, n]`` or None. The values of
     :func:`rows` into h0 and h1, then :func:`gated_act`, bit for bit.
     ``rows``: None, or int64 ``[m]`` indices into lhs's rows (lhs ``[T,
@@ -513,9 +513,14 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     Returns ``a``."""
     ct = compute_dtype(a.dtype)
     biases = [None if b is None else np.ascontiguousarray(b, dtype=ct) for b in (b0, b1)]
-    _core.gated_rows(operand(lhs, ct, PACKED), operand(w0, ct, PACKED), operand(w1, ct, PACKED), bounds, a, h0,
-                     h1, *biases, _core.ACTIVATIONS[activation], float(limit), float(alpha),
-                     None if rows is None else _indices(rows))
+    if getattr(w0, "ctype", None) is not None:     # two PackedRhs of one layout
+        g, k, n = w0.shape
+        weights = ((w0._buf, w1._buf, w0._storage.name, w0.ctype, g, k, n, w0.kc, w0.nr, w0._qtile,
+                    w0._zero_point is not None), None)
+    else:
+        weights = (operand(w0, ct, PACKED), operand(w1, ct, PACKED))
+    _core.gated_rows(operand(lhs, ct, PACKED), *weights, bounds, a, h0, h1, *biases, _core.ACTIVATIONS[activation],
+                     float(limit), float(alpha), None if rows is None else _indices(rows))
     return a
 
 

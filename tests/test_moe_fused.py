@@ -90,3 +90,37 @@ def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, 
     assert seen == [(False, True, (T, d))] and gathers == []
     raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
     assert seen[1] == (True, False, (2 * T, d)) and gathers == [1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("qtype", [None, "int8", "float8_e4m3fn"])
+def test_fused_pass_reads_prepacked_weights(rng, monkeypatch, family, dtype, qtype):
+    """Prepacked weights (float, bfloat16 in either layout, quantized for a
+    float lhs) take the fused passes too, with the bits of the separate
+    passes on the same PackedRhs."""
+    T, d, f, E = 60, 40, 72, 4
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float32) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    if qtype:
+        ws = [raggeddot.quantize(w, qtype, channelwise_axes=(0, 2)) for w in ws]
+    else:
+        ws = [w.astype(dtype) for w in ws]
+    calls = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with runtime.configured(kernel=family):
+        packed = [raggeddot.prepack(w) for w in ws]
+        fused = raggeddot.moe_block(x, router, *packed, top_k=2)
+        out, fn = raggeddot.moe_block_vjp(x, router, *packed, top_k=2)
+        grads = fn(np.ones_like(out))
+        assert calls == [1, 1]
+        monkeypatch.setattr(experts, "_fused", lambda *a: None)
+        want = raggeddot.moe_block(x, router, *packed, top_k=2)
+        want_out, want_fn = raggeddot.moe_block_vjp(x, router, *packed, top_k=2)
+        want_grads = want_fn(np.ones_like(out))
+    assert np.array_equal(_bits(fused), _bits(want)) and np.array_equal(_bits(out), _bits(want_out))
+    for name, g in want_grads.items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(g)), _bits(np.asarray(grads[name]))), name

@@ -62,6 +62,12 @@ int rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, cons
  * means (-1: MemoryError, -2: TypeError). */
 PyObject *rd_gemm_result(int rc);
 
+/* The plan of prepacked weights of compute type `name` laid out with
+ * blocking kc and panels nr (py/rd_py_matmul.c); the storage dtype of a
+ * NumPy name.  -1 with an exception naming what disagrees. */
+int rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan);
+int rd_dtype_named(const char *name);
+
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
 int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
 

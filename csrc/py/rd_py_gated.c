@@ -5,6 +5,7 @@
 #include "rd_py.h"
 #include "moe/rd_moe.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* An optional [ng, n] bias of the compute type with contiguous rows. */
@@ -60,7 +61,9 @@ PyDoc_STRVAR(gated_rows_doc,
 "n] float32, float64, bfloat16 or float16 with contiguous rows (h0, h1\n"
 "like it or None); b0, b1 [g, n] of the compute type or None.  The values\n"
 "of ragged_rows into h0 and h1 then gated_act, bit for bit.  Rows outside\n"
-"[bounds[0], bounds[g]) are left as they are.  rows: None, or int64 [m]:\n"
+"[bounds[0], bounds[g]) are left as they are.  w0 may instead be the tuple\n"
+"(buf0, buf1, dtype, ctype, g, k, n, kc, nr, qtile, qzp) of two prepacked\n"
+"layouts of one kind (w1 then ignored).  rows: None, or int64 [m]:\n"
 "row i of the product is row rows[i] of lhs (gathered while packed).");
 
 static PyObject *
@@ -88,11 +91,43 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     rd_plan_t plan;
     const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     rd_plan_init(&plan, base);
-    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_arg_array(ow0, "w0", 3, RD_ANY_STORAGE, 0, &w0) != 0 ||
-        rd_arg_array(ow1, "w1", 3, RD_ANY_STORAGE, 0, &w1) != 0)
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0)
         return NULL;
-    if (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1] || w0.dim[2] != w1.dim[2]) {
+    /* prepacked weights: the tuple (buf0, buf1, dtype, ctype, g, k, n, kc,
+     * nr, qtile, qzp) of two PackedRhs of one layout */
+    const int packed = PyTuple_Check(ow0);
+    Py_ssize_t pg = 0, pk = 0, pn = 0, pkc = 0, pnr = 0, pqtile = 0;
+    int pqzp = 0, pdt = -1;
+    size_t per = 0;
+    rd_arg_t buf0, buf1;
+    if (packed) {
+        PyObject *ob0, *ob1;
+        const char *dtname, *ctname;
+        if (!PyArg_ParseTuple(ow0, "OOssnnnnnnp", &ob0, &ob1, &dtname, &ctname, &pg, &pk, &pn, &pkc, &pnr, &pqtile,
+                              &pqzp))
+            return NULL;
+        pdt = rd_dtype_named(dtname);
+        if (pdt < 0 || rd_prepack_plan(ctname, pkc, pnr, &plan) != 0 ||
+            rd_arg_array(ob0, "w0", 1, NPY_UINT8, RD_CONTIG, &buf0) != 0 ||
+            rd_arg_array(ob1, "w1", 1, NPY_UINT8, RD_CONTIG, &buf1) != 0)
+            return NULL;
+        per = rd_prepack_bytes(&plan, (rd_dtype_t)pdt, pk, pn, pqtile, pqzp);
+        if (rd_ctype_layout(plan.ct) == RD_CT_U8S8 || (per == 0 && pk > 0 && pn > 0) ||
+            (size_t)buf0.dim[0] != per * (size_t)pg || (size_t)buf1.dim[0] != per * (size_t)pg ||
+            (pg > 0 && per > 0 && (((uintptr_t)buf0.data | (uintptr_t)buf1.data) & 63) != 0)) {
+            PyErr_SetString(PyExc_ValueError, "prepacked 'w0' and 'w1' must be two layouts of float products "
+                            "of one shape, 64-byte aligned");
+            return NULL;
+        }
+        w0.dim[0] = pg, w0.dim[1] = pk, w0.dim[2] = pn;
+        w0.dtype = pdt;
+        w0.arr = NULL;
+    }
+    else if (rd_arg_array(ow0, "w0", 3, RD_ANY_STORAGE, 0, &w0) != 0 ||
+             rd_arg_array(ow1, "w1", 3, RD_ANY_STORAGE, 0, &w1) != 0)
+        return NULL;
+    if (!packed && (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1]
+                    || w0.dim[2] != w1.dim[2])) {
         PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype and shape");
         return NULL;
     }
@@ -112,11 +147,14 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
         return NULL;
     }
-    if (base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
+    if (!packed && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
         rd_plan_init(&plan, rd_bf16_product(0));
-    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL || rd_packer(plan.ct, (rd_dtype_t)w0.dtype, 1) == NULL) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or 'w0' (%s)", rd_ctypes[plan.ct].name,
-                     PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(w0.arr)->typeobj->tp_name);
+    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL ||
+        (!packed && rd_packer(plan.ct, (rd_dtype_t)w0.dtype, 1) == NULL) ||
+        rd_ctypes[plan.ct].c_size != rd_ctypes[base].c_size) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write 'a' (%s)",
+                     rd_ctypes[plan.ct].name, PyArray_DESCR(lhs.arr)->typeobj->tp_name,
+                     PyArray_DESCR(a.arr)->typeobj->tp_name);
         return NULL;
     }
     rd_gated_out_t o;
@@ -136,10 +174,20 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
                  .ridx = ridx};
-    rd_in_t b0 = {.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
-                  .cs = w0.stride[2]};
-    rd_in_t b1 = {.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],
-                  .cs = w1.stride[2]};
+    rd_in_t b0, b1;
+    if (packed) {
+        const rd_int panels = (pn + plan.k.nr - 1) / plan.k.nr;
+        b0 = (rd_in_t){.p = buf0.data, .dtype = (rd_dtype_t)pdt, .gs = (rd_int)per, .panels = panels,
+                       .qtile = pqtile, .qzp = pqzp};
+        b1 = b0;
+        b1.p = buf1.data;
+    }
+    else {
+        b0 = (rd_in_t){.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
+                       .cs = w0.stride[2]};
+        b1 = (rd_in_t){.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],
+                       .cs = w1.stride[2]};
+    }
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS

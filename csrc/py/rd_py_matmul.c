@@ -414,7 +414,7 @@ rd_py_ragged_contract(PyObject *self, PyObject *args)
  * that multiplies weights in its layout now, rd_layout_product) whose kernel has register block
  * width `nr` (any, when nr <= 0) and cache depth KC = `kc` (the plan's, when
  * kc <= 0); -1 with an exception naming what disagrees. */
-static int
+int
 rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan)
 {
     int ct = -1;
@@ -446,7 +446,7 @@ rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan)
     return 0;
 }
 
-static int
+int
 rd_dtype_named(const char *name)
 {
     for (int d = 0; d < RD_DTYPE_COUNT; d++)

@@ -255,20 +255,34 @@ def fuses(experts, x):
     """Whether the experts' forward over rows of ``x`` (an array of the
     rows' dtype) runs its gate and up products as one pass and can read the
     rows through the dispatch's index (:class:`Gathered`)."""
-    return experts.act_qtype is None and _fused(x, experts)
+    return experts.act_qtype is None and bool(_fused(x, experts))
 
 
 def _fused(lhs, experts):
-    """Whether the gate and up products of ``lhs`` run as one pass
-    (gw.gated_rows): plain weights of one dtype the packing reads, a plain
-    lhs (no activation quantization)."""
+    """The gate and up weights as the one-pass product of ``lhs`` reads them
+    (gw.gated_rows), or None where it does not run: a plain float lhs (no
+    activation quantization), and plain weights of one dtype the packing
+    reads, or two PackedRhs that multiply it in one float layout (the ones
+    ``meet`` gives, made once and kept)."""
     w0, w1 = experts.w0, experts.w1
     if isinstance(lhs, Gathered):
         lhs = lhs.x
-    if not (isinstance(lhs, np.ndarray) and isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray)):
-        return False
+    if not isinstance(lhs, np.ndarray):
+        return None
     ct = gw.compute_dtype(lhs.dtype)
-    return w0.dtype == w1.dtype and all(d.isnative and gw._packing_reads(d, ct) for d in (lhs.dtype, w0.dtype))
+    if not (lhs.dtype.isnative and gw._packing_reads(lhs.dtype, ct)):
+        return None
+    if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
+        (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block") for w in (w0, w1))
+        same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and x0 is lhs and x1 is lhs and \
+            p0.ctype == p1.ctype != "int8-dot" and p0.shape == p1.shape and \
+            (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
+            (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
+        return (p0, p1) if same else None
+    if isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray) and w0.dtype == w1.dtype \
+            and w0.dtype.isnative and gw._packing_reads(w0.dtype, ct):
+        return w0, w1
+    return None
 
 
 def forward(experts, xs, group_sizes, group_offset=0, keep=True):
@@ -278,6 +292,7 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True):
       experts: the :class:`Experts` held, ``n`` of them.
       xs: ``[N, d]`` rows sorted by expert, or a :class:`Gathered` (with
         ``keep=False`` and where :func:`fuses`): the residuals then hold no xs.
+        (The experts' weights may be plain arrays or PackedRhs.)
       group_sizes: ``[g]`` int64 rows per expert (``sum <= N``).
       group_offset: the held experts are groups ``[group_offset,
         group_offset + n)``; ``0 <= group_offset <= g - n``.
@@ -321,12 +336,13 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True):
     rows = Gathered(xs.x, xs.index[first:last]) if gathered else xs[first:last]
     rows_q = None if gathered else _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
-    if _fused(lhs, experts):
+    fused = _fused(lhs, experts)
+    if fused:
         count = last - first
         a = _buffer((count, f), hd)
         h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
         if count and f:
-            gw.gated_rows(lhs.x if gathered else lhs, experts.w0, experts.w1, bounds, a, h0, h1, experts.b0,
+            gw.gated_rows(lhs.x if gathered else lhs, *fused, bounds, a, h0, h1, experts.b0,
                           experts.b1, experts.activation, experts.limit, experts.alpha,
                           rows=lhs.index if gathered else None)
     else:

@@ -124,3 +124,28 @@ def test_fused_pass_reads_prepacked_weights(rng, monkeypatch, family, dtype, qty
     for name, g in want_grads.items():
         if g is not None:
             assert np.array_equal(_bits(np.asarray(g)), _bits(np.asarray(grads[name]))), name
+
+
+@pytest.mark.parametrize("qtype", ["int8", "float8_e4m3fn", "int4"])
+def test_fused_pass_reads_qarray_weights(rng, monkeypatch, qtype):
+    """QArray weights with a float lhs (no activation quantization) take the
+    fused passes, dequantized while packed: the bits of the separate passes."""
+    T, d, f, E = 50, 48, 40, 3
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [raggeddot.quantize((rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float32), qtype,
+                             channelwise_axes=(0, 2)) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    calls = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fused = raggeddot.moe_block(x, router, *ws, top_k=2)
+    out, fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+    grads = fn(np.ones_like(out))
+    assert calls == [1, 1]
+    monkeypatch.setattr(experts, "_fused", lambda *a: None)
+    assert np.array_equal(_bits(fused), _bits(raggeddot.moe_block(x, router, *ws, top_k=2)))
+    want_out, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+    assert np.array_equal(_bits(out), _bits(want_out))
+    for name, g in want_fn(np.ones_like(out)).items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(g)), _bits(np.asarray(grads[name]))), name

@@ -62,6 +62,13 @@ int rd_arg_bounds(PyObject *obj, rd_int ng, rd_int limit, const char *what, cons
  * means (-1: MemoryError, -2: TypeError). */
 PyObject *rd_gemm_result(int rc);
 
+/* An operand of a grouped GEMM of compute type ct (which: 0 lhs, 1 rhs):
+ * an array the packing reads, or a quantized tuple (qvalue, scale,
+ * zero_point[, axis, length]) whose scales fill q (py/rd_py_matmul.c);
+ * -1 with an exception naming `name`. */
+int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
+                   rd_scales_t *q);
+
 /* The plan of prepacked weights of compute type `name` laid out with
  * blocking kc and panels nr (py/rd_py_matmul.c); the storage dtype of a
  * NumPy name.  -1 with an exception naming what disagrees. */

@@ -59,7 +59,8 @@ PyDoc_STRVAR(gated_rows_doc,
 "given), a[r] = gated_act(h0, h1) (activation `kind`).  lhs [m, k] and\n"
 "w0, w1 [g, k, n] arrays the packing reads (w0 and w1 of one dtype); a [m,\n"
 "n] float32, float64, bfloat16 or float16 with contiguous rows (h0, h1\n"
-"like it or None); b0, b1 [g, n] of the compute type or None.  The values\n"
+"like it or None; w0 and w1 may be QArray tuples as ragged_rows reads them);\n"
+"b0, b1 [g, n] of the compute type or None.  The values\n"
 "of ragged_rows into h0 and h1 then gated_act, bit for bit.  Rows outside\n"
 "[bounds[0], bounds[g]) are left as they are.  w0 may instead be the tuple\n"
 "(buf0, buf1, dtype, ctype, g, k, n, kc, nr, qtile, qzp) of two prepacked\n"
@@ -95,7 +96,7 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     /* prepacked weights: the tuple (buf0, buf1, dtype, ctype, g, k, n, kc,
      * nr, qtile, qzp) of two PackedRhs of one layout */
-    const int packed = PyTuple_Check(ow0);
+    const int packed = PyTuple_Check(ow0) && PyTuple_GET_SIZE(ow0) == 11;
     Py_ssize_t pg = 0, pk = 0, pn = 0, pkc = 0, pnr = 0, pqtile = 0;
     int pqzp = 0, pdt = -1;
     size_t per = 0;
@@ -123,12 +124,17 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         w0.dtype = pdt;
         w0.arr = NULL;
     }
-    else if (rd_arg_array(ow0, "w0", 3, RD_ANY_STORAGE, 0, &w0) != 0 ||
-             rd_arg_array(ow1, "w1", 3, RD_ANY_STORAGE, 0, &w1) != 0)
+    /* plain or quantized (the tuple (qvalue, scale, zero_point...) of a
+     * QArray: dequantized while packed) weights, both alike */
+    rd_scales_t q0, q1;
+    memset(&q0, 0, sizeof q0);
+    memset(&q1, 0, sizeof q1);
+    if (!packed && (rd_arg_operand(ow0, "w0", 3, base, 1, &w0, &q0) != 0 ||
+                    rd_arg_operand(ow1, "w1", 3, base, 1, &w1, &q1) != 0))
         return NULL;
     if (!packed && (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1]
-                    || w0.dim[2] != w1.dim[2])) {
-        PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype and shape");
+                    || w0.dim[2] != w1.dim[2] || (q0.s == NULL) != (q1.s == NULL))) {
+        PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype, shape and quantization");
         return NULL;
     }
     /* with a row index, row i of the product is row rows[i] of lhs */
@@ -147,10 +153,9 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
         return NULL;
     }
-    if (!packed && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
+    if (!packed && q0.s == NULL && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
         rd_plan_init(&plan, rd_bf16_product(0));
     if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL ||
-        (!packed && rd_packer(plan.ct, (rd_dtype_t)w0.dtype, 1) == NULL) ||
         rd_ctypes[plan.ct].c_size != rd_ctypes[base].c_size) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write 'a' (%s)",
                      rd_ctypes[plan.ct].name, PyArray_DESCR(lhs.arr)->typeobj->tp_name,
@@ -184,9 +189,9 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     }
     else {
         b0 = (rd_in_t){.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
-                       .cs = w0.stride[2]};
+                       .cs = w0.stride[2], .q = q0};
         b1 = (rd_in_t){.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],
-                       .cs = w1.stride[2]};
+                       .cs = w1.stride[2], .q = q1};
     }
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
@@ -201,7 +206,8 @@ PyDoc_STRVAR(gated_grad_rows_doc,
 "gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, kind, limit, alpha)\n\n"
 "The first products of an MoE layer's experts' backward with the\n"
 "activation's gradient in their epilogue: for each group g, rows r in\n"
-"[bounds[g], bounds[g+1]): d_a = lhs[r] @ w[g] rounded to h0's dtype, then\n"
+"[bounds[g], bounds[g+1]): d_a = lhs[r] @ w[g] rounded to h0's dtype (w an\n"
+"array or a QArray tuple as ragged_rows reads it), then\n"
 "dh0[r], dh1[r] = gated_act_grad(h0[r], h1[r], d_a).  lhs [m, k], w [g, k,\n"
 "n] arrays the packing reads; h0, h1, dh0, dh1 [m, n] of one dtype (float32,\n"
 "float64, bfloat16, float16) with contiguous rows and one row stride.  The\n"
@@ -242,19 +248,20 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     const rd_ctype_t base = h0.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     rd_plan_t plan;
     rd_plan_init(&plan, base);
+    rd_scales_t q;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_arg_array(ow, "w", 3, RD_ANY_STORAGE, 0, &w) != 0)
+        rd_arg_operand(ow, "w", 3, base, 1, &w, &q) != 0)
         return NULL;
     const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.dim[0], n = w.dim[2];
     if (w.dim[1] != k || h0.dim[0] != m || h0.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], h0 [m, n] disagree");
         return NULL;
     }
-    if (base == RD_CT_F32 && lhs.dtype == RD_BF16 && w.dtype == RD_BF16)
+    if (q.s == NULL && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w.dtype == RD_BF16)
         rd_plan_init(&plan, rd_bf16_product(0));
-    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL || rd_packer(plan.ct, (rd_dtype_t)w.dtype, 1) == NULL) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or 'w' (%s)", rd_ctypes[plan.ct].name,
-                     PyArray_DESCR(lhs.arr)->typeobj->tp_name, PyArray_DESCR(w.arr)->typeobj->tp_name);
+    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s)", rd_ctypes[plan.ct].name,
+                     PyArray_DESCR(lhs.arr)->typeobj->tp_name);
         return NULL;
     }
     if (rd_arg_bounds(obounds, ng, m, "w.shape[0]", &bv) != 0)
@@ -270,7 +277,8 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     o.dh1 = d1;
     o.rs = h0.stride[0];
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
-    rd_in_t b = {.p = w.data, .dtype = (rd_dtype_t)w.dtype, .gs = w.stride[0], .rs = w.stride[1], .cs = w.stride[2]};
+    rd_in_t b = {.p = w.data, .dtype = (rd_dtype_t)w.dtype, .gs = w.stride[0], .rs = w.stride[1], .cs = w.stride[2],
+                 .q = q};
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS

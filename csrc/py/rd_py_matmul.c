@@ -95,7 +95,7 @@ rd_pow2_scales(PyObject *obj)
  * array of the compute dtype with as many dimensions as qvalue, each
  * dividing qvalue's (tile = qvalue.shape // scale.shape); zero_point None
  * or an array like scale.  Fills x and q (q zeroed for a plain operand). */
-static int
+int
 rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
                rd_scales_t *q)
 {

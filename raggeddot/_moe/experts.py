@@ -262,8 +262,8 @@ def _fused(lhs, experts):
     """The gate and up weights as the one-pass product of ``lhs`` reads them
     (gw.gated_rows), or None where it does not run: a plain float lhs (no
     activation quantization), and plain weights of one dtype the packing
-    reads, or two PackedRhs that multiply it in one float layout (the ones
-    ``meet`` gives, made once and kept)."""
+    reads, two QArrays of one kind, or two PackedRhs that multiply it in one
+    float layout (the ones ``meet`` gives, made once and kept)."""
     w0, w1 = experts.w0, experts.w1
     if isinstance(lhs, Gathered):
         lhs = lhs.x
@@ -282,6 +282,9 @@ def _fused(lhs, experts):
     if isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray) and w0.dtype == w1.dtype \
             and w0.dtype.isnative and gw._packing_reads(w0.dtype, ct):
         return w0, w1
+    if isinstance(w0, QArray) and isinstance(w1, QArray) and w0.qtype == w1.qtype and w0.shape == w1.shape \
+            and w0.dtype == w1.dtype and (w0.zero_point is None) == (w1.zero_point is None):
+        return w0, w1      # dequantized while packed, as the separate products do
     return None
 
 

@@ -51,6 +51,25 @@ rd_gated_out(PyObject *obj, const char *name, const rd_arg_t *a, void **data)
     return 0;
 }
 
+/* The hidden activations' array `name` (float32, float64, float16 or
+ * bfloat16, contiguous rows; writeable when `flags` says so) and a known
+ * activation code; -1 with an exception otherwise. */
+static int
+rd_gated_hidden(PyObject *obj, const char *name, int flags, int kind, rd_arg_t *x)
+{
+    if (rd_arg_array(obj, name, 2, RD_ANY_STORAGE, flags | RD_ROWS, x) != 0)
+        return -1;
+    if (x->dtype != RD_F32 && x->dtype != RD_F64 && x->dtype != RD_F16 && x->dtype != RD_BF16) {
+        PyErr_Format(PyExc_TypeError, "'%s' must be float32, float64, float16 or bfloat16", name);
+        return -1;
+    }
+    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
+        PyErr_Format(PyExc_ValueError, "unknown activation code %d", kind);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(gated_rows_doc,
 "gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha, rows=None)\n\n"
 "The gate and up products of an MoE layer's experts in one pass: for each\n"
@@ -79,16 +98,8 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOOOidd|O", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
                           &kind, &limit, &alpha, &oidx))
         return NULL;
-    if (rd_arg_array(oa, "a", 2, RD_ANY_STORAGE, RD_AS_OUTPUT | RD_ROWS, &a) != 0)
+    if (rd_gated_hidden(oa, "a", RD_AS_OUTPUT, kind, &a) != 0)
         return NULL;
-    if (a.dtype != RD_F32 && a.dtype != RD_F64 && a.dtype != RD_F16 && a.dtype != RD_BF16) {
-        PyErr_SetString(PyExc_TypeError, "'a' must be float32, float64, float16 or bfloat16");
-        return NULL;
-    }
-    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
-        PyErr_Format(PyExc_ValueError, "unknown activation code %d", kind);
-        return NULL;
-    }
     rd_plan_t plan;
     const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     rd_plan_init(&plan, base);
@@ -225,16 +236,8 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOidd", &olhs, &ow, &obounds, &oh0, &oh1, &od0, &od1, &kind, &limit,
                           &alpha))
         return NULL;
-    if (rd_arg_array(oh0, "h0", 2, RD_ANY_STORAGE, RD_ROWS, &h0) != 0)
+    if (rd_gated_hidden(oh0, "h0", 0, kind, &h0) != 0)
         return NULL;
-    if (h0.dtype != RD_F32 && h0.dtype != RD_F64 && h0.dtype != RD_F16 && h0.dtype != RD_BF16) {
-        PyErr_SetString(PyExc_TypeError, "'h0' must be float32, float64, float16 or bfloat16");
-        return NULL;
-    }
-    if (kind < RD_ACT_SILU || kind > RD_ACT_SWIGLU_OAI) {
-        PyErr_Format(PyExc_ValueError, "unknown activation code %d", kind);
-        return NULL;
-    }
     rd_gated_grad_t o;
     memset(&o, 0, sizeof o);
     void *h1 = NULL, *d0 = NULL, *d1 = NULL;

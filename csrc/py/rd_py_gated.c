@@ -33,9 +33,10 @@ rd_gated_bias(PyObject *obj, const char *name, int type_num, rd_int ng, rd_int n
     return 0;
 }
 
-/* An optional [m, n] output of the hidden dtype with the row stride of a. */
+/* An optional [m, n] array of the hidden dtype with the row stride of a
+ * (the array named `ref`). */
 static int
-rd_gated_out(PyObject *obj, const char *name, const rd_arg_t *a, void **data)
+rd_gated_out(PyObject *obj, const char *name, const char *ref, const rd_arg_t *a, void **data)
 {
     *data = NULL;
     if (obj == Py_None)
@@ -44,7 +45,7 @@ rd_gated_out(PyObject *obj, const char *name, const rd_arg_t *a, void **data)
     if (rd_arg_array(obj, name, 2, a->type_num, RD_AS_OUTPUT | RD_ROWS, &o) != 0)
         return -1;
     if (o.dim[0] != a->dim[0] || o.dim[1] != a->dim[1] || o.stride[0] != a->stride[0]) {
-        PyErr_Format(PyExc_ValueError, "'%s' must have the shape and row stride of 'a'", name);
+        PyErr_Format(PyExc_ValueError, "'%s' must have the shape, dtype and row stride of '%s'", name, ref);
         return -1;
     }
     *data = o.data;
@@ -183,7 +184,7 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     o.a = a.data;
     o.rs = a.stride[0];
     const int bias_type = base == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
-    if (rd_gated_out(oh0, "h0", &a, &o.h0) != 0 || rd_gated_out(oh1, "h1", &a, &o.h1) != 0 ||
+    if (rd_gated_out(oh0, "h0", "a", &a, &o.h0) != 0 || rd_gated_out(oh1, "h1", "a", &a, &o.h1) != 0 ||
         rd_gated_bias(ob0, "b0", bias_type, ng, n, &o.b0, &o.b_rs) != 0 ||
         rd_gated_bias(ob1, "b1", bias_type, ng, n, &o.b1, &o.b_rs) != 0 ||
         rd_arg_bounds(obounds, ng, m, "w0.shape[0]", &bv) != 0)
@@ -241,8 +242,8 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     rd_gated_grad_t o;
     memset(&o, 0, sizeof o);
     void *h1 = NULL, *d0 = NULL, *d1 = NULL;
-    if (rd_gated_out(oh1, "h1", &h0, &h1) != 0 || rd_gated_out(od0, "dh0", &h0, &d0) != 0 ||
-        rd_gated_out(od1, "dh1", &h0, &d1) != 0)
+    if (rd_gated_out(oh1, "h1", "h0", &h0, &h1) != 0 || rd_gated_out(od0, "dh0", "h0", &h0, &d0) != 0 ||
+        rd_gated_out(od1, "dh1", "h0", &h0, &d1) != 0)
         return NULL;
     if (h1 == NULL || d0 == NULL || d1 == NULL) {
         PyErr_SetString(PyExc_TypeError, "'h1', 'dh0' and 'dh1' must be arrays");

@@ -149,3 +149,27 @@ def test_fused_pass_reads_qarray_weights(rng, monkeypatch, qtype):
     for name, g in want_fn(np.ones_like(out)).items():
         if g is not None:
             assert np.array_equal(_bits(np.asarray(g)), _bits(np.asarray(grads[name]))), name
+
+
+def test_the_gated_bindings_refuse_bad_arguments():
+    """Direct calls of the C entry points with bad arguments raise, naming
+    what is wrong, and never touch memory outside the arrays."""
+    from raggeddot import _core
+    x, w = np.zeros((4, 8), np.float32), np.zeros((2, 8, 6), np.float32)
+    a, b = np.zeros((4, 6), np.float32), np.array([0, 2, 4], np.int64)
+    bad = [
+        (lambda: _core.gated_rows(x, w, w, b, a, None, None, None, None, 0, 1.0, 1.0, np.array([0, 1, 9, 2])),
+         "index 9"),
+        (lambda: _core.gated_rows(x, w, w[:, :, :5], b, a, None, None, None, None, 0, 1.0, 1.0), "'w0' and 'w1'"),
+        (lambda: _core.gated_rows(x, w, w, np.array([0, 5, 4]), a, None, None, None, None, 0, 1.0, 1.0), "bounds"),
+        (lambda: _core.gated_rows(x, w, w, b, a, None, None, None, None, 9, 1.0, 1.0), "activation code 9"),
+        (lambda: _core.gated_rows(x, w, w, b, a[:, :5], None, None, None, None, 0, 1.0, 1.0), "disagree"),
+        (lambda: _core.gated_rows(x, w, w, b, a, a[:3], None, None, None, 0, 1.0, 1.0), "'h0' must have"),
+        (lambda: _core.gated_rows(x, w, w, b, a, None, None, np.zeros((2, 5), np.float32), None, 0, 1.0, 1.0),
+         "'b0' must be"),
+        (lambda: _core.gated_grad_rows(x, w, b, a, a, a, a[:, :5], 0, 1.0, 1.0), "'dh1' must have"),
+        (lambda: _core.gated_grad_rows(x, w, b, a, None, a, a, 0, 1.0, 1.0), "must be arrays"),
+    ]
+    for call, message in bad:
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()

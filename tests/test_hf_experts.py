@@ -434,3 +434,36 @@ def test_quantize_experts_mxfp4_in_place():
     ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe", "deepseek_v3", "phimoe", "glm4_moe"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("cache", [True, False], ids=["prepacked", "plain"])
+def test_inference_runs_the_fused_gate_up_pass_with_the_same_bits(monkeypatch, family, dtype, cache):
+    """Without autograd, gated experts with no biases run one fused pass
+    (the tokens' rows read in place, the activation in the products'
+    epilogue): the logits equal, bit for bit, those of the composition of
+    gmm over gate_up_proj and gated_activation; with autograd the
+    composition runs."""
+    import raggeddot._gateway as gw
+    from raggeddot.torch import _experts as ex
+    _, rd = _pair(_config(family), dtype=dtype)
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(4))
+    calls = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    previous = rt.set_weight_cache(cache)
+    try:
+        with torch.no_grad():
+            fused = rd(ids).logits
+            assert calls, "the fused pass ran"
+            monkeypatch.setitem(ex._FUSED, "enabled", False)
+            calls.clear()
+            composed = rd(ids).logits
+            assert not calls
+        monkeypatch.setitem(ex._FUSED, "enabled", True)
+        rd(ids).logits.sum().backward()          # autograd: the composition
+        assert not calls
+    finally:
+        rt.set_weight_cache(previous)
+    assert torch.equal(fused, composed)

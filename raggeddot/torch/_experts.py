@@ -72,6 +72,9 @@ _GPT_OSS = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts")
 _CACHE_ATTR = "_raggeddot_prepacked"
 _MXFP4_ATTR = "_raggeddot_mxfp4"     # {weight name: PackedRhs} of experts kept in MXFP4
 _cache = {"enabled": True}
+# the fused gate and up pass of inference (experts_forward); off: the
+# composition of gmm and gated_activation, the same bits
+_FUSED = {"enabled": True}
 
 
 def set_weight_cache(enabled):
@@ -265,6 +268,45 @@ def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dty
     return out
 
 
+def _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype):
+    """``a [N, f]`` of the gated experts without autograd, from one fused
+    pass (raggeddot's ``gated_rows``): the gate and up products of each
+    packed block of the tokens' rows, read through ``token_of_slot`` (no
+    xs copy), with the activation applied to each tile as it completes (no
+    ``h [N, 2f]``). The values of the gmm over ``gate_up_proj`` then
+    :func:`gated_activation`, bit for bit (the gate and up views, prepacked
+    apart when the weight cache is on, sum as the fused weight's columns
+    do). None where that pass does not apply (see the caller)."""
+    from .._moe.experts import split_gate_up
+    from .. import _gateway as gw
+    w = self.gate_up_proj
+    if not isinstance(w, torch.Tensor) or w.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16,
+                                                                                 torch.float16, torch.float64):
+        return None
+    activation, layout, limit, alpha = spec
+    axis = 2 if self.is_transposed else 1              # the 2f axis: [E, d, 2f] or [E, 2f, d]
+    f = w.shape[axis] // 2
+    transpose = not self.is_transposed
+    views = [w[:, :f] if axis == 1 else w[:, :, :f], w[:, f:] if axis == 1 else w[:, :, f:]] \
+        if layout == "concat" else [w[:, 0::2] if axis == 1 else w[:, :, 0::2],
+                                    w[:, 1::2] if axis == 1 else w[:, :, 1::2]]
+    rows = hidden_states.detach().to(dtype)
+    if _use_prepacked(rows, w):
+        w0, w1 = (_prepacked(v, transpose) for v in views)
+    else:
+        w0, w1 = (cv.array(v).transpose(0, 2, 1) if transpose else cv.array(v) for v in views)
+    x = cv.array(rows)
+    if x.dtype != w0.dtype or not x.flags.c_contiguous:
+        return None
+    gs = cv.array(group_sizes)
+    bounds = gw.group_bounds(gs, 0, gs.shape[0])
+    a = torch.zeros((token_of_slot.shape[0], f), dtype=dtype)
+    if int(bounds[-1]) and f:
+        gw.gated_rows(x, w0, w1, bounds, cv.array(a), None, None, None, None, activation, limit, alpha,
+                      rows=cv.array(token_of_slot))
+    return a
+
+
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """The experts of an MoE layer on raggeddot's operators (the module
     docstring has the math).
@@ -283,9 +325,25 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     dtype = hidden_states.dtype
     num_experts = self.num_experts
     token_of_slot, slot_of, expert_of_slot, group_sizes = _sort_by_expert(top_k_index, num_experts)
-    xs = ragged_gather(hidden_states, token_of_slot)
     has_bias = getattr(self, "has_bias", False)
     held = getattr(self, _MXFP4_ATTR, {})
+    spec = fused_gate(self) if self.has_gate else None
+    a = None
+    # without autograd, a gate the kernels compute, plain gate_up weights and
+    # no biases (added in the hidden dtype by the composition below): one
+    # fused pass gives a
+    if spec is not None and not has_bias and not held and _FUSED["enabled"] \
+            and not torch.compiler.is_compiling() \
+            and not (torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad)):
+        a = _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype)
+    if a is not None:
+        b_down = None
+        y = _grouped_linear(self, a, held.get("down_proj", self.down_proj), b_down, group_sizes, expert_of_slot,
+                            dtype)
+        if getattr(self, "has_post_expert_norm", False):
+            y = self.post_expert_norm(y)
+        return ragged_gather_reduce(y, slot_of, top_k_weights).to(dtype)
+    xs = ragged_gather(hidden_states, token_of_slot)
     if self.has_gate:
         w_up, b_up = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if has_bias else None
         w_up = held.get("gate_up_proj", w_up)
@@ -294,7 +352,6 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         w_up = held.get("up_proj", w_up)
     h = _grouped_linear(self, xs, w_up, b_up, group_sizes, expert_of_slot, dtype)
     if self.has_gate:
-        spec = fused_gate(self)
         a = gated_activation(h, *spec) if spec is not None else self._apply_gate(h)
     else:
         a = self.act_fn(h)

@@ -87,19 +87,27 @@ def set_weight_cache(enabled):
 def clear_weight_cache(model):
     """Drop the prepacked weight copies held by ``model``'s parameters."""
     for p in model.parameters():
-        if hasattr(p, _CACHE_ATTR):
-            delattr(p, _CACHE_ATTR)
+        for attr in (_CACHE_ATTR, _CACHE_ATTR + "_halves"):
+            if hasattr(p, attr):
+                delattr(p, attr)
 
 
 def _prepacked(weight, transpose):
     """``raggeddot.prepack`` of the ``[E, k, n]`` weights (``[E, n, k]``
     with ``transpose``), made once per version of the parameter."""
-    key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape), weight.stride(), transpose)
-    held = getattr(weight, _CACHE_ATTR, None)
+    return _prepacked_views(weight, [weight], transpose, _CACHE_ATTR)[0]
+
+
+def _prepacked_views(param, views, transpose, attr=_CACHE_ATTR + "_halves"):
+    """:func:`_prepacked` of ``views`` of the parameter ``param`` (the gate
+    and up halves of gate_up_proj), kept on the parameter under ``attr`` (a
+    view is made afresh every call), made once per version of it."""
+    key = tuple((v.data_ptr(), v._version, v.dtype, tuple(v.shape), v.stride(), transpose) for v in views)
+    held = getattr(param, attr, None)
     if held is not None and held[0] == key:
         return held[1]
-    packed = _rd.prepack(cv.array(weight), transpose_rhs=transpose)
-    setattr(weight, _CACHE_ATTR, (key, packed))
+    packed = [_rd.prepack(cv.array(v), transpose_rhs=transpose) for v in views]
+    setattr(param, attr, (key, packed))
     return packed
 
 
@@ -292,7 +300,7 @@ def _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype)
                                     w[:, 1::2] if axis == 1 else w[:, :, 1::2]]
     rows = hidden_states.detach().to(dtype)
     if _use_prepacked(rows, w):
-        w0, w1 = (_prepacked(v, transpose) for v in views)
+        w0, w1 = _prepacked_views(w, views, transpose)    # (beside the whole weight's)
     else:
         w0, w1 = (cv.array(v).transpose(0, 2, 1) if transpose else cv.array(v) for v in views)
     x = cv.array(rows)

@@ -255,16 +255,15 @@ def fuses(experts, x):
     """Whether the experts' forward over rows of ``x`` (an array of the
     rows' dtype) runs its gate and up products as one pass and can read the
     rows through the dispatch's index (:class:`Gathered`)."""
-    return experts.act_qtype is None and bool(_fused(x, experts))
+    return experts.act_qtype is None and bool(_fused(x, experts.w0, experts.w1))
 
 
-def _fused(lhs, experts):
+def _fused(lhs, w0, w1):
     """The gate and up weights as the one-pass product of ``lhs`` reads them
     (gw.gated_rows), or None where it does not run: a plain float lhs (no
     activation quantization), and plain weights of one dtype the packing
     reads, two QArrays of one kind, or two PackedRhs that multiply it in one
     float layout (the ones ``meet`` gives, made once and kept)."""
-    w0, w1 = experts.w0, experts.w1
     if isinstance(lhs, Gathered):
         lhs = lhs.x
     if not isinstance(lhs, np.ndarray):
@@ -339,7 +338,7 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True):
     rows = Gathered(xs.x, xs.index[first:last]) if gathered else xs[first:last]
     rows_q = None if gathered else _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
-    fused = _fused(lhs, experts)
+    fused = _fused(lhs, experts.w0, experts.w1)
     if fused:
         count = last - first
         a = _buffer((count, f), hd)
@@ -374,7 +373,7 @@ def backward(experts, res, d_y):
     # down projection, and the activation's gradient: fused in the product's
     # epilogue where the weights are plain arrays (no [rows, f] array of d_a)
     wo_t = _transposed(experts.wo)
-    if count and f and _fused(dy, Experts(wo_t, wo_t, None, None, None, None, "silu", 0.0)):
+    if count and f and _fused(dy, wo_t, wo_t):
         dh0, dh1 = _buffer((count, f), hd), _buffer((count, f), hd)
         gw.gated_grad_rows(dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation, experts.limit,
                            experts.alpha)

@@ -293,11 +293,9 @@ def _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype)
         return None
     activation, layout, limit, alpha = spec
     axis = 2 if self.is_transposed else 1              # the 2f axis: [E, d, 2f] or [E, 2f, d]
-    f = w.shape[axis] // 2
     transpose = not self.is_transposed
-    views = [w[:, :f] if axis == 1 else w[:, :, :f], w[:, f:] if axis == 1 else w[:, :, f:]] \
-        if layout == "concat" else [w[:, 0::2] if axis == 1 else w[:, :, 0::2],
-                                    w[:, 1::2] if axis == 1 else w[:, :, 1::2]]
+    views = split_gate_up(w, axis, layout)
+    f = views[0].shape[axis]
     rows = hidden_states.detach().to(dtype)
     if _use_prepacked(rows, w):
         w0, w1 = _prepacked_views(w, views, transpose)    # (beside the whole weight's)

@@ -161,6 +161,11 @@ int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
  * (RD_CT_BF16DP or RD_CT_U8S8): the tile type reading that layout where
  * served, else `layout`. */
 rd_ctype_t rd_bf16_product(int exact);
+/* The compute type of a product of compute type `base` (RD_CT_F32 or
+ * RD_CT_F64, from the output) of operands of storage dtypes a and b, not
+ * quantized: rd_bf16_product(exact) for a float32 product of two bfloat16
+ * operands (or operands read as bfloat16), else base. */
+rd_ctype_t rd_float_product(rd_ctype_t base, rd_dtype_t a, rd_dtype_t b, int quantized, int exact);
 rd_ctype_t rd_int8_product(void);
 rd_ctype_t rd_layout_product(rd_ctype_t layout);
 /* rd_bf16dot_vs_fma, measured once per process (when first needed). */

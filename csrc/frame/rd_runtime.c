@@ -169,6 +169,13 @@ rd_bf16_product(int exact)
 }
 
 rd_ctype_t
+rd_float_product(rd_ctype_t base, rd_dtype_t a, rd_dtype_t b, int quantized, int exact)
+{
+    const int bf16_a = a == RD_BF16 || a == RD_F32_AS_BF16, bf16_b = b == RD_BF16 || b == RD_F32_AS_BF16;
+    return base == RD_CT_F32 && !quantized && bf16_a && bf16_b ? rd_bf16_product(exact) : base;
+}
+
+rd_ctype_t
 rd_int8_product(void)
 {
     if (rd_served_now(RD_CT_U8S8TILE))

@@ -41,8 +41,8 @@ rd_capi_gemm(int contract, int wide, int64_t k, int64_t n, int64_t ng, const int
     rd_plan_t plan;
     /* two bfloat16 operands: the fastest kernels for them (AMX tiles,
      * vdpbf16ps where it pays; the caller widens them for HIGHEST) */
-    const int bf16 = !wide && lhs->dtype == RD_CAPI_BF16 && rhs->dtype == RD_CAPI_BF16;
-    rd_plan_init(&plan, bf16 ? rd_bf16_product(0) : wide ? RD_CT_F64 : RD_CT_F32);
+    rd_plan_init(&plan, rd_float_product(wide ? RD_CT_F64 : RD_CT_F32, (rd_dtype_t)lhs->dtype,
+                                         (rd_dtype_t)rhs->dtype, 0, 0));
     rd_in_t a = rd_capi_in(lhs), b = rd_capi_in(rhs);
     rd_out_t c = {out->p, out->gs, out->rs, out->cs, (rd_dtype_t)out->dtype};
     const rd_int *bv = (const rd_int *)bounds;

@@ -101,9 +101,8 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     if (rd_gated_hidden(oa, "a", RD_AS_OUTPUT, kind, &a) != 0)
         return NULL;
-    rd_plan_t plan;
+    rd_plan_t plan;     /* the prepacked layout's, or made below */
     const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
-    rd_plan_init(&plan, base);
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0)
         return NULL;
     /* prepacked weights: the tuple (buf0, buf1, dtype, ctype, g, k, n, kc,
@@ -165,8 +164,8 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
         return NULL;
     }
-    if (!packed && q0.s == NULL && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w0.dtype == RD_BF16)
-        rd_plan_init(&plan, rd_bf16_product(0));
+    if (!packed)
+        rd_plan_init(&plan, rd_float_product(base, (rd_dtype_t)lhs.dtype, (rd_dtype_t)w0.dtype, q0.s != NULL, 0));
     if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL ||
         rd_ctypes[plan.ct].c_size != rd_ctypes[base].c_size) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write 'a' (%s)",
@@ -251,7 +250,6 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     }
     const rd_ctype_t base = h0.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     rd_plan_t plan;
-    rd_plan_init(&plan, base);
     rd_scales_t q;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
         rd_arg_operand(ow, "w", 3, base, 1, &w, &q) != 0)
@@ -261,8 +259,7 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], h0 [m, n] disagree");
         return NULL;
     }
-    if (q.s == NULL && base == RD_CT_F32 && lhs.dtype == RD_BF16 && w.dtype == RD_BF16)
-        rd_plan_init(&plan, rd_bf16_product(0));
+    rd_plan_init(&plan, rd_float_product(base, (rd_dtype_t)lhs.dtype, (rd_dtype_t)w.dtype, q.s != NULL, 0));
     if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s)", rd_ctypes[plan.ct].name,
                      PyArray_DESCR(lhs.arr)->typeobj->tp_name);

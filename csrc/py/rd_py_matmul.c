@@ -215,7 +215,7 @@ rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out)
  * are read as bfloat16, each rounded to nearest even while packed.  Then
  * the dot-product types where they are served: a float32 product of two
  * bfloat16 operands (or operands read as bfloat16) runs on the type
- * rd_bf16_product chooses (AMX tiles, vdpbf16ps, or the widening float32
+ * rd_float_product chooses (AMX tiles, vdpbf16ps, or the widening float32
  * kernels; always those with `exact`, precision HIGHEST); a float32 product
  * of two int8 quantized operands (integral zero points) on the exact
  * integer type rd_int8_product chooses. */
@@ -261,15 +261,14 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
         rd_plan_init(plan, i8);
         return 0;
     }
-    const int bf16_l = lhs->dtype == RD_BF16 || lhs->dtype == RD_F32_AS_BF16;
-    const int bf16_r = rhs->dtype == RD_BF16 || rhs->dtype == RD_F32_AS_BF16;
     /* 4-bit weights with power-of-two scales are exact in bfloat16: with a
      * bfloat16 lhs, their product is that of the bfloat16 weights */
-    const int f4_r = rhs->dtype == RD_F4E2M1 && bf16_l && lhs->dtype == RD_BF16 && lq->s == NULL
-                     && rd_pow2_scales(orhs);
-    if (plan->ct == RD_CT_F32 && lq->s == NULL && (rq->s == NULL || f4_r) && bf16_l && (bf16_r || f4_r)
-        && rd_bf16_product(exact) != RD_CT_F32)
-        rd_plan_init(plan, rd_bf16_product(exact));
+    const int f4_r = rhs->dtype == RD_F4E2M1 && lhs->dtype == RD_BF16 && lq->s == NULL && rd_pow2_scales(orhs);
+    const rd_ctype_t ct = rd_float_product(plan->ct, (rd_dtype_t)lhs->dtype,
+                                           f4_r ? RD_BF16 : (rd_dtype_t)rhs->dtype,
+                                           lq->s != NULL || (rq->s != NULL && !f4_r), exact);
+    if (ct != plan->ct)
+        rd_plan_init(plan, ct);
     else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))
         rd_plan_init(plan, rd_int8_product());
     return 0;

@@ -419,6 +419,23 @@ rd_run_tile(const rd_run_t *r, const rd_tile_t *tile, char *apack, char *bpack, 
         rd_narrow_tile(tile32, r->tn_max, rows, cols, o, out->rs, out->cs, out->dtype);
 }
 
+/* The packing buffers of a thread for the tiles of tl: A blocks of at most
+ * MC rows and at most a tile's, B panels of at most NC columns and a
+ * tile's (none when B is streamed: read in place), and (stage, when not
+ * NULL) an A block of gathered rows before it is packed. */
+static void
+rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage)
+{
+    const rd_ukr_desc_t *kd = &cl->plan->k;
+    const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
+    const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
+    const rd_int mc_max = rd_round_up(tl->tm > 0 && tl->tm < kd->mc ? tl->tm : kd->mc, kd->mr);
+    *a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kp_max);
+    *b_bytes = cl->plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
+    if (stage != NULL)
+        *stage = (size_t)mc_max * (size_t)kp_max * cl->a_src;
+}
+
 /* Run every tile of the list: the team tiles by all threads together, one
  * after another, then each of the others by one thread. */
 static int
@@ -426,13 +443,8 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
 {
     const rd_call_t *cl = r->cl;
     const rd_ukr_desc_t *kd = &cl->plan->k;
-    const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
-    const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
-    /* A blocks are at most MC rows and at most a tile's; a streamed B is
-     * not packed at all */
-    const rd_int mc_max = rd_round_up(tl->tm > 0 && tl->tm < kd->mc ? tl->tm : kd->mc, kd->mr);
-    const size_t a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kp_max);
-    const size_t b_bytes = cl->plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
+    size_t a_bytes, b_bytes;
+    rd_pack_sizes(cl, tl, &a_bytes, &b_bytes, NULL);
     /* a 16-bit output's tile is computed in float32 here, tm x tn_max */
     const size_t t_bytes = r->narrow ? (size_t)tl->tm * (size_t)r->tn_max * sizeof(float) : 0;
     char *shared = tl->nteam > 0 ? (char *)rd_scratch(3, b_bytes) : NULL;
@@ -611,11 +623,8 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
         return -1;
     const rd_ukr_desc_t *kd = &plan->k;
     const rd_int ld = rd_round_up(tl.tn, kd->nr);
-    const rd_int nc_max = rd_round_up(tl.tn < kd->nc ? tl.tn : kd->nc, kd->nr);
-    const rd_int kp_max = rd_round_up(kd->kc, cl.k_unit);
-    const rd_int mc_max = rd_round_up(tl.tm > 0 && tl.tm < kd->mc ? tl.tm : kd->mc, kd->mr);
-    const size_t a_bytes = rd_panel_bytes(&cl, cl.a_size, mc_max, kp_max);
-    const size_t b_bytes = plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(&cl, cl.b_size, nc_max, kp_max);
+    size_t a_bytes, b_bytes, stage_bytes;
+    rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes);
     const size_t t_bytes = (size_t)(tl.tm > 0 ? tl.tm : 1) * (size_t)ld * cl.c_size;
     int failed = 0;
 #ifdef _OPENMP
@@ -628,7 +637,7 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
         char *t0 = (char *)rd_scratch(2, t_bytes);
         char *t1 = w1 != NULL ? (char *)rd_scratch(5, t_bytes) : t0;
         /* gathered rows are staged a block at a time (rd_pack_block) */
-        const int staged = lhs->ridx == NULL || rd_scratch(6, (size_t)mc_max * (size_t)kp_max * cl.a_src) != NULL;
+        const int staged = lhs->ridx == NULL || rd_scratch(6, stage_bytes) != NULL;
         const int ok = apack != NULL && ((bpack != NULL && bpack2 != NULL) || b_bytes == 0)
                        && t0 != NULL && t1 != NULL && staged;
         if (!ok) {

@@ -360,6 +360,8 @@ int rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in
  * float16 conversion in plain C even where F16C exists (for tests).
  * Returns -1 for another dtype. */
 int rd_narrow(const float *src, void *dst, rd_dtype_t dtype, size_t n, int portable);
+/* dst[i] = src[i] widened exactly from RD_BF16 (else RD_F16) to float32. */
+void rd_widen(const void *src, float *dst, rd_dtype_t dtype, size_t n);
 
 /* ----------------------------------------------------------- result buffers
  * (frame/rd_pool.c; callers hold the GIL.)  rd_buffer_take returns a block

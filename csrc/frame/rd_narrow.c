@@ -95,3 +95,15 @@ rd_narrow(const float *src, void *dst, rd_dtype_t dtype, size_t n, int portable)
         return -1;
     return 0;
 }
+
+void
+rd_widen(const void *src, float *dst, rd_dtype_t dtype, size_t n)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    if (dtype == RD_BF16)
+        for (size_t i = 0; i < n; i++)
+            dst[i] = rd_bf16_to_float(h[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            dst[i] = rd_f16_to_float(h[i]);
+}

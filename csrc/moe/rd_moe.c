@@ -4,9 +4,9 @@
  * by expert, dispatch and combine as row gathers, and gated activations.
  */
 #include "moe/rd_moe.h"
-#include "rd_half.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,12 +123,7 @@ rd_gated_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_in
                 uint16_t *h = dst != NULL ? (uint16_t *)(void *)dst : row16;
                 float *x = (float *)(void *)p[q];
                 rd_narrow(x, h, o->dt, (size_t)cols, 0);
-                if (o->dt == RD_BF16)
-                    for (rd_int j = 0; j < cols; j++)
-                        x[j] = rd_bf16_to_float(h[j]);
-                else
-                    for (rd_int j = 0; j < cols; j++)
-                        x[j] = rd_f16_to_float(h[j]);
+                rd_widen(h, x, o->dt, (size_t)cols);
             }
             else if (dst != NULL)
                 memcpy(dst, p[q], (size_t)cols * es);
@@ -172,13 +167,9 @@ rd_gated_grad_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, 
         }
         float *x = (float *)(void *)da;
         rd_narrow(x, row16, o->dt, (size_t)cols, 0);
-        for (int q = 0; q < 2; q++) {
-            const uint16_t *src = (const uint16_t *)(const void *)((const char *)(q ? o->h1 : o->h0) + at);
-            for (rd_int j = 0; j < cols; j++)
-                h[q][j] = o->dt == RD_BF16 ? rd_bf16_to_float(src[j]) : rd_f16_to_float(src[j]);
-        }
-        for (rd_int j = 0; j < cols; j++)
-            x[j] = o->dt == RD_BF16 ? rd_bf16_to_float(row16[j]) : rd_f16_to_float(row16[j]);
+        rd_widen((const char *)o->h0 + at, h[0], o->dt, (size_t)cols);
+        rd_widen((const char *)o->h1 + at, h[1], o->dt, (size_t)cols);
+        rd_widen(row16, x, o->dt, (size_t)cols);
         ops->gated_act_grad(cols, o->kind, o->limit, o->alpha, h[0], h[1], x, dg, du);
         rd_narrow(dg, d0, o->dt, (size_t)cols, 0);
         rd_narrow(du, d1, o->dt, (size_t)cols, 0);

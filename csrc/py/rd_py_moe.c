@@ -305,18 +305,6 @@ rd_arg_gated(PyObject *og, PyObject *ou, PyObject *odo, int kind, rd_arg_t *g, r
 #define RD_HALF_CHUNK 1024
 
 static void
-rd_widen_run(const void *src, rd_dtype_t dt, float *dst, npy_intp n)
-{
-    const uint16_t *h = (const uint16_t *)src;
-    if (dt == RD_BF16)
-        for (npy_intp i = 0; i < n; i++)
-            dst[i] = rd_bf16_to_float(h[i]);
-    else
-        for (npy_intp i = 0; i < n; i++)
-            dst[i] = rd_f16_to_float(h[i]);
-}
-
-static void
 rd_half_elementwise(npy_intp n, rd_dtype_t dt, int kind, double limit, double alpha,
                     const void *const *in, int nin, void *const *out, int nout)
 {
@@ -330,7 +318,7 @@ rd_half_elementwise(npy_intp n, rd_dtype_t dt, int kind, double limit, double al
         const npy_intp i0 = c * RD_HALF_CHUNK;
         const npy_intp len = n - i0 < RD_HALF_CHUNK ? n - i0 : RD_HALF_CHUNK;
         for (int j = 0; j < nin; j++)
-            rd_widen_run((const uint16_t *)in[j] + i0, dt, w[j], len);
+            rd_widen((const uint16_t *)in[j] + i0, w[j], dt, (size_t)len);
         if (nout == 1)
             ops->gated_act(len, kind, limit, alpha, w[0], w[1], w[3]);
         else

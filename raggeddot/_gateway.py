@@ -504,8 +504,9 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     products completes; h0 and h1 written too when given (arrays like
     ``a``), else never stored whole. lhs ``[m, k]``, w0 and w1 ``[g, k, n]``
     of one dtype (as :func:`operand` reads them for ``layout="packed"``) or
-    two PackedRhs of one float layout, a ``[m, n]`` of the hidden dtype (float32, float64, bfloat16, float16)
-    with contiguous rows, b0 and b1 ``[g, n]`` or None. The values of
+    two PackedRhs of one float layout, a ``[m, n]`` of the hidden dtype
+    (float32, float64, bfloat16, float16) with contiguous rows, b0 and b1
+    ``[g, n]`` or None. The values of
     :func:`rows` into h0 and h1, then :func:`gated_act`, bit for bit.
     ``rows``: None, or int64 ``[m]`` indices into lhs's rows (lhs ``[T,
     k]``): row i of the product reads ``lhs[rows[i]]``, gathered while the

@@ -321,11 +321,20 @@ int rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng,
  * neither, both quantized or neither; w1 NULL: one product (t1 NULL), the
  * epilogue of a single product (an activation's gradient).  An lhs with a row index (ridx: the
  * dispatch of an MoE layer, slot i reading token ridx[i]) is gathered while
- * packed, with no [rows, k] copy.  Returns as rd_ragged_rows. */
+ * packed, with no [rows, k] copy.
+ *
+ * `ordered`: the tiles of each column reach the epilogue in row order, on
+ * one thread: the columns are split between the threads (whole panels,
+ * each thread all the rows of its columns, group after group), so that an
+ * epilogue that adds rows into shared outputs (an MoE layer's combine,
+ * each slot's row added into its token's) adds each column of an output
+ * row in the order of the rows, whatever the number of threads, with no
+ * two threads adding into one element.  Returns as rd_ragged_rows. */
 typedef void (*rd_gated_epi_t)(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols,
                                void *t0, void *t1, rd_int ld);
 int rd_gated_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
-                  const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx);
+                  const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx,
+                  int ordered);
 
 /* ----------------------------------------------------------- prepacking
  * (frame/rd_prepack.c)  Weights laid out once in the micro-kernel's panel

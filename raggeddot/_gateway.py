@@ -46,6 +46,7 @@ __all__ = [
     "sort_by_expert",
     "gather_rows",
     "gather_reduce",
+    "combine_rows",
     "gated_act",
     "gated_act_grad",
     "gated_rows",
@@ -464,17 +465,46 @@ def gather_rows(x, indices, scale=None):
     return _core.gather_rows(operand(x, rows, ROWS), _indices(indices), scale)
 
 
-def gather_reduce(y, indices, weights=None):
-    """``out[t] = sum_j weights[t, j] * y[indices[t, j]]``, j in order: y
-    ``[n, d]``, indices ``[T, k]`` in ``[-1, n)`` (-1 adds nothing),
-    weights ``[T, k]`` or None (ones); ``out [T, d]`` in y's compute
-    dtype."""
+def gather_reduce(y, indices, weights=None, ordered=False):
+    """``out[t] = sum_j weights[t, j] * y[indices[t, j]]``, j in order (or,
+    ``ordered``, in the order of the indices): y ``[n, d]``, indices ``[T,
+    k]`` in ``[-1, n)`` (-1 adds nothing; with ``ordered`` a row's indices
+    distinct), weights ``[T, k]`` or None (ones); ``out [T, d]`` in y's
+    compute dtype."""
     ct = compute_dtype(y.dtype)
     if weights is not None:
         weights = operand(np.asarray(weights), ct, CONTIGUOUS)
     idx = _indices(indices)
     rows = y.dtype if y.dtype.itemsize == 2 else ct   # 16-bit rows: widened in the kernel, summed in float32
-    return _core.gather_reduce(operand(y, rows, ROWS), idx, weights)
+    return _core.gather_reduce(operand(y, rows, ROWS), idx, weights, bool(ordered))
+
+
+def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):
+    """The experts' down product with the combine in its epilogue: for each
+    group j, rows r in ``[bounds[j], bounds[j + 1])``, ``y = lhs[r] @ w[j]
+    (+ bias[j])`` rounded to ``hidden`` (a dtype: float32, float64,
+    bfloat16, float16), then ``out[tokens[r]] += weights[r] * y``, each
+    output element summing its rows in row order whatever the number of
+    threads. lhs ``[m, k]``, w ``[g, k, n]`` (as :func:`operand` reads
+    them for ``layout="packed"``, or a PackedRhs of a float layout), out
+    ``[T, n]`` of the compute dtype with contiguous rows, tokens ``[m]``,
+    weights ``[m]`` or None (ones), bias ``[g, n]`` or None. The values of
+    :func:`rows` into y (rounded to ``hidden``) then :func:`gather_reduce`
+    with ``ordered``, bit for bit, without the ``[m, n]`` array of y.
+    Returns ``out``."""
+    ct = compute_dtype(np.dtype(hidden))
+    if getattr(w, "ctype", None) is not None:     # a PackedRhs
+        g, k, n = w.shape
+        w = (w._buf, w._buf, w._storage.name, w.ctype, g, k, n, w.kc, w.nr, w._qtile, w._zero_point is not None)
+    else:
+        w = operand(w, ct, PACKED)
+    if weights is not None:
+        weights = operand(np.asarray(weights), ct, CONTIGUOUS)
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=ct)
+    _core.combine_rows(operand(lhs, ct, PACKED), w, bounds, out, _indices(tokens), weights, bias,
+                       np.empty(0, dtype=hidden))
+    return out
 
 
 def gated_act(gate, up, activation, limit, alpha=1.702):

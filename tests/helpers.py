@@ -326,6 +326,16 @@ KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
 DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
                for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
+# the families the fused MoE passes are checked on: automatic choice, the
+# portable one, the first tile family (AMX or its twin) and the first SIMD one
+FUSED_FAMILIES = ["auto", "ref"] + DOT_KERNELS["bfloat16-tile"][:1] + [k for k in KERNELS if k != "ref"][:1]
+
+
+def bits(x):
+    """The bit patterns of a float array (to compare results bit for bit,
+    NaNs and signed zeros included)."""
+    x = np.ascontiguousarray(x)
+    return x.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
 
 
 # ---------------------------------------------------------------------------

@@ -14,17 +14,13 @@ from raggeddot import _gateway as gw
 from raggeddot import runtime
 from raggeddot._moe import experts
 
-from helpers import DOT_KERNELS, KERNELS
+from helpers import FUSED_FAMILIES, bits
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16), np.dtype(np.float64)]
-FAMILIES = ["auto", "ref"] + DOT_KERNELS["bfloat16-tile"][:1] + [k for k in KERNELS if k not in ("ref",)][:1]
-
-
-def _bits(x):
-    x = np.ascontiguousarray(x)
-    return x.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
+FAMILIES = FUSED_FAMILIES
+_bits = bits
 
 
 @pytest.mark.parametrize("family", FAMILIES)

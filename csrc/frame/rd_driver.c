@@ -593,7 +593,8 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
 
 int
 rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
-              const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx)
+              const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx,
+              int ordered)
 {
     rd_call_t cl;
     rd_plan_t planned = *base, *plan = &planned;
@@ -622,6 +623,20 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
     if (rd_make_tiling(&tl, plan, &sh, ng, n, 0, bytes) != 0)
         return -1;
     const rd_ukr_desc_t *kd = &plan->k;
+    /* ordered: a column block a thread (as many as the threads the tiling
+     * chose, at most one a panel), over tiles not split for the threads */
+    rd_int blocks = 1;
+    if (ordered) {
+        const int threads = tl.nthreads;
+        const rd_int panels = (n + kd->nr - 1) / kd->nr;
+        blocks = threads < panels ? threads : panels;
+        rd_free_tiling(&tl);
+        rd_plan_t one = *plan;
+        one.nthreads = 1;
+        if (rd_make_tiling(&tl, &one, &sh, ng, n, 0, bytes) != 0)
+            return -1;
+        tl.nthreads = (int)blocks;
+    }
     const rd_int ld = rd_round_up(tl.tn, kd->nr);
     size_t a_bytes, b_bytes, stage_bytes;
     rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes);
@@ -646,22 +661,33 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
 #endif
             failed = 1;
         }
+        /* ordered: column block t of `blocks` (whole panels), every tile
+         * in list order (group after group, rows in order within a column
+         * piece) cut to it; else tile t, largest first, as the threads take
+         * them */
+        const rd_int panels = (n + kd->nr - 1) / kd->nr;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (rd_int t = 0; t < tl.count; t++) {
-            if (!ok)
-                continue;
-            const rd_tile_t *tile = &tl.tiles[tl.order[t]];
-            const rd_int rows_t = tile->r1 - tile->r0, cols = tile->c1 - tile->c0;
-            const rd_block_t a = rd_block(lhs, cl.a_src, cl.q_size, 0, tile->r0, 0);
-            const rd_block_t b = rd_block(w0, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
-            rd_block_t b2;
-            if (w1 != NULL)
-                b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, tile->c0);
-            rd_gemm_block(&cl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL, ld,
-                          1, 0, 0, apack, bpack, bpack2, 0, 1);
-            epi(ctx, tile->g, tile->r0, tile->c0, rows_t, cols, t0, w1 != NULL ? t1 : NULL, ld);
+        for (rd_int t = 0; t < (ordered ? blocks : tl.count); t++) {
+            const rd_int lo = ordered ? panels * t / blocks * kd->nr : 0;
+            const rd_int hi_p = ordered ? panels * (t + 1) / blocks * kd->nr : n;
+            const rd_int hi = hi_p < n ? hi_p : n;
+            for (rd_int u = ordered ? 0 : t; ok && u < (ordered ? tl.count : t + 1); u++) {
+                const rd_tile_t *tile = &tl.tiles[ordered ? u : tl.order[u]];
+                const rd_int c0 = tile->c0 > lo ? tile->c0 : lo, c1 = tile->c1 < hi ? tile->c1 : hi;
+                if (c1 <= c0)
+                    continue;
+                const rd_int rows_t = tile->r1 - tile->r0, cols = c1 - c0;
+                const rd_block_t a = rd_block(lhs, cl.a_src, cl.q_size, 0, tile->r0, 0);
+                const rd_block_t b = rd_block(w0, cl.b_src, cl.q_size, tile->g, 0, c0);
+                rd_block_t b2;
+                if (w1 != NULL)
+                    b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, c0);
+                rd_gemm_block(&cl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL,
+                              ld, 1, 0, 0, apack, bpack, bpack2, 0, 1);
+                epi(ctx, tile->g, tile->r0, c0, rows_t, cols, t0, w1 != NULL ? t1 : NULL, ld);
+            }
         }
         if (kd->release != NULL)
             kd->release();

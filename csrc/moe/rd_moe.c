@@ -74,11 +74,85 @@ rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
 #undef RD_TANH
 
 const rd_moe_ops_t rd_moe_ops[RD_CT_COUNT] = {
-    [RD_CT_F32] = {rd_s_moe_route, rd_s_gather_rows, rd_s_gather_reduce, rd_s_gated_act,
+    [RD_CT_F32] = {rd_s_moe_route, rd_s_gather_rows, rd_s_gather_reduce, rd_s_add_row, rd_s_gated_act,
                    rd_s_gated_act_grad},
-    [RD_CT_F64] = {rd_d_moe_route, rd_d_gather_rows, rd_d_gather_reduce, rd_d_gated_act,
+    [RD_CT_F64] = {rd_d_moe_route, rd_d_gather_rows, rd_d_gather_reduce, rd_d_add_row, rd_d_gated_act,
                    rd_d_gated_act_grad},
 };
+
+void
+rd_gather_reduce_half(rd_int T, rd_int k, rd_int d, const uint16_t *y, rd_int y_rs, rd_dtype_t dt,
+                      const long long *slots, const float *w, float *out, int ordered)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
+#endif
+    for (rd_int t = 0; t < T; t++) {
+        float *o = out + t * d;
+        float row[1024];
+        for (rd_int c = 0; c < d; c++)
+            o[c] = 0;
+        const long long *st = slots + t * k;
+        for (rd_int j = rd_combine_next(st, k, ordered, -1); j >= 0; j = rd_combine_next(st, k, ordered, j)) {
+            const float wt = w ? w[t * k + j] : 1.0f;
+            for (rd_int c0 = 0; c0 < d; c0 += 1024) {
+                const rd_int n = d - c0 < 1024 ? d - c0 : 1024;
+                rd_widen(y + (rd_int)st[j] * y_rs + c0, row, dt, (size_t)n);
+                rd_s_add_row(n, &wt, row, o + c0);
+            }
+        }
+    }
+}
+
+/* A tile's rows plus the bias of group g (columns c0.., of the compute
+ * type): the bias added in the compute type, as the separate passes add it
+ * to their products. */
+static void
+rd_tile_bias(int wide, const void *bias, rd_int b_rs, rd_int g, rd_int c0, void *x, rd_int cols)
+{
+    if (wide) {
+        const double *b = (const double *)bias + g * b_rs + c0;
+        double *v = (double *)x;
+        for (rd_int j = 0; j < cols; j++)
+            v[j] += b[j];
+    }
+    else {
+        const float *b = (const float *)bias + g * b_rs + c0;
+        float *v = (float *)x;
+        for (rd_int j = 0; j < cols; j++)
+            v[j] += b[j];
+    }
+}
+
+/* The epilogue of the down product that combines (rd_combine_t): per row
+ * of a finished tile, the bias, the rounding to the hidden dtype, then the
+ * row times its slot's weight added into its token's output row. */
+void
+rd_combine_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0_,
+                    void *t1_, rd_int ld)
+{
+    const rd_combine_t *o = (const rd_combine_t *)ctx_;
+    const int wide = o->ct == RD_CT_F64, half = o->dt == RD_BF16 || o->dt == RD_F16;
+    const size_t es = wide ? sizeof(double) : sizeof(float);
+    const rd_moe_ops_t *ops = &rd_moe_ops[wide ? RD_CT_F64 : RD_CT_F32];
+    const double one64 = 1.0;
+    const float one32 = 1.0f;
+    uint16_t row16[RD_GATED_MAX_COLS];
+    (void)t1_;
+    for (rd_int i = 0; i < rows; i++) {
+        const rd_int r = r0 + i;
+        char *x = (char *)t0_ + (size_t)(i * ld) * es;
+        if (o->bias != NULL)
+            rd_tile_bias(wide, o->bias, o->b_rs, g, c0, x, cols);
+        if (half) {
+            rd_narrow((const float *)(void *)x, row16, o->dt, (size_t)cols, 0);
+            rd_widen(row16, (float *)(void *)x, o->dt, (size_t)cols);
+        }
+        const void *wt = o->w != NULL ? (const char *)o->w + (size_t)r * es
+                         : wide ? (const void *)&one64 : (const void *)&one32;
+        ops->add_row(cols, wt, x, (char *)o->out + (size_t)(o->tokens[r] * o->out_rs + c0) * es);
+    }
+}
 
 /* The epilogue of the fused gate and up products (rd_gated_rows): per row
  * of a finished tile, the biases added (in the compute type), the
@@ -102,20 +176,8 @@ rd_gated_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_in
         for (int q = 0; q < 2; q++) {
             const void *bias = q ? o->b1 : o->b0;
             void *keep = q ? o->h1 : o->h0;
-            if (bias != NULL) {
-                if (wide) {
-                    const double *b = (const double *)bias + g * o->b_rs + c0;
-                    double *x = (double *)(void *)p[q];
-                    for (rd_int j = 0; j < cols; j++)
-                        x[j] += b[j];
-                }
-                else {
-                    const float *b = (const float *)bias + g * o->b_rs + c0;
-                    float *x = (float *)(void *)p[q];
-                    for (rd_int j = 0; j < cols; j++)
-                        x[j] += b[j];
-                }
-            }
+            if (bias != NULL)
+                rd_tile_bias(wide, bias, o->b_rs, g, c0, p[q], cols);
             char *dst = keep != NULL ? (char *)keep + (size_t)(r * o->rs + c0) * os : NULL;
             if (half) {
                 /* rounded once into the hidden dtype, then read back as the

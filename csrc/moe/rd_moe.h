@@ -7,6 +7,8 @@
 
 #include "rd_frame.h"
 
+#include <stdint.h>
+
 /* Arrays are C-contiguous unless a row stride is given. */
 enum { RD_SCORE_SOFTMAX = 0, RD_SCORE_SIGMOID = 1 };
 /* gpt-oss's default swiglu alpha (config.swiglu_alpha) */
@@ -32,9 +34,11 @@ enum { RD_ACT_SILU = 0, RD_ACT_GELU = 1, RD_ACT_GELU_TANH = 2, RD_ACT_RELU = 3,
  *   when given).  x rows have stride x_rs; out is [n, d] contiguous.
  *
  * gather_reduce (ragged_gather_reduce): out[t, :] = sum_j w[t, j] *
- *   y[slots[t, j], :] for j = 0..k-1 in that order (w == NULL: weight 1;
- *   slot -1: skipped).  Deterministic whatever the thread count: one thread
- *   owns a token.
+ *   y[slots[t, j], :] for j = 0..k-1 in that order, or (ordered) in the
+ *   order of the slots (w == NULL: weight 1; slot -1: skipped).
+ *   Deterministic whatever the thread count: one thread owns a token.
+ *   add_row: o[c] += w * row[c] for c < d (w one element), each term of
+ *   gather_reduce.
  *
  * gated_act, elementwise over n contiguous values:
  *   out = act(gate) * up              (silu, gelu, gelu_tanh, relu)
@@ -51,7 +55,8 @@ typedef struct {
     void (*gather_rows)(rd_int n, rd_int d, const void *x, rd_int x_rs,
                         const long long *src, const void *scale, void *out);
     void (*gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y, rd_int y_rs,
-                          const long long *slots, const void *w, void *out);
+                          const long long *slots, const void *w, void *out, int ordered);
+    void (*add_row)(rd_int d, const void *w, const void *row, void *o);
     void (*gated_act)(rd_int n, int kind, double limit, double alpha, const void *gate,
                       const void *up, void *out);
     void (*gated_act_grad)(rd_int n, int kind, double limit, double alpha, const void *gate,
@@ -59,6 +64,57 @@ typedef struct {
 } rd_moe_ops_t;
 
 extern const rd_moe_ops_t rd_moe_ops[RD_CT_COUNT];
+
+/* The term of a token's sum that follows the one at position j of its k
+ * slots (j = -1: the first): the next kept one in order, or (ordered) the
+ * kept slot least above slots[j] (a token's slots are distinct); -1 when
+ * none is left. */
+static inline rd_int
+rd_combine_next(const long long *slots, rd_int k, int ordered, rd_int j)
+{
+    if (!ordered) {
+        for (j++; j < k; j++)
+            if (slots[j] >= 0)
+                return j;
+        return -1;
+    }
+    const long long after = j >= 0 ? slots[j] : -1;
+    rd_int best = -1;
+    for (rd_int i = 0; i < k; i++)
+        if (slots[i] > after && (best < 0 || slots[i] < slots[best]))
+            best = i;
+    return best;
+}
+
+/* gather_reduce of 16-bit rows y (dtype dt) into float32 out: each row
+ * widened, then the float32 terms (add_row), so the sums are those of the
+ * float32 gather_reduce on the widened rows. */
+void rd_gather_reduce_half(rd_int T, rd_int k, rd_int d, const uint16_t *y, rd_int y_rs, rd_dtype_t dt,
+                           const long long *slots, const float *w, float *out, int ordered);
+
+/* The down product that combines (rd_gated_rows, ordered, one weight;
+ * rd_combine_epilogue its epilogue): per row r of the product (a slot of
+ * the layer: expert outputs sorted by expert) and column c < n, with y the
+ * product of the compute type ct (RD_CT_F64 or float32 tiles):
+ *   y += bias[g]           (when given: [ng, n] of ct, rows b_rs apart)
+ *   y rounded to dt (the hidden dtype) and back;
+ *   out[tokens[r], c] += w[r] * y   (add_row; w NULL: weight 1)
+ * out [T, n] of ct, rows out_rs elements apart, holding its old values.
+ * The rows reach it in order for each column (ordered), so that each
+ * output element sums its slots in slot order: the values of the separate
+ * product (rounded to dt) and gather_reduce ordered, bit for bit. */
+typedef struct {
+    rd_ctype_t ct;
+    rd_dtype_t dt;
+    const void *bias;
+    rd_int b_rs;
+    const long long *tokens;
+    const void *w;
+    void *out;
+    rd_int out_rs;
+} rd_combine_t;
+void rd_combine_epilogue(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0,
+                         void *t1, rd_int ld);
 
 /* Counting sort of the T*k assignments (token-major, then choice order) by
  * expert, stable.  capacity < 0: keep all; otherwise an expert keeps its

@@ -147,9 +147,21 @@ RD_FN(gather_rows)(rd_int n, rd_int d, const void *x_, rd_int x_rs,
     }
 }
 
+/* o[c] += w * row[c], c < d: each term of a combine (gather_reduce, and
+ * the epilogue of the down product that combines, rd_combine_epilogue),
+ * one function so that both round alike. */
+static void
+RD_FN(add_row)(rd_int d, const void *w_, const void *row_, void *o_)
+{
+    const RD_T w = *(const RD_T *)w_, *row = (const RD_T *)row_;
+    RD_T *o = (RD_T *)o_;
+    for (rd_int c = 0; c < d; c++)
+        o[c] += w * row[c];
+}
+
 static void
 RD_FN(gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y_, rd_int y_rs,
-                     const long long *slots, const void *w_, void *out_)
+                     const long long *slots, const void *w_, void *out_, int ordered)
 {
     const RD_T *y = (const RD_T *)y_, *w = (const RD_T *)w_;
     RD_T *out = (RD_T *)out_;
@@ -160,14 +172,10 @@ RD_FN(gather_reduce)(rd_int T, rd_int k, rd_int d, const void *y_, rd_int y_rs,
         RD_T *o = out + t * d;
         for (rd_int c = 0; c < d; c++)
             o[c] = 0;
-        for (rd_int j = 0; j < k; j++) {
-            long long s = slots[t * k + j];
-            if (s < 0)
-                continue;
-            const RD_T *row = y + (rd_int)s * y_rs;
+        const long long *st = slots + t * k;
+        for (rd_int j = rd_combine_next(st, k, ordered, -1); j >= 0; j = rd_combine_next(st, k, ordered, j)) {
             const RD_T wt = w ? w[t * k + j] : (RD_T)1;
-            for (rd_int c = 0; c < d; c++)
-                o[c] += wt * row[c];
+            RD_FN(add_row)(d, &wt, y + (rd_int)st[j] * y_rs, o);
         }
     }
 }

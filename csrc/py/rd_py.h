@@ -75,6 +75,11 @@ int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int
 int rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan);
 int rd_dtype_named(const char *name);
 
+/* An optional float argument (None: absent, *data NULL) of the given
+ * type and shape, contiguous; -1 with an exception naming `name`. */
+int rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, const rd_int *shape,
+                    rd_arg_t *out, const void **data);
+
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
 int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
 

@@ -71,6 +71,85 @@ rd_gated_hidden(PyObject *obj, const char *name, int flags, int kind, rd_arg_t *
     return 0;
 }
 
+/* The weights of a fused pass: w0 and w1 [g, k, n] (ow1 NULL: one weight,
+ * named "w"), each a float array the packing reads or the tuple
+ * (qvalue, scale, zero_point...) of a QArray (dequantized while packed),
+ * both alike; or ow0 the tuple (buf0, buf1, dtype, ctype, g, k, n, kc, nr,
+ * qtile, qzp) of two prepacked layouts of one float product (buf1 ignored
+ * for one weight).  Sets the plan (the layout's, or the float product of
+ * lhs and the weights into the compute type base) and checks that it
+ * reads lhs and writes base's elements. */
+typedef struct {
+    rd_plan_t plan;
+    rd_in_t b[2];
+    rd_int g, k, n;
+} rd_gated_w_t;
+
+static int
+rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *lhs, rd_gated_w_t *w)
+{
+    const int pair = ow1 != NULL;
+    const char *n0 = pair ? "w0" : "w", *n1 = "w1";
+    memset(w, 0, sizeof *w);
+    if (PyTuple_Check(ow0) && PyTuple_GET_SIZE(ow0) == 11) {
+        PyObject *ob0, *ob1;
+        const char *dtname, *ctname;
+        Py_ssize_t pg, pk, pn, pkc, pnr, pqtile;
+        int pqzp;
+        rd_arg_t buf0, buf1;
+        if (!PyArg_ParseTuple(ow0, "OOssnnnnnnp", &ob0, &ob1, &dtname, &ctname, &pg, &pk, &pn, &pkc, &pnr, &pqtile,
+                              &pqzp))
+            return -1;
+        const int pdt = rd_dtype_named(dtname);
+        if (pdt < 0 || rd_prepack_plan(ctname, pkc, pnr, &w->plan) != 0 ||
+            rd_arg_array(ob0, n0, 1, NPY_UINT8, RD_CONTIG, &buf0) != 0 ||
+            rd_arg_array(pair ? ob1 : ob0, pair ? n1 : n0, 1, NPY_UINT8, RD_CONTIG, &buf1) != 0)
+            return -1;
+        const size_t per = rd_prepack_bytes(&w->plan, (rd_dtype_t)pdt, pk, pn, pqtile, pqzp);
+        if (rd_ctype_layout(w->plan.ct) == RD_CT_U8S8 || (per == 0 && pk > 0 && pn > 0) ||
+            (size_t)buf0.dim[0] != per * (size_t)pg || (size_t)buf1.dim[0] != per * (size_t)pg ||
+            (pg > 0 && per > 0 && (((uintptr_t)buf0.data | (uintptr_t)buf1.data) & 63) != 0)) {
+            PyErr_Format(PyExc_ValueError, "prepacked '%s' must be %s of float products of one shape, "
+                         "64-byte aligned", pair ? "w0' and 'w1" : n0, pair ? "two layouts" : "a layout");
+            return -1;
+        }
+        const rd_int panels = (pn + w->plan.k.nr - 1) / w->plan.k.nr;
+        w->b[0] = (rd_in_t){.p = buf0.data, .dtype = (rd_dtype_t)pdt, .gs = (rd_int)per, .panels = panels,
+                            .qtile = pqtile, .qzp = pqzp};
+        w->b[1] = w->b[0];
+        w->b[1].p = buf1.data;
+        w->g = pg, w->k = pk, w->n = pn;
+    }
+    else {
+        rd_arg_t w0, w1;
+        rd_scales_t q0, q1;
+        memset(&q0, 0, sizeof q0);
+        memset(&q1, 0, sizeof q1);
+        if (rd_arg_operand(ow0, n0, 3, base, 1, &w0, &q0) != 0 ||
+            (pair && rd_arg_operand(ow1, n1, 3, base, 1, &w1, &q1) != 0))
+            return -1;
+        if (pair && (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1]
+                     || w0.dim[2] != w1.dim[2] || (q0.s == NULL) != (q1.s == NULL))) {
+            PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype, shape and quantization");
+            return -1;
+        }
+        w->b[0] = (rd_in_t){.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
+                            .cs = w0.stride[2], .q = q0};
+        if (pair)
+            w->b[1] = (rd_in_t){.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0],
+                                .rs = w1.stride[1], .cs = w1.stride[2], .q = q1};
+        w->g = w0.dim[0], w->k = w0.dim[1], w->n = w0.dim[2];
+        rd_plan_init(&w->plan, rd_float_product(base, (rd_dtype_t)lhs->dtype, (rd_dtype_t)w0.dtype, q0.s != NULL, 0));
+    }
+    if (rd_packer(w->plan.ct, (rd_dtype_t)lhs->dtype, 0) == NULL ||
+        rd_ctypes[w->plan.ct].c_size != rd_ctypes[base].c_size) {
+        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write %s",
+                     rd_ctypes[w->plan.ct].name, PyArray_DESCR(lhs->arr)->typeobj->tp_name, rd_ctypes[base].name);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(gated_rows_doc,
 "gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha, rows=None)\n\n"
 "The gate and up products of an MoE layer's experts in one pass: for each\n"
@@ -93,7 +172,7 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     PyObject *olhs, *ow0, *ow1, *obounds, *oa, *oh0, *oh1, *ob0, *ob1, *oidx = Py_None;
     int kind;
     double limit, alpha;
-    rd_arg_t lhs, w0, w1, a;
+    rd_arg_t lhs, a;
     const rd_int *bv;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOOOOidd|O", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
@@ -101,53 +180,12 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     if (rd_gated_hidden(oa, "a", RD_AS_OUTPUT, kind, &a) != 0)
         return NULL;
-    rd_plan_t plan;     /* the prepacked layout's, or made below */
     const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0)
         return NULL;
-    /* prepacked weights: the tuple (buf0, buf1, dtype, ctype, g, k, n, kc,
-     * nr, qtile, qzp) of two PackedRhs of one layout */
-    const int packed = PyTuple_Check(ow0) && PyTuple_GET_SIZE(ow0) == 11;
-    Py_ssize_t pg = 0, pk = 0, pn = 0, pkc = 0, pnr = 0, pqtile = 0;
-    int pqzp = 0, pdt = -1;
-    size_t per = 0;
-    rd_arg_t buf0, buf1;
-    if (packed) {
-        PyObject *ob0, *ob1;
-        const char *dtname, *ctname;
-        if (!PyArg_ParseTuple(ow0, "OOssnnnnnnp", &ob0, &ob1, &dtname, &ctname, &pg, &pk, &pn, &pkc, &pnr, &pqtile,
-                              &pqzp))
-            return NULL;
-        pdt = rd_dtype_named(dtname);
-        if (pdt < 0 || rd_prepack_plan(ctname, pkc, pnr, &plan) != 0 ||
-            rd_arg_array(ob0, "w0", 1, NPY_UINT8, RD_CONTIG, &buf0) != 0 ||
-            rd_arg_array(ob1, "w1", 1, NPY_UINT8, RD_CONTIG, &buf1) != 0)
-            return NULL;
-        per = rd_prepack_bytes(&plan, (rd_dtype_t)pdt, pk, pn, pqtile, pqzp);
-        if (rd_ctype_layout(plan.ct) == RD_CT_U8S8 || (per == 0 && pk > 0 && pn > 0) ||
-            (size_t)buf0.dim[0] != per * (size_t)pg || (size_t)buf1.dim[0] != per * (size_t)pg ||
-            (pg > 0 && per > 0 && (((uintptr_t)buf0.data | (uintptr_t)buf1.data) & 63) != 0)) {
-            PyErr_SetString(PyExc_ValueError, "prepacked 'w0' and 'w1' must be two layouts of float products "
-                            "of one shape, 64-byte aligned");
-            return NULL;
-        }
-        w0.dim[0] = pg, w0.dim[1] = pk, w0.dim[2] = pn;
-        w0.dtype = pdt;
-        w0.arr = NULL;
-    }
-    /* plain or quantized (the tuple (qvalue, scale, zero_point...) of a
-     * QArray: dequantized while packed) weights, both alike */
-    rd_scales_t q0, q1;
-    memset(&q0, 0, sizeof q0);
-    memset(&q1, 0, sizeof q1);
-    if (!packed && (rd_arg_operand(ow0, "w0", 3, base, 1, &w0, &q0) != 0 ||
-                    rd_arg_operand(ow1, "w1", 3, base, 1, &w1, &q1) != 0))
+    rd_gated_w_t w;
+    if (rd_gated_weights(ow0, ow1, base, &lhs, &w) != 0)
         return NULL;
-    if (!packed && (w0.dtype != w1.dtype || w0.dim[0] != w1.dim[0] || w0.dim[1] != w1.dim[1]
-                    || w0.dim[2] != w1.dim[2] || (q0.s == NULL) != (q1.s == NULL))) {
-        PyErr_SetString(PyExc_ValueError, "'w0' and 'w1' must have one dtype, shape and quantization");
-        return NULL;
-    }
     /* with a row index, row i of the product is row rows[i] of lhs */
     rd_arg_t idx;
     const long long *ridx = NULL;
@@ -159,18 +197,9 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         ridx = (const long long *)idx.data;
         m = idx.dim[0];
     }
-    const rd_int k = lhs.dim[1], ng = w0.dim[0], n = w0.dim[2];
-    if (w0.dim[1] != k || a.dim[0] != m || a.dim[1] != n) {
+    const rd_int k = lhs.dim[1], ng = w.g, n = w.n;
+    if (w.k != k || a.dim[0] != m || a.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
-        return NULL;
-    }
-    if (!packed)
-        rd_plan_init(&plan, rd_float_product(base, (rd_dtype_t)lhs.dtype, (rd_dtype_t)w0.dtype, q0.s != NULL, 0));
-    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL ||
-        rd_ctypes[plan.ct].c_size != rd_ctypes[base].c_size) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write 'a' (%s)",
-                     rd_ctypes[plan.ct].name, PyArray_DESCR(lhs.arr)->typeobj->tp_name,
-                     PyArray_DESCR(a.arr)->typeobj->tp_name);
         return NULL;
     }
     rd_gated_out_t o;
@@ -190,24 +219,10 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
                  .ridx = ridx};
-    rd_in_t b0, b1;
-    if (packed) {
-        const rd_int panels = (pn + plan.k.nr - 1) / plan.k.nr;
-        b0 = (rd_in_t){.p = buf0.data, .dtype = (rd_dtype_t)pdt, .gs = (rd_int)per, .panels = panels,
-                       .qtile = pqtile, .qzp = pqzp};
-        b1 = b0;
-        b1.p = buf1.data;
-    }
-    else {
-        b0 = (rd_in_t){.p = w0.data, .dtype = (rd_dtype_t)w0.dtype, .gs = w0.stride[0], .rs = w0.stride[1],
-                       .cs = w0.stride[2], .q = q0};
-        b1 = (rd_in_t){.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0], .rs = w1.stride[1],
-                       .cs = w1.stride[2], .q = q1};
-    }
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc = rd_gated_rows(&plan, k, n, ng, bv, &x, &b0, &b1, rd_gated_epilogue, &o);
+        rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], &w.b[1], rd_gated_epilogue, &o, 0);
         Py_END_ALLOW_THREADS
     }
     return rd_gemm_result(rc);
@@ -230,7 +245,7 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     PyObject *olhs, *ow, *obounds, *oh0, *oh1, *od0, *od1;
     int kind;
     double limit, alpha;
-    rd_arg_t lhs, w, h0;
+    rd_arg_t lhs, h0;
     const rd_int *bv;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOOidd", &olhs, &ow, &obounds, &oh0, &oh1, &od0, &od1, &kind, &limit,
@@ -249,20 +264,13 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
         return NULL;
     }
     const rd_ctype_t base = h0.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
-    rd_plan_t plan;
-    rd_scales_t q;
+    rd_gated_w_t w;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_arg_operand(ow, "w", 3, base, 1, &w, &q) != 0)
+        rd_gated_weights(ow, NULL, base, &lhs, &w) != 0)
         return NULL;
-    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.dim[0], n = w.dim[2];
-    if (w.dim[1] != k || h0.dim[0] != m || h0.dim[1] != n) {
+    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.g, n = w.n;
+    if (w.k != k || h0.dim[0] != m || h0.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], h0 [m, n] disagree");
-        return NULL;
-    }
-    rd_plan_init(&plan, rd_float_product(base, (rd_dtype_t)lhs.dtype, (rd_dtype_t)w.dtype, q.s != NULL, 0));
-    if (rd_packer(plan.ct, (rd_dtype_t)lhs.dtype, 0) == NULL) {
-        PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s)", rd_ctypes[plan.ct].name,
-                     PyArray_DESCR(lhs.arr)->typeobj->tp_name);
         return NULL;
     }
     if (rd_arg_bounds(obounds, ng, m, "w.shape[0]", &bv) != 0)
@@ -278,12 +286,79 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     o.dh1 = d1;
     o.rs = h0.stride[0];
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
-    rd_in_t b = {.p = w.data, .dtype = (rd_dtype_t)w.dtype, .gs = w.stride[0], .rs = w.stride[1], .cs = w.stride[2],
-                 .q = q};
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc = rd_gated_rows(&plan, k, n, ng, bv, &x, &b, NULL, rd_gated_grad_epilogue, &o);
+        rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], NULL, rd_gated_grad_epilogue, &o, 0);
+        Py_END_ALLOW_THREADS
+    }
+    return rd_gemm_result(rc);
+}
+
+PyDoc_STRVAR(combine_rows_doc,
+"combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden)\n\n"
+"The down product of an MoE layer's experts with the combine in its\n"
+"epilogue: for each group g, rows r in [bounds[g], bounds[g+1]) (the slots\n"
+"of expert g), y = lhs[r] @ w[g] (+ bias[g]) rounded to the dtype of\n"
+"`hidden` (an array of the hidden dtype: float32, float64, bfloat16 or\n"
+"float16), then out[tokens[r]] += weights[r] * y.  lhs [m, k], w [g, k, n]\n"
+"(an array the packing reads, a QArray tuple, or the tuple of a prepacked\n"
+"layout as gated_rows takes it, buf1 ignored); out [T, n] of the compute\n"
+"type (float64 for float64 hidden values, else float32) with contiguous\n"
+"rows, holding what the rows are added to; tokens int64 [m]; weights [m]\n"
+"of the compute type or None (weight 1); bias [g, n] of the compute type or\n"
+"None.  Each column of an output row sums its slots in slot order, on one\n"
+"thread, whatever the number of threads: the values of ragged_rows into y\n"
+"(rounded) then gather_reduce ordered, bit for bit, without the [m, n]\n"
+"array of y.");
+
+static PyObject *
+rd_py_combine_rows(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *ow, *obounds, *oout, *otok, *ow8, *obias, *ohid;
+    rd_arg_t lhs, out, tok, hid, w8;
+    const rd_int *bv;
+    const void *w8_data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &olhs, &ow, &obounds, &oout, &otok, &ow8, &obias, &ohid))
+        return NULL;
+    if (rd_arg_array(ohid, "hidden", 1, RD_ANY_STORAGE, 0, &hid) != 0)
+        return NULL;
+    if (hid.dtype != RD_F32 && hid.dtype != RD_F64 && hid.dtype != RD_F16 && hid.dtype != RD_BF16) {
+        PyErr_SetString(PyExc_TypeError, "'hidden' must be float32, float64, float16 or bfloat16");
+        return NULL;
+    }
+    const rd_ctype_t base = hid.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
+    const int ct_num = base == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
+    rd_gated_w_t w;
+    if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
+        rd_gated_weights(ow, NULL, base, &lhs, &w) != 0 ||
+        rd_arg_array(oout, "out", 2, ct_num, RD_AS_OUTPUT | RD_ROWS, &out) != 0 ||
+        rd_arg_array(otok, "tokens", 1, NPY_INT64, RD_CONTIG, &tok) != 0 ||
+        rd_arg_indices(&tok, "tokens", 0, out.dim[0]) != 0 ||
+        rd_arg_optional(ow8, "weights", 1, ct_num, tok.dim, &w8, &w8_data) != 0)
+        return NULL;
+    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.g, n = w.n;
+    if (w.k != k || out.dim[1] != n || tok.dim[0] != m) {
+        PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], out [T, n], tokens [m] disagree");
+        return NULL;
+    }
+    rd_combine_t o;
+    memset(&o, 0, sizeof o);
+    o.ct = base;
+    o.dt = (rd_dtype_t)hid.dtype;
+    o.tokens = (const long long *)tok.data;
+    o.w = w8_data;
+    o.out = out.data;
+    o.out_rs = out.stride[0];
+    if (rd_gated_bias(obias, "bias", ct_num, ng, n, &o.bias, &o.b_rs) != 0 ||
+        rd_arg_bounds(obounds, ng, m, "w.shape[0]", &bv) != 0)
+        return NULL;
+    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    int rc = 0;
+    if (bv[ng] > bv[0] && n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], NULL, rd_combine_epilogue, &o, 1);
         Py_END_ALLOW_THREADS
     }
     return rd_gemm_result(rc);
@@ -292,5 +367,6 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
 PyMethodDef rd_gated_methods[] = {
     {"gated_rows", rd_py_gated_rows, METH_VARARGS, gated_rows_doc},
     {"gated_grad_rows", rd_py_gated_grad_rows, METH_VARARGS, gated_grad_rows_doc},
+    {"combine_rows", rd_py_combine_rows, METH_VARARGS, combine_rows_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -111,6 +111,27 @@ rd_arg_ctype(const rd_arg_t *a)
     return a->dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
 }
 
+/* An optional float argument (None: absent) of the given type and shape. */
+int
+rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, const rd_int *shape,
+                rd_arg_t *out, const void **data)
+{
+    *data = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (rd_arg_array(obj, name, ndim, type_num, RD_CONTIG, out) != 0)
+        return -1;
+    for (int d = 0; d < ndim; d++) {
+        if (out->dim[d] != shape[d]) {
+            PyErr_Format(PyExc_ValueError, "'%s' has %zd entries on axis %d, expected %zd", name,
+                         (Py_ssize_t)out->dim[d], d, (Py_ssize_t)shape[d]);
+            return -1;
+        }
+    }
+    *data = out->data;
+    return 0;
+}
+
 int
 rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi)
 {

@@ -8,27 +8,6 @@
 #include "moe/rd_moe.h"
 #include "rd_half.h"
 
-/* An optional float argument (None: absent) of the given type and shape. */
-static int
-rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, const rd_int *shape,
-                rd_arg_t *out, const void **data)
-{
-    *data = NULL;
-    if (obj == Py_None)
-        return 0;
-    if (rd_arg_array(obj, name, ndim, type_num, RD_CONTIG, out) != 0)
-        return -1;
-    for (int d = 0; d < ndim; d++) {
-        if (out->dim[d] != shape[d]) {
-            PyErr_Format(PyExc_ValueError, "'%s' has %zd entries on axis %d, expected %zd", name,
-                         (Py_ssize_t)out->dim[d], d, (Py_ssize_t)shape[d]);
-            return -1;
-        }
-    }
-    *data = out->data;
-    return 0;
-}
-
 static PyObject *
 rd_py_moe_route(PyObject *self, PyObject *args)
 {
@@ -200,43 +179,15 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
     return (PyObject *)out;
 }
 
-/* gather_reduce of 16-bit rows y into float32: out[t] = sum_j w[t, j] *
- * widen(y[slots[t, j]]), j in order, as the float32 kernel sums. */
-static void
-rd_gather_reduce_half(rd_int T, rd_int k, rd_int d, const uint16_t *y, rd_int y_rs, rd_dtype_t dt,
-                      const long long *slots, const float *w, float *out)
-{
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
-#endif
-    for (rd_int t = 0; t < T; t++) {
-        float *o = out + t * d;
-        for (rd_int c = 0; c < d; c++)
-            o[c] = 0;
-        for (rd_int j = 0; j < k; j++) {
-            long long s = slots[t * k + j];
-            if (s < 0)
-                continue;
-            const uint16_t *row = y + (rd_int)s * y_rs;
-            const float wt = w ? w[t * k + j] : 1.0f;
-            if (dt == RD_BF16)
-                for (rd_int c = 0; c < d; c++)
-                    o[c] += wt * rd_bf16_to_float(row[c]);
-            else
-                for (rd_int c = 0; c < d; c++)
-                    o[c] += wt * rd_f16_to_float(row[c]);
-        }
-    }
-}
-
 static PyObject *
 rd_py_gather_reduce(PyObject *self, PyObject *args)
 {
     PyObject *oy, *oslots, *ow;
+    int ordered = 0;
     rd_arg_t y, slots, w;
     const void *w_data;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &oy, &oslots, &ow))
+    if (!PyArg_ParseTuple(args, "OOO|p", &oy, &oslots, &ow, &ordered))
         return NULL;
     if (rd_arg_array(oy, "y", 2, RD_ANY_STORAGE, RD_ROWS, &y) != 0)
         return NULL;
@@ -262,10 +213,10 @@ rd_py_gather_reduce(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     if (half)
         rd_gather_reduce_half(T, k, d, (const uint16_t *)y.data, rs, (rd_dtype_t)y.dtype,
-                              (const long long *)slots.data, (const float *)w_data, PyArray_DATA(out));
+                              (const long long *)slots.data, (const float *)w_data, PyArray_DATA(out), ordered);
     else
         ops->gather_reduce(T, k, d, y.data, rs, (const long long *)slots.data, w_data,
-                           PyArray_DATA(out));
+                           PyArray_DATA(out), ordered);
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
@@ -398,9 +349,10 @@ PyMethodDef rd_moe_methods[] = {
      "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]];"
      " float16 / bfloat16 x: rows copied as they are, or with a float32 scale widened into a float32 out"},
     {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
-     "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None) -> out [T, d],"
-     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped); float16 / bfloat16 y:"
-     " widened, summed with float32 weights into a float32 out"},
+     "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None, ordered=False) -> out [T, d],"
+     " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped), j in order or (ordered)"
+     " in the order of the indices; float16 / bfloat16 y: widened, summed with float32 weights into a"
+     " float32 out"},
     {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit, alpha=1.702) -> out"},
     {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
      "gated_act_grad(gate, up, d_out, kind, limit, alpha=1.702) -> (d_gate, d_up)"},

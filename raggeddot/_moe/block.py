@@ -65,9 +65,17 @@ def forward(layer, keep=True):
         if xs.dtype != rows.dtype:   # 16-bit rows scaled by their weights in float32
             xs = gw.narrow(xs, rows.dtype)
     # (expert parallelism: xs and plan.group_sizes go to the experts' ranks here)
-    y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=keep)
-    # (... and y comes back here, in the plan's slot order)
-    out, r_combine = combine.forward(y, plan, None if on_input else topk_weights)
+    if not keep and experts.combines(layer.experts, rows):
+        # no backward: the down product adds each row, times its weight,
+        # into its token's output as its tile completes, no [N, d] y
+        w_slot = None if on_input else dispatch.slot_weights(plan, topk_weights, xs.shape[0])
+        out, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=False,
+                                         combine=(plan.token_of_slot, w_slot, layer.x.shape[0]))
+        r_combine = combine.CombineResiduals(None, plan, None if on_input else topk_weights)
+    else:
+        y, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=keep)
+        # (... and y comes back here, in the plan's slot order)
+        out, r_combine = combine.forward(y, plan, None if on_input else topk_weights)
     r_shared = None
     if layer.shared is not None:
         r_shared = shared.forward(layer.shared, layer.x, out)

@@ -3,7 +3,12 @@ token, weighted by the router; and its backward.
 
 Forward, for expert outputs ``y [N, d]`` in sorted-slot order::
 
-    out[t] = sum_j topk_weights[t, j] * y[slot_of[t, j]]    (j in order) [T, d]
+    out[t] = sum_j topk_weights[t, j] * y[slot_of[t, j]]    [T, d]
+
+each token's terms summed in slot order (the order of its experts), the
+order in which the down product that combines in its epilogue
+(:func:`~.experts.forward` with ``combine``) adds them, whatever the
+number of threads: the two give the same bits.
 
 a dropped assignment (slot -1) adding nothing. Backward, for ``d_out``::
 
@@ -43,7 +48,7 @@ def forward(y, plan, topk_weights):
     """``out [T, d]`` from ``y [N, d]``, the dispatch ``plan`` and the router's
     ``topk_weights [T, k]`` (compute dtype; None: weights 1). Returns
     ``(out, residuals)``."""
-    out = gw.gather_reduce(y, plan.slot_of, topk_weights)
+    out = gw.gather_reduce(y, plan.slot_of, topk_weights, ordered=True)
     return out, CombineResiduals(y, plan, topk_weights)
 
 
@@ -65,8 +70,8 @@ def jvp(res, t_y, t_topk_weights=None):
     ignored for an unweighted combine). Returns ``t_out [T, d]`` in the
     compute dtype, or None when both are zero."""
     w = res.topk_weights
-    t_out = None if t_y is None else gw.gather_reduce(t_y, res.plan.slot_of, w)
+    t_out = None if t_y is None else gw.gather_reduce(t_y, res.plan.slot_of, w, ordered=True)
     if w is not None and t_topk_weights is not None:
-        term = gw.gather_reduce(res.y, res.plan.slot_of, t_topk_weights)
+        term = gw.gather_reduce(res.y, res.plan.slot_of, t_topk_weights, ordered=True)
         t_out = term if t_out is None else t_out + term
     return t_out

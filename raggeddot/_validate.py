@@ -540,3 +540,11 @@ def same_buffer(a, b):
     """Whether two arrays are the same elements in the same layout."""
     return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def flag(value, name, fn):
+    """A boolean option; TypeError naming it otherwise (a string "False" is
+    not False)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: '{name}' must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)

@@ -60,6 +60,26 @@ def test_ragged_gather_reduce_fd(rng, dtype, weighted):
     check_grads(raggeddot.ragged_gather_reduce, args, rtol=GRAD_TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)
+def test_ragged_gather_reduce_ordered_fd(rng, dtype):
+    """ordered=True (each row's terms in the order of their indices): the
+    same derivatives, checked against finite differences."""
+    y = randn(rng, (9, D), dtype)
+    idx = np.stack([rng.permutation(9)[:3] for _ in range(5)])
+    idx[1, 2] = -1
+    w = randn(rng, (5, 3), dtype)
+    check_grads(functools.partial(raggeddot.ragged_gather_reduce, ordered=True), (y, idx, w),
+                rtol=GRAD_TOLERANCE[dtype])
+
+
+def test_ragged_gather_reduce_ordered_refuses_repeated_indices(rng):
+    y, idx, w = _reduce_case(rng, np.float64)        # idx[0] reads row 1 three times
+    with pytest.raises(ValueError, match="ragged_gather_reduce: with ordered=True a row's indices must be distinct"):
+        raggeddot.ragged_gather_reduce(y, idx, w, ordered=True)
+    with pytest.raises(TypeError, match="'ordered' must be True or False"):
+        raggeddot.ragged_gather_reduce(y, idx, w, ordered="yes")
+
+
 def test_gather_vjp_shapes_and_dtypes(rng):
     """One entry per primal, None for the indices, each gradient in its primal's dtype."""
     x, idx, w = _gather_case(rng, np.float32)

@@ -442,28 +442,34 @@ def test_quantize_experts_mxfp4_in_place():
 def test_inference_runs_the_fused_gate_up_pass_with_the_same_bits(monkeypatch, family, dtype, cache):
     """Without autograd, gated experts with no biases run one fused pass
     (the tokens' rows read in place, the activation in the products'
-    epilogue): the logits equal, bit for bit, those of the composition of
-    gmm over gate_up_proj and gated_activation; with autograd the
-    composition runs."""
+    epilogue) and the down product with the combine in its epilogue: the
+    logits equal, bit for bit, those of the composition of gmm over
+    gate_up_proj, gated_activation, gmm over down_proj and the ordered
+    combine; with autograd the composition runs."""
     import raggeddot._gateway as gw
+    from raggeddot._moe import experts
     from raggeddot.torch import _experts as ex
     _, rd = _pair(_config(family), dtype=dtype)
     ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(4))
-    calls = []
-    real = gw.gated_rows
+    calls, combines = [], []
+    real, real_combine = gw.gated_rows, gw.combine_rows
     monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(gw, "combine_rows", lambda *a, **k: combines.append(1) or real_combine(*a, **k))
+    monkeypatch.setattr(experts, "COMBINE_MIN_COLS", 1)     # the combine in the down product at any width
     previous = rt.set_weight_cache(cache)
     try:
         with torch.no_grad():
             fused = rd(ids).logits
             assert calls, "the fused pass ran"
+            assert len(combines) == len(calls), "the down product combined"
             monkeypatch.setitem(ex._FUSED, "enabled", False)
             calls.clear()
+            combines.clear()
             composed = rd(ids).logits
-            assert not calls
+            assert not calls and not combines
         monkeypatch.setitem(ex._FUSED, "enabled", True)
         rd(ids).logits.sum().backward()          # autograd: the composition
-        assert not calls
+        assert not calls and not combines
     finally:
         rt.set_weight_cache(previous)
     assert torch.equal(fused, composed)

@@ -57,6 +57,7 @@ def _cases(rng, grad=False, dtype=torch.float64):
         ("ragged_gather", OPS.ragged_gather, (t(5, n), idx, t(8)), {}),
         ("ragged_gather-unweighted", OPS.ragged_gather, (t(5, n), idx), {}),
         ("ragged_gather_reduce", OPS.ragged_gather_reduce, (t(8, n), slots, t(4, 2)), {}),
+        ("ragged_gather_reduce-ordered", OPS.ragged_gather_reduce, (t(8, n), slots, t(4, 2)), {"ordered": True}),
         ("gated_activation-silu", OPS.gated_activation, (t(5, 2 * n),), {"activation": "silu"}),
         ("gated_activation-gelu", OPS.gated_activation, (t(5, 2 * n),), {"activation": "gelu"}),
         ("gated_activation-gelu_tanh", OPS.gated_activation, (t(5, 2 * n),), {"activation": "gelu_tanh"}),

@@ -158,14 +158,6 @@ def _real(value, name, fn):
     return float(value)
 
 
-def _flag(value, name, fn):
-    """A boolean option; TypeError naming it otherwise (a string "False" is
-    not False)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{fn}: '{name}' must be True or False, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def _choice(value, name, allowed, fn):
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{fn}: '{name}' must be one of {', '.join(map(repr, allowed))}, got {value!r}")
@@ -290,7 +282,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         raise ValueError(f"{fn}: 'swiglu_limit' must be positive (inf: no clip), got {limit}")
     if not math.isfinite(alpha):
         raise ValueError(f"{fn}: 'swiglu_alpha' must be finite, got {alpha}")
-    norm_topk_prob = _flag(norm_topk_prob, "norm_topk_prob", fn)
+    norm_topk_prob = v.flag(norm_topk_prob, "norm_topk_prob", fn)
     weights_on = _choice(router_weights_on, "router_weights_on", ROUTER_WEIGHTS_ON, fn)
     load_balance = _choice(load_balance, "load_balance", LOAD_BALANCE, fn)
     shared, gate_shape = None, None

@@ -60,7 +60,7 @@ def ragged_gather(x, indices, weights=None):
         return out if out.dtype == xt else out.astype(xt)
 
 
-def ragged_gather_reduce(y, indices, weights=None):
+def ragged_gather_reduce(y, indices, weights=None, *, ordered=False):
     """Combine: ``out[t] = sum_j weights[t, j] * y[indices[t, j]]``, j = 0..k-1 in order.
 
     In an MoE layer ``indices[t, j]`` is the sorted slot of token t's j-th
@@ -73,6 +73,10 @@ def ragged_gather_reduce(y, indices, weights=None):
       y: ``[N, d]`` float array.
       indices: ``[T, k]`` integers in ``[-1, N)``.
       weights: optional ``[T, k]`` (default 1).
+      ordered: add each row's terms in the order of their indices instead
+        of j's (a row's indices then distinct): for slots sorted by expert,
+        the order of the experts, in which transformers' loop over experts
+        adds them and ``moe_block`` combines.
     Returns:
       ``[T, d]`` in y's dtype, native byte order.
     """
@@ -82,8 +86,13 @@ def ragged_gather_reduce(y, indices, weights=None):
     ct = gw.compute_dtype(yt)
     idx = _gather_indices(indices, 2, " [T, k]", -1, y.shape[0], fn)
     w = _gather_weights(weights, idx, " [T, k]", ct, fn)
+    ordered = v.flag(ordered, "ordered", fn)
+    if ordered:
+        kept = np.sort(np.where(idx >= 0, idx, -1 - np.arange(idx.shape[1])), axis=1)
+        if idx.shape[1] > 1 and (kept[:, 1:] == kept[:, :-1]).any():
+            raise ValueError(f"{fn}: with ordered=True a row's indices must be distinct")
     with v.memory_for(fn, "the result [T, d]"):
-        out = gw.gather_reduce(y, idx, w)
+        out = gw.gather_reduce(y, idx, w, ordered)
         return out if out.dtype == yt else out.astype(yt)
 
 

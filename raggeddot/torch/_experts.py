@@ -20,6 +20,14 @@ expert width ``f``::
           (ungated: module.act_fn(h))
     y   = gmm(a, W_down[e]) (+ b_down[e]), then module.post_expert_norm(y)
     out[t] = sum_j top_k_weights[t, j] * y[slot of (t, j)]      [T, d]
+          (each token's terms added in slot order: its experts' order, as
+          transformers' loop over experts adds them)
+
+Without autograd, gated experts with no biases run two fused passes: the
+gate and up products in one pass reading the tokens' rows in place with the
+activation in its epilogue (no xs, no h), and the down product with the
+combine in its epilogue (no y, where the layer is wide enough: see
+``raggeddot._moe.experts.COMBINE_MIN_COLS``); the same bits.
 
 Weights are ``gate_up_proj [E, 2f, d]`` (``up_proj [E, f, d]`` without a
 gate) and ``down_proj [E, d, f]``, or their transposes ``[E, d, 2f]`` /
@@ -54,6 +62,7 @@ defines it, between two raggeddot products.
 """
 import sys
 
+import numpy as np
 import torch
 
 import raggeddot as _rd
@@ -313,6 +322,42 @@ def _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype)
     return a
 
 
+def _fused_down_combine(self, a, group_sizes, token_of_slot, slot_of, top_k_weights):
+    """``[T, d]`` in a's dtype without autograd, from the down product with
+    the combine in its epilogue (raggeddot's ``combine_rows``): each slot's
+    row of y times its routing weight added into its token's row as the
+    product's tile completes, no ``y [N, d]``. The values of the gmm over
+    ``down_proj`` then ``ragged_gather_reduce(..., ordered=True)``, bit for
+    bit. None where that pass does not apply (see the caller) or does not
+    pay (fewer than ``COMBINE_MIN_COLS`` output columns a thread)."""
+    from .._moe.experts import COMBINE_MIN_COLS
+    from .. import _gateway as gw
+    w = self.down_proj
+    if not isinstance(w, torch.Tensor) or w.device.type != "cpu" or getattr(self, "has_post_expert_norm", False):
+        return None
+    transpose = not self.is_transposed
+    d = w.shape[1 if transpose else 2]
+    if d < COMBINE_MIN_COLS * _rd.get_num_threads():
+        return None
+    x = cv.array(a)
+    if _use_prepacked(a, w):
+        wo = _prepacked(w, transpose)
+    else:
+        wo = cv.array(w).transpose(0, 2, 1) if transpose else cv.array(w)
+        if wo.dtype != x.dtype:
+            return None
+    ct = gw.compute_dtype(x.dtype)
+    slots = cv.array(slot_of)
+    kept = slots >= 0
+    w_slot = np.zeros(token_of_slot.shape[0], dtype=ct)
+    w_slot[slots[kept]] = cv.array(top_k_weights.detach()).astype(ct)[kept]
+    out = np.zeros((slots.shape[0], d), dtype=ct)
+    gs = cv.array(group_sizes)
+    bounds = gw.group_bounds(gs, 0, gs.shape[0])
+    gw.combine_rows(x, wo, bounds, out, cv.array(token_of_slot), w_slot, None, x.dtype)
+    return cv.tensor(out if out.dtype == x.dtype else out.astype(x.dtype))
+
+
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """The experts of an MoE layer on raggeddot's operators (the module
     docstring has the math).
@@ -343,12 +388,15 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
             and not (torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad)):
         a = _fused_gate_up(self, hidden_states, token_of_slot, group_sizes, spec, dtype)
     if a is not None:
+        out = _fused_down_combine(self, a, group_sizes, token_of_slot, slot_of, top_k_weights)
+        if out is not None:
+            return out.to(dtype)
         b_down = None
         y = _grouped_linear(self, a, held.get("down_proj", self.down_proj), b_down, group_sizes, expert_of_slot,
                             dtype)
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
-        return ragged_gather_reduce(y, slot_of, top_k_weights).to(dtype)
+        return ragged_gather_reduce(y, slot_of, top_k_weights, True).to(dtype)
     xs = ragged_gather(hidden_states, token_of_slot)
     if self.has_gate:
         w_up, b_up = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if has_bias else None
@@ -366,7 +414,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
                         expert_of_slot, dtype)
     if getattr(self, "has_post_expert_norm", False):
         y = self.post_expert_norm(y)
-    out = ragged_gather_reduce(y, slot_of, top_k_weights)
+    out = ragged_gather_reduce(y, slot_of, top_k_weights, True)    # a token's experts in expert order
     return out.to(dtype)
 
 

@@ -97,8 +97,9 @@ def _(ct, x, indices, weights, need_weights):
 
 
 def _gather_setup(ctx, inputs, output):
-    rows, indices, weights = inputs
+    rows, indices, weights = inputs[:3]       # (then the combine's order: the gradients do not depend on it)
     ctx.save_for_backward(rows, indices, weights)
+    ctx.extra = len(inputs) - 3
 
 
 def _backward_with(op_backward):
@@ -106,7 +107,7 @@ def _backward_with(op_backward):
         rows, indices, weights = ctx.saved_tensors
         need_w = weights is not None and _needs(ctx, 2)
         d_rows, d_w = op_backward(ct, rows, indices, weights, need_w)
-        return (d_rows if _needs(ctx, 0) else None), None, (d_w if need_w else None)
+        return ((d_rows if _needs(ctx, 0) else None), None, (d_w if need_w else None)) + (None,) * ctx.extra
     return backward
 
 
@@ -117,17 +118,19 @@ ragged_gather.register_autograd(_backward_with(ragged_gather_backward), setup_co
 
 @torch.library.custom_op(_NS + "ragged_gather_reduce", mutates_args=())
 def ragged_gather_reduce(y: torch.Tensor, indices: torch.Tensor,
-                         weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         weights: Optional[torch.Tensor] = None, ordered: bool = False) -> torch.Tensor:
     """Combine (``raggeddot.ragged_gather_reduce``): ``out[t] = sum_j
-    weights[t, j] * y[indices[t, j]]``, j = 0..k-1 in order; an index of -1
-    adds nothing. y ``[N, d]``, indices ``[T, k]`` in ``[-1, N)``, weights
-    ``[T, k]`` or None (ones); returns ``[T, d]`` in y's dtype."""
+    weights[t, j] * y[indices[t, j]]``, j = 0..k-1 in order (``ordered``:
+    in the order of the indices); an index of -1 adds nothing. y ``[N,
+    d]``, indices ``[T, k]`` in ``[-1, N)``, weights ``[T, k]`` or None
+    (ones); returns ``[T, d]`` in y's dtype."""
     _gather_meta(y, indices, weights, "ragged_gather_reduce", "y", 2)
-    return cv.tensor(_rd.ragged_gather_reduce(cv.array(y), cv.array(indices), cv.array(weights)))
+    return cv.tensor(_rd.ragged_gather_reduce(cv.array(y), cv.array(indices), cv.array(weights),
+                                              ordered=bool(ordered)))
 
 
 @ragged_gather_reduce.register_fake
-def _(y, indices, weights=None):
+def _(y, indices, weights=None, ordered=False):
     _gather_meta(y, indices, weights, "ragged_gather_reduce", "y", 2)
     return y.new_empty((indices.shape[0], y.shape[1]))
 

@@ -1,8 +1,11 @@
 """moe_block with its experts' fused passes (the gate and up products in one pass with the
-activation in their epilogue, the dispatch read while packing, the backward's d_a product with
-the activation's gradient in its epilogue) against the same layer run as separate passes, in
-interleaved rounds (medians), and the peak extra memory (RSS) of the forward, each in a process
-of its own. The two give the same bits (checked first).
+activation in their epilogue, the dispatch read while packing, the combine in the down
+product's epilogue, the backward's d_a product with the activation's gradient in its epilogue)
+against the same layer run as separate passes and against torch's expert loop (transformers'
+eager loop, benchmarks/moe_baselines.py; forward, and forward+backward by autograd) in the same
+dtype, in interleaved rounds (medians), with the forward's share of the float32 FMA peak, and
+the peak extra memory (RSS) of the forward, each in a process of its own. The fused and
+separate passes give the same bits (checked first).
 
     python benchmarks/fused_moe.py [--T 2048 --d 2048 --f 768 --E 32 --top-k 4] [--rounds 7]
 """
@@ -42,8 +45,27 @@ def separate(fn):
     return run
 
 
+def torch_loop(args, x, router, ws, ct, dtype):
+    """torch's expert loop on the layer's values (float32 router and inputs, weights in
+    ``dtype``): ``(forward, forward+backward)``, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from moe_baselines import torch_fn
+    torch.set_num_threads(raggeddot.get_num_threads())
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    i32 = {"x": f32(x), "router_weights": f32(router), "ct": f32(ct),
+           "options": {"top_k": args.top_k, "norm_topk_prob": True}}
+    i32.update(zip(("w0", "w1", "wo"), (f32(w) for w in ws)))
+    name = "float32" if np.dtype(dtype) == np.float32 else "bfloat16"
+    return torch_fn(torch, i32, False, name), torch_fn(torch, i32, True, name)
+
+
 def timings(args):
     import ml_dtypes
+    from raggeddot import runtime
+    peak = max(runtime.peak_gflops("avx512"), runtime.peak_gflops("avx2"))
     for dtype in (np.float32, ml_dtypes.bfloat16):
         x, router, ws, ct = layer(args, dtype)
         kw = dict(top_k=args.top_k, norm_topk_prob=True)
@@ -58,15 +80,27 @@ def timings(args):
         a, b = np.asarray(fwd()), np.asarray(separate(fwd)())
         if not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             raise SystemExit("the fused and separate passes disagree")
-        times = interleaved({"fwd fused": fwd, "fwd separate": separate(fwd), "fwd+bwd fused": step,
-                             "fwd+bwd separate": separate(step)}, rounds=args.rounds, warmup=1, pause_s=0.1)
+        fns = {"fwd fused": fwd, "fwd separate": separate(fwd), "fwd+bwd fused": step,
+               "fwd+bwd separate": separate(step)}
+        loop = torch_loop(args, x, router, ws, ct, dtype)
+        if loop is not None:
+            fns.update({"fwd torch": loop[0], "fwd+bwd torch": loop[1]})
+        times = interleaved(fns, rounds=args.rounds, warmup=1, pause_s=0.1)
         med = {name: summary(ts)["median"] for name, ts in times.items()}
         flops = 3 * 2 * args.T * args.top_k * args.d * args.f
-        print(f"{np.dtype(dtype).name}: forward {1e3 * med['fwd fused']:.1f} ms fused "
-              f"({flops / med['fwd fused'] / 1e9:.0f} GFLOP/s), {1e3 * med['fwd separate']:.1f} ms separate: "
-              f"{med['fwd separate'] / med['fwd fused']:.3f}x; forward+backward "
-              f"{1e3 * med['fwd+bwd fused']:.0f} ms fused, {1e3 * med['fwd+bwd separate']:.0f} ms separate: "
-              f"{med['fwd+bwd separate'] / med['fwd+bwd fused']:.3f}x")
+        gflops = flops / med['fwd fused'] / 1e9
+        line = (f"{np.dtype(dtype).name}: forward {1e3 * med['fwd fused']:.1f} ms fused "
+                f"({gflops:.0f} GFLOP/s, {100 * gflops / peak:.0f}% of the FMA peak {peak:.0f}), "
+                f"{1e3 * med['fwd separate']:.1f} ms separate: {med['fwd separate'] / med['fwd fused']:.3f}x")
+        if loop is not None:
+            line += f", torch loop {1e3 * med['fwd torch']:.1f} ms: {med['fwd torch'] / med['fwd fused']:.3f}x"
+        line += (f"; forward+backward {1e3 * med['fwd+bwd fused']:.0f} ms fused, "
+                 f"{1e3 * med['fwd+bwd separate']:.0f} ms separate: "
+                 f"{med['fwd+bwd separate'] / med['fwd+bwd fused']:.3f}x")
+        if loop is not None:
+            line += (f", torch autograd {1e3 * med['fwd+bwd torch']:.0f} ms: "
+                     f"{med['fwd+bwd torch'] / med['fwd+bwd fused']:.3f}x")
+        print(line)
 
 
 def high_water_kib():

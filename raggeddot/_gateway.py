@@ -146,7 +146,8 @@ def _indices(idx):
 # ----------------------------------------------------------- result buffers
 
 def empty(shape, dtype):
-    """An uninitialised C-contiguous array of ``shape`` (float32 or float64),
+    """An uninitialised C-contiguous array of ``shape`` (float32, float64,
+    float16 or bfloat16),
     64-byte aligned (the kernels write whole cache lines of it with
     non-temporal stores), whose memory comes from, and goes back to, the
     cache of result buffers (``runtime.set_buffer_cache``)."""
@@ -192,7 +193,7 @@ def narrow(res, dtype):
     """float32 ``res`` (C-contiguous) as a new float16 / bfloat16 array,
     rounded to nearest even (NumPy's and ml_dtypes' casts give the same
     values, one at a time)."""
-    out = np.empty(res.shape, dtype=dtype)
+    out = empty(res.shape, dtype)
     _core.narrow(res, out)
     return out
 

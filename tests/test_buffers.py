@@ -105,8 +105,10 @@ def test_stream_threshold_round_trips(restore_runtime):
 
 
 def test_empty_is_aligned_contiguous_and_writeable():
+    import ml_dtypes
     for shape, dtype in [((0, 5), np.float32), ((3, 4), np.float64), ((7,), np.float32),
-                         ((2, 3, 5), np.float64), ((1024, 2048), np.float32)]:
+                         ((2, 3, 5), np.float64), ((1024, 2048), np.float32), ((33, 7), np.float16),
+                         ((512, 1024), ml_dtypes.bfloat16)]:
         a = _core.empty(shape, np.dtype(dtype))
         assert a.shape == shape and a.dtype == dtype
         assert a.flags.c_contiguous and a.flags.writeable and a.flags.aligned
@@ -116,8 +118,8 @@ def test_empty_is_aligned_contiguous_and_writeable():
 
 
 def test_empty_refuses_other_dtypes_and_bad_shapes():
-    for dtype in (object, np.int64, np.dtype(">f4"), np.dtype([("a", np.float32)])):
-        with pytest.raises(TypeError, match="native float32 or float64"):
+    for dtype in (object, np.int64, np.int16, np.dtype(">f4"), np.dtype(">f2"), np.dtype([("a", np.float32)])):
+        with pytest.raises(TypeError, match="native float32, float64, float16 or bfloat16"):
             _core.empty((3,), np.dtype(dtype))
     with pytest.raises(ValueError, match="negative dimension"):
         _core.empty((2, -1), np.dtype(np.float32))

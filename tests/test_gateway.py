@@ -154,14 +154,16 @@ def test_inputs_are_never_written(rng):
 
 # ------------------------------------------------------------- result buffers
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, "bfloat16"])
 def test_empty(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
     for shape in [(0,), (3, 5), (2, 1024, 600)]:
         a = gw.empty(shape, dtype)
         assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
         assert a.ctypes.data % 64 == 0
     with pytest.raises(TypeError):
-        gw.empty((3,), np.float16)
+        gw.empty((3,), np.int16)
 
 
 def test_result_buffer_and_deliver(rng):

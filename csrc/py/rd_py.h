@@ -75,6 +75,9 @@ int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int
 int rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan);
 int rd_dtype_named(const char *name);
 
+/* The storage dtype (rd_dtype_t) of arrays of descr, or -1 (py/rd_py_module.c). */
+int rd_storage_dtype(PyArray_Descr *descr);
+
 /* An optional float argument (None: absent, *data NULL) of the given
  * type and shape, contiguous; -1 with an exception naming `name`. */
 int rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, const rd_int *shape,

@@ -12,7 +12,7 @@
 
 /* The storage dtype of an array, or -1.  bfloat16 is ml_dtypes' (a user
  * dtype, known by its scalar type's name and size). */
-static int
+int
 rd_storage_dtype(PyArray_Descr *descr)
 {
     switch (descr->type_num) {

@@ -88,11 +88,13 @@ rd_py_empty(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
         return NULL;
-    if ((descr->type_num != NPY_FLOAT32 && descr->type_num != NPY_FLOAT64)
+    const int storage = rd_storage_dtype(descr);
+    if ((storage != RD_F32 && storage != RD_F64 && storage != RD_F16 && storage != RD_BF16)
         || !PyArray_ISNBO(descr->byteorder)) {
         /* an uninitialised array of any other dtype could hold garbage
-         * object pointers or need NumPy's own allocation */
-        PyErr_SetString(PyExc_TypeError, "empty: dtype must be native float32 or float64");
+         * object pointers or need NumPy's own allocation (every bit
+         * pattern of these is a float) */
+        PyErr_SetString(PyExc_TypeError, "empty: dtype must be native float32, float64, float16 or bfloat16");
         Py_DECREF(descr);
         return NULL;
     }
@@ -119,7 +121,7 @@ rd_py_empty(PyObject *self, PyObject *args)
         else
             bytes *= (size_t)dims.ptr[d];
     }
-    const char *dtype_name = descr->type_num == NPY_FLOAT32 ? "float32" : "float64";
+    const char *dtype_name = rd_dtype_names[storage];
     if (too_large) {
         /* more bytes than an address space holds: a result that cannot be
          * allocated, as for any too-large allocation */

@@ -525,7 +525,7 @@ def bind_arguments(fn, x, router_weights, w0, w1, wo, kwargs):
 def deliver_out(layer, out):
     """The layer's output ``[T, d]`` (compute dtype) as moe_block returns it:
     x's shape, the promoted input dtype."""
-    return out.reshape(layer.x_shape).astype(layer.out_dtype, copy=False)
+    return gw.deliver(out.reshape(layer.x_shape), None, np.dtype(layer.out_dtype))
 
 
 def cotangent(layer, d_out, fn):
@@ -545,7 +545,7 @@ def deliver_grads(layer, kw, grads):
     result = {}
     if layer.shared is not None:
         result["shared_experts"] = tuple(
-            gr.astype(_autodiff.primal_dtype(p), copy=False)
+            gw.deliver(gr, None, np.dtype(_autodiff.primal_dtype(p)))
             for gr, p in zip(grads["shared_experts"], kw["shared_experts"]))
     for name in ("x", "router_weights", "w0", "w1", "wo", "router_bias", "w0_bias", "w1_bias", "wo_bias",
                  "shared_expert_gate"):
@@ -558,7 +558,9 @@ def deliver_grads(layer, kw, grads):
                 g = g.reshape(layer.x_shape)
             elif name == "shared_expert_gate":
                 g = g.reshape(layer.gate_shape)
-            result[name] = g.astype(dtype, copy=False)
+            # (float32 into 16 bits by the C narrowing: ml_dtypes' cast of a
+            # weight's gradient took a quarter of a bfloat16 training step)
+            result[name] = gw.deliver(g, None, np.dtype(dtype))
     return result
 
 

@@ -161,10 +161,9 @@ def _segment_sum(rows, bounds, num_groups):
 
 
 def _buffer(shape, dtype):
-    """An uninitialised array the kernels write: a cached result buffer for
-    float32 / float64, a plain one for the 16-bit dtypes (which they round
-    into tile by tile)."""
-    return gw.empty(shape, dtype) if dtype.itemsize >= 4 else np.empty(shape, dtype=dtype)
+    """An uninitialised array the kernels write, a cached result buffer
+    (gw.empty: no page faults of fresh memory for each layer's arrays)."""
+    return gw.empty(shape, dtype)
 
 
 def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):

@@ -86,6 +86,15 @@ def tensor(a):
     return torch.from_numpy(a)
 
 
+def empty(shape, dtype):
+    """An uninitialised CPU tensor of a float ``dtype`` whose memory comes
+    from, and goes back to, raggeddot's cache of result buffers (a tensor of
+    torch's own is fresh memory each call: the page faults of a weight
+    gradient's [E, out, in] cost twice its product)."""
+    from .. import _gateway as gw
+    return tensor(gw.empty(tuple(shape), np_dtype(dtype)))
+
+
 def compute_dtype(*dts):
     """float64 when any of ``dts`` is float64, else float32: the dtype the
     kernels accumulate in (megablox's default output dtype)."""

@@ -271,11 +271,11 @@ def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dty
         if torch.is_grad_enabled() and rows.requires_grad:
             raise RuntimeError("experts held in MXFP4 (hold_mxfp4) are for inference: run under "
                                "torch.no_grad(), or keep the weights as parameters to train")
-        out = torch.empty((rows.shape[0], weight.shape[2]), dtype=dtype)
+        out = cv.empty((rows.shape[0], weight.shape[2]), dtype)
         _rd.gmm(cv.array(rows.detach()), weight, cv.array(group_sizes), preferred_element_type=cv.np_dtype(dtype),
                 out=cv.array(out))
     elif _use_prepacked(rows, weight):
-        out = torch.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype=dtype)
+        out = cv.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype)
         _rd.gmm(cv.array(rows), _prepacked(weight, transpose), cv.array(group_sizes),
                 preferred_element_type=cv.np_dtype(dtype), out=cv.array(out))
     else:

@@ -105,7 +105,7 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor,
     of ``preferred_element_type`` or the promoted dtype.
     """
     shape, dt = _ragged_dot_meta(lhs, rhs, group_sizes, preferred_element_type)
-    out = torch.empty(shape, dtype=dt)
+    out = cv.empty(shape, dt)
     _rd.ragged_dot(cv.array(lhs), cv.array(rhs), cv.array(group_sizes), preferred_element_type=cv.np_dtype(dt),
                    group_offset=group_offset, out=cv.array(out))
     return out
@@ -167,7 +167,7 @@ def gmm(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor,
     else float32 (float64 with a float64 input).
     """
     shape, dt = _gmm_meta(lhs, rhs, group_sizes, preferred_element_type, existing_out, transpose_rhs)
-    out = torch.empty(shape, dtype=dt)
+    out = cv.empty(shape, dt)
     _rd.gmm(cv.array(lhs), cv.array(rhs), cv.array(group_sizes), preferred_element_type=cv.np_dtype(dt),
             group_offset=group_offset, existing_out=cv.array(existing_out), transpose_rhs=transpose_rhs,
             out=cv.array(out))
@@ -245,7 +245,7 @@ def tgmm(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor,
     """
     shape, dt = _tgmm_meta(lhs, rhs, group_sizes, preferred_element_type, group_offset, num_actual_groups,
                            existing_out)
-    out = torch.empty(shape, dtype=dt)
+    out = cv.empty(shape, dt)
     _rd.tgmm(cv.array(lhs), cv.array(rhs), cv.array(group_sizes), preferred_element_type=cv.np_dtype(dt),
              group_offset=group_offset, num_actual_groups=num_actual_groups,
              existing_out=cv.array(existing_out), out=cv.array(out))

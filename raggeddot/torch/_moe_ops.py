@@ -211,7 +211,7 @@ def gated_activation_backward(ct: torch.Tensor, h: torch.Tensor, activation: str
     gate, up = _split(cv.array(h), layout)
     d = np.ascontiguousarray(cv.array(ct), dtype=gate.dtype)
     d_gate, d_up = _gw.gated_act_grad(gate, up, d, activation, limit, alpha)
-    d_h = torch.empty(h.shape, dtype=h.dtype)
+    d_h = cv.empty(h.shape, h.dtype)
     out = cv.array(d_h)
     f = gate.shape[1]
     if layout == "concat":

@@ -47,6 +47,7 @@ __all__ = [
     "gather_rows",
     "gather_reduce",
     "combine_rows",
+    "slot_dots",
     "gated_act",
     "gated_act_grad",
     "gated_rows",
@@ -478,6 +479,16 @@ def gather_reduce(y, indices, weights=None, ordered=False):
     idx = _indices(indices)
     rows = y.dtype if y.dtype.itemsize == 2 else ct   # 16-bit rows: widened in the kernel, summed in float32
     return _core.gather_reduce(operand(y, rows, ROWS), idx, weights, bool(ordered))
+
+
+def slot_dots(a, rows, slot_of):
+    """``out[t, j] = <a[t], rows[slot_of[t, j]]>`` (0 where the index is
+    -1): a ``[T, d]``, rows ``[n, d]`` (float32, float64, float16,
+    bfloat16), slot_of ``[T, k]``; ``out [T, k]`` in their compute dtype,
+    each sum taken in double and rounded once."""
+    ct = compute_dtype(a.dtype, rows.dtype)
+    keep = lambda x: x.dtype if x.dtype.itemsize == 2 else ct   # noqa: E731 - 16-bit rows read as they are
+    return _core.slot_dots(operand(a, keep(a), ROWS), operand(rows, keep(rows), ROWS), _indices(slot_of))
 
 
 def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):

@@ -199,3 +199,37 @@ def test_the_combine_binding_refuses_bad_arguments():
         with pytest.raises((ValueError, TypeError), match=message):
             call()
     assert not out.any()
+
+
+@pytest.mark.parametrize("da, dr", [(np.float32, np.float32), (np.float64, np.float32), (np.float32, BF16),
+                                    (BF16, np.float16), (np.float64, np.float64)])
+def test_slot_dots_sums_each_product_in_double(rng, da, dr):
+    """The router's gradient's dot products (combine and dispatch backward):
+    each <a[t], rows[slot]> summed in double, rounded once to the compute
+    dtype; a dropped slot gives 0; 16-bit rows read as they are."""
+    T, n, d = 9, 12, 700
+    a = (rng.standard_normal((T, d)) * 10.0 ** rng.integers(-3, 3, (T, 1))).astype(da)
+    rows = rng.standard_normal((n, d)).astype(dr)
+    idx = np.stack([rng.permutation(n)[:3] for _ in range(T)]).astype(np.int64)
+    idx[2, 1] = -1
+    idx[5] = -1
+    got = gw.slot_dots(a, rows, idx)
+    ct = gw.compute_dtype(np.dtype(da), np.dtype(dr))
+    assert got.dtype == ct and got.shape == (T, 3)
+    want = np.array([[0.0 if s < 0 else np.dot(a[t].astype(np.float64), rows[s].astype(np.float64))
+                      for s in idx[t]] for t in range(T)])
+    np.testing.assert_allclose(got, want.astype(ct), rtol=2e-7 if ct == np.float32 else 1e-13, atol=0)
+    assert (got[5] == 0).all() and got[2, 1] == 0
+
+
+def test_slot_dots_refuses_bad_arguments():
+    a, rows = np.zeros((4, 8), np.float32), np.zeros((6, 8), np.float32)
+    bad = [
+        (lambda: _core.slot_dots(a, rows, np.array([[0, 6]] * 4)), "index 6"),
+        (lambda: _core.slot_dots(a, rows[:, :7], np.zeros((4, 2), np.int64)), "disagree"),
+        (lambda: _core.slot_dots(a, rows, np.zeros((3, 2), np.int64)), "disagree"),
+        (lambda: _core.slot_dots(a.astype(np.int32), rows, np.zeros((4, 2), np.int64)), "'a'"),
+    ]
+    for call, message in bad:
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()

@@ -104,6 +104,55 @@ rd_gather_reduce_half(rd_int T, rd_int k, rd_int d, const uint16_t *y, rd_int y_
     }
 }
 
+/* Elements [c0, c0 + n) of row i of x (dtype dt, rows rs elements apart)
+ * as doubles, exactly. */
+static void
+rd_row_doubles(const void *x, rd_int rs, rd_dtype_t dt, rd_int i, rd_int c0, rd_int n, double *dst)
+{
+    if (dt == RD_F64) {
+        const double *r = (const double *)x + i * rs + c0;
+        for (rd_int c = 0; c < n; c++)
+            dst[c] = r[c];
+        return;
+    }
+    float buf[256];
+    const float *r = (const float *)x + i * rs + c0;
+    if (dt == RD_BF16 || dt == RD_F16) {
+        rd_widen((const uint16_t *)x + i * rs + c0, buf, dt, (size_t)n);
+        r = buf;
+    }
+    for (rd_int c = 0; c < n; c++)
+        dst[c] = (double)r[c];
+}
+
+void
+rd_slot_dots(rd_int T, rd_int k, rd_int d, const void *a, rd_int a_rs, rd_dtype_t da, const void *rows,
+             rd_int r_rs, rd_dtype_t dr, const long long *slots, void *out)
+{
+    const int wide = da == RD_F64 || dr == RD_F64;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (T * k * d > 65536)
+#endif
+    for (rd_int t = 0; t < T; t++) {
+        double x[256], y[256];
+        for (rd_int j = 0; j < k; j++) {
+            const long long s = slots[t * k + j];
+            double sum = 0.0;
+            for (rd_int c0 = 0; s >= 0 && c0 < d; c0 += 256) {
+                const rd_int n = d - c0 < 256 ? d - c0 : 256;
+                rd_row_doubles(a, a_rs, da, t, c0, n, x);
+                rd_row_doubles(rows, r_rs, dr, (rd_int)s, c0, n, y);
+                for (rd_int c = 0; c < n; c++)
+                    sum += x[c] * y[c];
+            }
+            if (wide)
+                ((double *)out)[t * k + j] = sum;
+            else
+                ((float *)out)[t * k + j] = (float)sum;
+        }
+    }
+}
+
 /* A tile's rows plus the bias of group g (columns c0.., of the compute
  * type): the bias added in the compute type, as the separate passes add it
  * to their products. */

@@ -86,6 +86,15 @@ rd_combine_next(const long long *slots, rd_int k, int ordered, rd_int j)
     return best;
 }
 
+/* out[t, j] = <a[t], rows[slots[t, j]]> (0 where the slot is -1), for
+ * a [T, d] and rows [n, d] of dtypes da, dr (float32, float64, float16,
+ * bfloat16; rows a_rs, r_rs elements apart), out [T, k] float64 when
+ * either is float64, else float32: each product exact in double, summed
+ * in double in order, rounded once (the router's gradient in an MoE
+ * layer's backward; 16-bit rows widened exactly). */
+void rd_slot_dots(rd_int T, rd_int k, rd_int d, const void *a, rd_int a_rs, rd_dtype_t da, const void *rows,
+                  rd_int r_rs, rd_dtype_t dr, const long long *slots, void *out);
+
 /* gather_reduce of 16-bit rows y (dtype dt) into float32 out: each row
  * widened, then the float32 terms (add_row), so the sums are those of the
  * float32 gather_reduce on the widened rows. */

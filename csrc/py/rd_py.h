@@ -75,6 +75,11 @@ int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int
 int rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan);
 int rd_dtype_named(const char *name);
 
+/* A new C-contiguous float array (float32, float64, float16, bfloat16;
+ * descr's reference stolen) from the cache of result buffers
+ * (py/rd_py_runtime.c); NULL with an exception. */
+PyObject *rd_pool_array(PyArray_Descr *descr, int nd, const npy_intp *shape);
+
 /* The storage dtype (rd_dtype_t) of arrays of descr, or -1 (py/rd_py_module.c). */
 int rd_storage_dtype(PyArray_Descr *descr);
 

@@ -155,7 +155,10 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
         return NULL;
     npy_intp dims[2] = {src.dim[0], x.dim[1]};
     /* out: x's dtype (a 16-bit one is NumPy's ml_dtypes descriptor), or
-     * float32 for scaled 16-bit rows; PyArray_Empty takes a reference */
+     * float32 for scaled 16-bit rows, from the cache of result buffers
+     * (the dispatched rows [N, d] are a layer's largest array: fresh pages
+     * each call cost as much as the gather); rd_pool_array takes a
+     * reference */
     PyArray_Descr *descr;
     if (half && scale_data != NULL)
         descr = PyArray_DescrFromType(NPY_FLOAT32);
@@ -163,7 +166,7 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
         descr = PyArray_DESCR(x.arr);
         Py_INCREF(descr);
     }
-    PyArrayObject *out = (PyArrayObject *)PyArray_Empty(2, dims, descr, 0);
+    PyArrayObject *out = (PyArrayObject *)rd_pool_array(descr, 2, dims);
     if (out == NULL)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&x)];
@@ -175,6 +178,44 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
     else
         ops->gather_rows(dims[0], dims[1], x.data, rs, (const long long *)src.data, scale_data,
                          PyArray_DATA(out));
+    Py_END_ALLOW_THREADS
+    return (PyObject *)out;
+}
+
+static PyObject *
+rd_py_slot_dots(PyObject *self, PyObject *args)
+{
+    PyObject *oa, *orows, *oslots;
+    rd_arg_t a, rows, slots;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &oa, &orows, &oslots))
+        return NULL;
+    if (rd_arg_array(oa, "a", 2, RD_ANY_STORAGE, RD_ROWS, &a) != 0 ||
+        rd_arg_array(orows, "rows", 2, RD_ANY_STORAGE, RD_ROWS, &rows) != 0)
+        return NULL;
+    const rd_arg_t *both[2] = {&a, &rows};
+    for (int i = 0; i < 2; i++)
+        if (both[i]->dtype != RD_F32 && both[i]->dtype != RD_F64 && both[i]->dtype != RD_F16
+            && both[i]->dtype != RD_BF16) {
+            PyErr_Format(PyExc_TypeError, "'%s' must be float32, float64, float16 or bfloat16", i ? "rows" : "a");
+            return NULL;
+        }
+    if (rd_arg_array(oslots, "slot_of", 2, NPY_INT64, RD_CONTIG, &slots) != 0 ||
+        rd_arg_indices(&slots, "slot_of", -1, rows.dim[0]) != 0)
+        return NULL;
+    if (slots.dim[0] != a.dim[0] || rows.dim[1] != a.dim[1]) {
+        PyErr_SetString(PyExc_ValueError, "shapes of a [T, d], rows [n, d], slot_of [T, k] disagree");
+        return NULL;
+    }
+    const int wide = a.dtype == RD_F64 || rows.dtype == RD_F64;
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(slots.arr), wide ? NPY_FLOAT64 : NPY_FLOAT32, 0);
+    if (out == NULL)
+        return NULL;
+    const rd_int d = a.dim[1];
+    Py_BEGIN_ALLOW_THREADS
+    rd_slot_dots(a.dim[0], slots.dim[1], d, a.data, d > 0 ? a.stride[0] : 0, (rd_dtype_t)a.dtype, rows.data,
+                 d > 0 ? rows.stride[0] : 0, (rd_dtype_t)rows.dtype, (const long long *)slots.data,
+                 PyArray_DATA(out));
     Py_END_ALLOW_THREADS
     return (PyObject *)out;
 }
@@ -205,7 +246,7 @@ rd_py_gather_reduce(PyObject *self, PyObject *args)
         return NULL;
     npy_intp T = slots.dim[0], k = slots.dim[1], d = y.dim[1];
     npy_intp dims[2] = {T, d};
-    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(2, dims, ct_num, 0);
+    PyArrayObject *out = (PyArrayObject *)rd_pool_array(PyArray_DescrFromType(ct_num), 2, dims);
     if (out == NULL)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&y)];
@@ -290,7 +331,7 @@ rd_py_gated_act(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOid|d", &og, &ou, &kind, &limit, &alpha) ||
         rd_arg_gated(og, ou, NULL, kind, &g, &u, NULL) != 0)
         return NULL;
-    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
+    PyArrayObject *out = (PyArrayObject *)rd_pool_array(PyArray_DescrFromType(g.type_num), g.ndim, PyArray_DIMS(g.arr));
     if (out == NULL)
         return NULL;
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&g)];
@@ -317,8 +358,8 @@ rd_py_gated_act_grad(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOid|d", &og, &ou, &odo, &kind, &limit, &alpha) ||
         rd_arg_gated(og, ou, odo, kind, &g, &u, &dout) != 0)
         return NULL;
-    PyArrayObject *dg = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
-    PyArrayObject *du = (PyArrayObject *)PyArray_EMPTY(g.ndim, PyArray_DIMS(g.arr), g.type_num, 0);
+    PyArrayObject *dg = (PyArrayObject *)rd_pool_array(PyArray_DescrFromType(g.type_num), g.ndim, PyArray_DIMS(g.arr));
+    PyArrayObject *du = (PyArrayObject *)rd_pool_array(PyArray_DescrFromType(g.type_num), g.ndim, PyArray_DIMS(g.arr));
     if (dg == NULL || du == NULL) {
         Py_XDECREF(dg);
         Py_XDECREF(du);
@@ -353,6 +394,10 @@ PyMethodDef rd_moe_methods[] = {
      " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped), j in order or (ordered)"
      " in the order of the indices; float16 / bfloat16 y: widened, summed with float32 weights into a"
      " float32 out"},
+    {"slot_dots", rd_py_slot_dots, METH_VARARGS,
+     "slot_dots(a [T, d], rows [n, d], slot_of [T, k] int64) -> out [T, k], out[t, j] ="
+     " <a[t], rows[slot_of[t, j]]> (0 for -1), summed in double, rounded once to float32 (float64"
+     " when either is float64); float16 / bfloat16 rows widened exactly"},
     {"gated_act", rd_py_gated_act, METH_VARARGS, "gated_act(gate, up, kind, limit, alpha=1.702) -> out"},
     {"gated_act_grad", rd_py_gated_act_grad, METH_VARARGS,
      "gated_act_grad(gate, up, d_out, kind, limit, alpha=1.702) -> (d_gate, d_up)"},

@@ -79,15 +79,13 @@ rd_empty_no_memory(const PyArray_Dims *dims, const char *dtype, long long bytes,
     return NULL;
 }
 
-static PyObject *
-rd_py_empty(PyObject *self, PyObject *args)
+/* A new C-contiguous array of descr (a float storage dtype: float32,
+ * float64, float16 or bfloat16, native order; the reference is stolen)
+ * whose memory comes from, and goes back to, the cache of result buffers;
+ * NULL with an exception (MemoryError naming the shape and dtype). */
+PyObject *
+rd_pool_array(PyArray_Descr *descr, int nd, const npy_intp *shape)
 {
-    PyObject *oshape;
-    PyArray_Descr *descr = NULL;
-    PyArray_Dims dims = {NULL, 0};
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
-        return NULL;
     const int storage = rd_storage_dtype(descr);
     if ((storage != RD_F32 && storage != RD_F64 && storage != RD_F16 && storage != RD_BF16)
         || !PyArray_ISNBO(descr->byteorder)) {
@@ -98,28 +96,19 @@ rd_py_empty(PyObject *self, PyObject *args)
         Py_DECREF(descr);
         return NULL;
     }
-    if (!PyArray_IntpConverter(oshape, &dims)) {
-        Py_DECREF(descr);
-        return NULL;
-    }
-#if NPY_ABI_VERSION >= 0x02000000
-    size_t bytes = (size_t)PyDataType_ELSIZE(descr);
-#else
-    size_t bytes = (size_t)descr->elsize;
-#endif
+    const PyArray_Dims dims = {(npy_intp *)shape, nd};
+    size_t bytes = rd_dtype_size[storage];
     int too_large = 0;
-    for (int d = 0; d < dims.len; d++) {
-        if (dims.ptr[d] < 0) {
-            PyErr_Format(PyExc_ValueError, "empty: negative dimension %zd in the shape",
-                         (Py_ssize_t)dims.ptr[d]);
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] < 0) {
+            PyErr_Format(PyExc_ValueError, "empty: negative dimension %zd in the shape", (Py_ssize_t)shape[d]);
             Py_DECREF(descr);
-            PyDimMem_FREE(dims.ptr);
             return NULL;
         }
-        if (dims.ptr[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)dims.ptr[d])
+        if (shape[d] > 0 && bytes > ((size_t)PY_SSIZE_T_MAX) / (size_t)shape[d])
             too_large = 1;   /* keep checking the other dimensions' signs */
         else
-            bytes *= (size_t)dims.ptr[d];
+            bytes *= (size_t)shape[d];
     }
     const char *dtype_name = rd_dtype_names[storage];
     if (too_large) {
@@ -127,14 +116,12 @@ rd_py_empty(PyObject *self, PyObject *args)
          * allocated, as for any too-large allocation */
         rd_empty_no_memory(&dims, dtype_name, -1, 0);
         Py_DECREF(descr);
-        PyDimMem_FREE(dims.ptr);
         return NULL;
     }
     const unsigned long long limit = rd_physical_memory();
     if (limit > 0 && (unsigned long long)bytes > limit) {
         rd_empty_no_memory(&dims, dtype_name, (long long)bytes, limit);
         Py_DECREF(descr);
-        PyDimMem_FREE(dims.ptr);
         return NULL;
     }
     size_t got = 0;
@@ -142,12 +129,10 @@ rd_py_empty(PyObject *self, PyObject *args)
     if (p == NULL) {
         rd_empty_no_memory(&dims, dtype_name, (long long)bytes, 0);
         Py_DECREF(descr);
-        PyDimMem_FREE(dims.ptr);
         return NULL;
     }
-    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, dims.len, dims.ptr, NULL, p,
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, nd, (npy_intp *)shape, NULL, p,
                                          NPY_ARRAY_CARRAY, NULL);  /* steals descr */
-    PyDimMem_FREE(dims.ptr);
     if (arr == NULL) {
         rd_buffer_give(p, got);
         return NULL;
@@ -166,6 +151,24 @@ rd_py_empty(PyObject *self, PyObject *args)
         Py_DECREF(arr);
         return NULL;
     }
+    return arr;
+}
+
+static PyObject *
+rd_py_empty(PyObject *self, PyObject *args)
+{
+    PyObject *oshape;
+    PyArray_Descr *descr = NULL;
+    PyArray_Dims dims = {NULL, 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO&", &oshape, PyArray_DescrConverter, &descr))
+        return NULL;
+    if (!PyArray_IntpConverter(oshape, &dims)) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+    PyObject *arr = rd_pool_array(descr, dims.len, dims.ptr);
+    PyDimMem_FREE(dims.ptr);
     return arr;
 }
 

@@ -50,16 +50,9 @@ def slot_weights(plan, weights, num_slots):
 
 def slot_dots(a, rows, slot_of):
     """``[T, k]``: ``<a[t], rows[slot_of[t, j]]>`` (0 for a dropped slot),
-    for ``a [T, d]`` and ``rows [N, d]``."""
-    ct = gw.compute_dtype(a.dtype, rows.dtype)   # 16-bit rows: widened, summed in float32
-    out = np.zeros(slot_of.shape, dtype=ct)
-    kept = slot_of >= 0
-    for j in range(slot_of.shape[1]):
-        kj = kept[:, j]
-        if kj.any():
-            out[kj, j] = np.einsum("td,td->t", a[kj].astype(ct, copy=False),
-                                   rows[slot_of[kj, j]].astype(ct, copy=False))
-    return out
+    for ``a [T, d]`` and ``rows [N, d]``, in the compute dtype (each sum in
+    double, rounded once; 16-bit rows widened exactly)."""
+    return gw.slot_dots(a, rows, slot_of)
 
 
 def forward(x, topk_idx, num_experts, capacity=-1, weights=None):

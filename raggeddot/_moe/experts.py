@@ -166,6 +166,19 @@ def _buffer(shape, dtype):
     return gw.empty(shape, dtype)
 
 
+def _held_rows(rows, cols, dtype, first, last, written):
+    """``[rows, cols]`` of ``dtype`` from the buffer cache, zero outside the
+    held experts' rows ``[first, last)``, and inside them too unless the
+    kernels write them (``written``)."""
+    out = _buffer((rows, cols), np.dtype(dtype))
+    if written:
+        out[:first] = 0
+        out[last:] = 0
+    else:
+        out[...] = 0
+    return out
+
+
 def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
     """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]) of ``dtype``;
     `transposed` gives [n, b, a] by contracting the other way round (for the
@@ -351,10 +364,11 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
         """lhs @ w[l] (+ bias[l]) over the groups, of ``hd``: with a bias,
         computed in ct, the bias added, then rounded once."""
         dt = ct if bias is not None else hd
-        full = np.zeros if fill_zero else _buffer
-        out = full((out_rows, w.shape[2]), dtype=dt)
+        computes = last > first and f
+        out = _held_rows(out_rows, w.shape[2], dt, first, last, computes) if fill_zero \
+            else _buffer((out_rows, w.shape[2]), np.dtype(dt))
         part = out[first:last] if fill_zero else out
-        if last > first and f:
+        if computes:
             _rows(lhs, w, bounds, part)
         _add_group_bias(part, bias, bounds)
         return out if out.dtype == hd else gw.narrow(out, hd)
@@ -419,7 +433,7 @@ def backward(experts, res, d_y):
     dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     # gate and up projections
-    d_xs = np.zeros((res.xs.shape[0], d), dtype=ct)
+    d_xs = _held_rows(res.xs.shape[0], d, ct, first, last, count and f)
     if count and f:
         gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
         gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)

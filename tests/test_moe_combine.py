@@ -15,7 +15,7 @@ from raggeddot import _gateway as gw
 from raggeddot import runtime
 from raggeddot._moe import dispatch, experts
 
-from helpers import FUSED_FAMILIES, bits
+from helpers import DOT_KERNELS, FUSED_FAMILIES, bits
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -70,7 +70,8 @@ def test_combine_rows_equals_the_product_then_the_ordered_combine(rng, family, d
     assert np.array_equal(_bits(got), _bits(want))
 
 
-@pytest.mark.parametrize("form", ["prepacked", "prepacked-bf16", "int8", "float8_e4m3fn", "int4"])
+@pytest.mark.parametrize("form", ["prepacked", "prepacked-bf16", "prepacked-bf16-dot", "int8", "float8_e4m3fn",
+                                  "int4"])
 def test_combine_rows_reads_prepacked_and_quantized_weights(rng, form):
     T, k, E, f, d = 50, 2, 4, 48, 72
     idx, plan = _routing(rng, T, k, E)
@@ -82,12 +83,16 @@ def test_combine_rows_reads_prepacked_and_quantized_weights(rng, form):
         w = raggeddot.prepack(w)
     elif form == "prepacked-bf16":
         w = raggeddot.prepack(w.astype(BF16))
+    elif form == "prepacked-bf16-dot":    # k-pairs for the dot-product kernels: met by a float layout
+        with runtime.configured(kernel=DOT_KERNELS["bfloat16-dot"][0]):
+            w = raggeddot.prepack(w.astype(BF16))
+        assert w.ctype == "bfloat16-dot"
     else:
         w = raggeddot.quantize(w, form, channelwise_axes=(0, 2))
     tw = rng.random((T, k)).astype(np.float32)
-    want = _separate(a, w, bounds, plan, T, k, tw, None, np.dtype(np.float32))
+    wo = experts._fused(a, w, w)[0]    # the layout the one-pass product reads (a float one: prepack's meet)
+    want = _separate(a, wo, bounds, plan, T, k, tw, None, np.dtype(np.float32))
     out = np.zeros((T, d), dtype=np.float32)
-    wo = experts._fused(a, w, w)[0]    # the layout the one-pass product reads
     gw.combine_rows(a, wo, bounds, out, plan.token_of_slot, dispatch.slot_weights(plan, tw, N), None,
                     np.dtype(np.float32))
     assert np.array_equal(_bits(out), _bits(want))

@@ -64,7 +64,7 @@ def test_combine_rows_equals_the_product_then_the_ordered_combine(rng, family, d
     with runtime.configured(kernel=family, num_threads=threads):
         want = _separate(a, w, bounds, plan, T, k, tw, b, dtype)
         out = np.zeros((T, d), dtype=ct)
-        sw = None if tw is None else dispatch.slot_weights(plan, tw, N)
+        sw = None if tw is None else dispatch.slot_weights(plan.slot_of, tw, N)
         got = gw.combine_rows(a, w, bounds, out, plan.token_of_slot, sw, b, dtype)
     assert got is out
     assert np.array_equal(_bits(got), _bits(want))
@@ -93,7 +93,7 @@ def test_combine_rows_reads_prepacked_and_quantized_weights(rng, form):
     wo = experts._fused(a, w, w)[0]    # the layout the one-pass product reads (a float one: prepack's meet)
     want = _separate(a, wo, bounds, plan, T, k, tw, None, np.dtype(np.float32))
     out = np.zeros((T, d), dtype=np.float32)
-    gw.combine_rows(a, wo, bounds, out, plan.token_of_slot, dispatch.slot_weights(plan, tw, N), None,
+    gw.combine_rows(a, wo, bounds, out, plan.token_of_slot, dispatch.slot_weights(plan.slot_of, tw, N), None,
                     np.dtype(np.float32))
     assert np.array_equal(_bits(out), _bits(want))
 

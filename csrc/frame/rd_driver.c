@@ -620,23 +620,21 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
     plan->team = 0;
     if (plan->tn <= 0 || plan->tn > RD_GATED_TN)
         plan->tn = RD_GATED_TN;
-    if (rd_make_tiling(&tl, plan, &sh, ng, n, 0, bytes) != 0)
-        return -1;
     const rd_ukr_desc_t *kd = &plan->k;
-    /* ordered: a column block a thread (as many as the threads the tiling
-     * chose, at most one a panel), over tiles not split for the threads */
+    /* ordered: a column block a thread (as many as the call's threads, at
+     * most one a panel), over tiles not split for the threads */
+    const rd_int panels = (n + kd->nr - 1) / kd->nr;
     rd_int blocks = 1;
+    rd_plan_t tiled = *plan;
     if (ordered) {
-        const int threads = tl.nthreads;
-        const rd_int panels = (n + kd->nr - 1) / kd->nr;
+        const int threads = rd_tiling_threads(plan, &sh, ng, n, bytes);
         blocks = threads < panels ? threads : panels;
-        rd_free_tiling(&tl);
-        rd_plan_t one = *plan;
-        one.nthreads = 1;
-        if (rd_make_tiling(&tl, &one, &sh, ng, n, 0, bytes) != 0)
-            return -1;
-        tl.nthreads = (int)blocks;
+        tiled.nthreads = 1;
     }
+    if (rd_make_tiling(&tl, &tiled, &sh, ng, n, 0, bytes) != 0)
+        return -1;
+    if (ordered)
+        tl.nthreads = (int)blocks;
     const rd_int ld = rd_round_up(tl.tn, kd->nr);
     size_t a_bytes, b_bytes, stage_bytes;
     rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes);
@@ -665,7 +663,6 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
          * in list order (group after group, rows in order within a column
          * piece) cut to it; else tile t, largest first, as the threads take
          * them */
-        const rd_int panels = (n + kd->nr - 1) / kd->nr;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif

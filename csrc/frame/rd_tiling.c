@@ -88,21 +88,27 @@ rd_cmp_rank(const void *pa, const void *pb)
 #define RD_NARROW_TN ((rd_int)512)
 
 int
-rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
-               rd_int ng, rd_int n, int narrow, double bytes)
+rd_tiling_threads(const rd_plan_t *plan, const rd_shape_t *sh, rd_int ng, rd_int n, double bytes)
 {
-    /* a streaming kernel takes strips of any width: tiles of whole vectors */
-    const int streams = plan->kind == RD_KIND_STREAM;
-    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = streams ? 64 : plan->k.nr;
     double work = 0.0;
     for (rd_int g = 0; g < ng; g++) {
         rd_int r0, r1, d;
         rd_group_geometry(sh, g, &r0, &r1, &d);
         work += (double)(r1 - r0) * (double)n * (double)(d > 0 ? d : 1);
     }
-    int nthreads = plan->nthreads;
     if (plan->auto_threads && 2.0 * work < RD_TEAM_MIN_FLOPS && bytes < RD_TEAM_MIN_BYTES)
-        nthreads = 1;
+        return 1;
+    return plan->nthreads;
+}
+
+int
+rd_make_tiling(rd_tiling_t *tl, const rd_plan_t *plan, const rd_shape_t *sh,
+               rd_int ng, rd_int n, int narrow, double bytes)
+{
+    /* a streaming kernel takes strips of any width: tiles of whole vectors */
+    const int streams = plan->kind == RD_KIND_STREAM;
+    const rd_int mc = plan->k.mc, nc = plan->k.nc, mr = plan->k.mr, nr = streams ? 64 : plan->k.nr;
+    const int nthreads = rd_tiling_threads(plan, sh, ng, n, bytes);
 
     rd_int tm = rd_round_up(plan->tm > 0 ? plan->tm : 4 * mc, mr);
     rd_int tn = rd_round_up(plan->tn > 0 ? plan->tn : nc, nr);

@@ -37,6 +37,11 @@ typedef struct {
 
 void rd_group_geometry(const rd_shape_t *sh, rd_int g, rd_int *r0, rd_int *r1, rd_int *depth);
 
+/* The threads a call runs on: the plan's, or one for a problem too small
+ * to pay for a team (its FLOPs and the bytes it reads and writes,
+ * rd_frame.h) when the plan's threads are automatic. */
+int rd_tiling_threads(const rd_plan_t *plan, const rd_shape_t *sh, rd_int ng, rd_int n, double bytes);
+
 /* The tiles of a call (narrow: a 16-bit output, whose tiles are computed in
  * a float32 tile of their own; bytes: what the call reads and writes).
  * Returns 0, or -1 when out of memory. */

@@ -68,7 +68,7 @@ def forward(layer, keep=True):
     if not keep and experts.combines(layer.experts, rows):
         # no backward: the down product adds each row, times its weight,
         # into its token's output as its tile completes, no [N, d] y
-        w_slot = None if on_input else dispatch.slot_weights(plan, topk_weights, xs.shape[0])
+        w_slot = None if on_input else dispatch.slot_weights(plan.slot_of, topk_weights, xs.shape[0])
         out, r_experts = experts.forward(layer.experts, xs, plan.group_sizes, keep=False,
                                          combine=(plan.token_of_slot, w_slot, layer.x.shape[0]))
         r_combine = combine.CombineResiduals(None, plan, None if on_input else topk_weights)

@@ -60,7 +60,7 @@ def backward(res, d_out):
     if w is None:   # unweighted (the weights went into the experts' inputs)
         return gw.gather_rows(d_out, res.plan.token_of_slot), None
     # each slot receives its token's cotangent times its router weight
-    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan, w, y.shape[0]))
+    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan.slot_of, w, y.shape[0]))
     return d_y, slot_dots(d_out, y, res.plan.slot_of)
 
 

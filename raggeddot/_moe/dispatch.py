@@ -39,12 +39,13 @@ class Plan(NamedTuple):
     group_sizes: np.ndarray    # [E] int64: slots per expert
 
 
-def slot_weights(plan, weights, num_slots):
+def slot_weights(slot_of, weights, num_slots):
     """``[num_slots]``: the weight ``weights[t, j]`` of the assignment each
-    sorted slot holds (``weights [T, k]``)."""
-    kept = plan.slot_of >= 0
+    sorted slot holds (``weights [T, k]``, ``slot_of [T, k]`` the slot of
+    each assignment, -1 where dropped)."""
+    kept = slot_of >= 0
     w_slot = np.zeros(num_slots, dtype=weights.dtype)
-    w_slot[plan.slot_of[kept]] = weights[kept]
+    w_slot[slot_of[kept]] = weights[kept]
     return w_slot
 
 
@@ -66,7 +67,7 @@ def forward(x, topk_idx, num_experts, capacity=-1, weights=None):
     inputs): each gathered row is scaled by its assignment's weight.
     Returns ``(xs [N, d], plan)``."""
     plan = sort(topk_idx, num_experts, capacity)
-    scale = None if weights is None else slot_weights(plan, weights, plan.token_of_slot.shape[0])
+    scale = None if weights is None else slot_weights(plan.slot_of, weights, plan.token_of_slot.shape[0])
     return gw.gather_rows(x, plan.token_of_slot, scale), plan
 
 
@@ -113,9 +114,9 @@ def jvp(plan, t_x, x=None, weights=None, t_weights=None):
     (``w_slot = 1``, no second term, without input weights). Returns
     ``t_xs [N, d]`` in the compute dtype, or None when it is zero."""
     n = plan.token_of_slot.shape[0]
-    w_slot = None if weights is None else slot_weights(plan, weights, n)
+    w_slot = None if weights is None else slot_weights(plan.slot_of, weights, n)
     t_xs = None if t_x is None else gw.gather_rows(t_x, plan.token_of_slot, w_slot)
     if weights is not None and t_weights is not None:
-        term = gw.gather_rows(x, plan.token_of_slot, slot_weights(plan, t_weights, n))
+        term = gw.gather_rows(x, plan.token_of_slot, slot_weights(plan.slot_of, t_weights, n))
         t_xs = term if t_xs is None else t_xs + term
     return t_xs

@@ -330,6 +330,7 @@ def _fused_down_combine(self, a, group_sizes, token_of_slot, slot_of, top_k_weig
     ``down_proj`` then ``ragged_gather_reduce(..., ordered=True)``, bit for
     bit. None where that pass does not apply (see the caller) or does not
     pay (fewer than ``COMBINE_MIN_COLS`` output columns a thread)."""
+    from .._moe.dispatch import slot_weights
     from .._moe.experts import COMBINE_MIN_COLS
     from .. import _gateway as gw
     w = self.down_proj
@@ -348,9 +349,7 @@ def _fused_down_combine(self, a, group_sizes, token_of_slot, slot_of, top_k_weig
             return None
     ct = gw.compute_dtype(x.dtype)
     slots = cv.array(slot_of)
-    kept = slots >= 0
-    w_slot = np.zeros(token_of_slot.shape[0], dtype=ct)
-    w_slot[slots[kept]] = cv.array(top_k_weights.detach()).astype(ct)[kept]
+    w_slot = slot_weights(slots, cv.array(top_k_weights.detach()).astype(ct), token_of_slot.shape[0])
     out = np.zeros((slots.shape[0], d), dtype=ct)
     gs = cv.array(group_sizes)
     bounds = gw.group_bounds(gs, 0, gs.shape[0])

@@ -26,6 +26,22 @@ typedef ptrdiff_t rd_int;
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define RD_HAVE_X86_KERNELS 1
 #endif
+#if defined(__GNUC__) && defined(__aarch64__)
+#define RD_HAVE_ARM_KERNELS 1
+#endif
+
+/* The CPU's features (cpu/rd_cpu.h): what every runnable() check reads. */
+#include "cpu/rd_cpu.h"
+
+/* A function compiled for AVX-512F, AVX2 and the baseline, the widest the
+ * CPU runs bound at load time (an ELF ifunc): for the conversion and copy
+ * loops of the packing and narrowing, whose results do not depend on the
+ * clone.  Elsewhere (Mach-O has no ifunc) the baseline alone. */
+#if defined(RD_HAVE_X86_KERNELS) && defined(__ELF__) && !defined(RD_NO_CLONES)
+#define RD_WIDEST_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RD_WIDEST_CLONES
+#endif
 
 /* ------------------------------------------------------------------ types
  *

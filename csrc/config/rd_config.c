@@ -10,26 +10,26 @@
 
 const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
     /*             name       packed A        packed B        output          k_unit (scale_size 0) */
-    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1},
-    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1},
-    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1},
-    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1},
+    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1, 0, 0},
+    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1, 0, 0},
+    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
+    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
     /* int16 k-pairs, each micro-panel followed by one float scale a row */
-    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float)},
+    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float), 0},
     /* one-byte B panels of prepacked quantized weights, each micro-panel
      * followed by its rd_qtrailer_t and scales (not counted here: the
      * trailer's size depends on the block, see rd_prepack) */
-    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1},
-    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1},
+    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
+    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
     /* bfloat16 k-pairs (vdpbf16ps) */
-    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2},
+    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2, 0, 0},
     /* int8 k-quads (vpdpbusd), each micro-panel followed by an int32 sum,
      * a float scale and an int32 zero point a row */
-    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12},
+    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12, 0},
     /* AMX tiles: A row after row (int8: each row followed by its sum, scale
      * and zero point), B as the two types above */
-    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2},
-    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12},
+    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2, 0, 0},
+    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12, 0},
     /* 4-bit B panels (two values a byte), each micro-panel followed by its
      * rd_qtrailer_t and one e8m0 exponent a column per scale run */
     [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
@@ -58,13 +58,14 @@ const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
 };
 
 extern const rd_family_t rd_family_ref;
+extern const rd_family_t rd_family_amx_twin;
 #ifdef RD_HAVE_X86_KERNELS
 extern const rd_family_t rd_family_avx2;
 extern const rd_family_t rd_family_avx512;
 extern const rd_family_t rd_family_avx512_bf16, rd_family_avx512_bf16_twin;
 extern const rd_family_t rd_family_avx512_vnni, rd_family_avx512_vnni_twin;
 extern const rd_family_t rd_family_avx_vnni, rd_family_avx_vnni_twin;
-extern const rd_family_t rd_family_amx, rd_family_amx_twin;
+extern const rd_family_t rd_family_amx;
 #endif
 
 /* The dot-product families come first: each serves only its own compute
@@ -81,8 +82,8 @@ const rd_family_t *const rd_families[] = {
     &rd_family_avx512_bf16_twin,
     &rd_family_avx512_vnni_twin,
     &rd_family_avx_vnni_twin,
-    &rd_family_amx_twin,
 #endif
+    &rd_family_amx_twin,
     &rd_family_ref,
     NULL,
 };

@@ -13,9 +13,6 @@
 
 #if defined(RD_HAVE_X86_KERNELS)
 #include <immintrin.h>
-#define RD_NARROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define RD_NARROW_CLONES
 #endif
 
 /* IEEE float32 to binary16, round to nearest even, overflow to infinity,
@@ -47,7 +44,7 @@ rd_float_to_f16(float f)
     return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
 }
 
-RD_NARROW_CLONES static void
+RD_WIDEST_CLONES static void
 rd_narrow_bf16(const float *src, uint16_t *dst, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -71,8 +68,7 @@ static void
 rd_narrow_f16(const float *src, uint16_t *dst, size_t n)
 {
 #if defined(RD_HAVE_X86_KERNELS)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) {
+    if (rd_cpu()->f16c) {
         rd_narrow_f16c(src, dst, n);
         return;
     }

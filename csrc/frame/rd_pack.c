@@ -9,7 +9,9 @@
 #include "rd_frame.h"
 
 /* Keep gcc from turning the short fixed-width copies into calls to memmove. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
 
 #include <stdint.h>
 #include <string.h>
@@ -286,8 +288,7 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
         [RD_CT_F32_F4W] = {rd_pack_h_s_f16c_pack, NULL},
     };
     if (src == RD_F16 && f16c[ct][which] != NULL) {
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"))
+        if (rd_cpu()->f16c)
             return f16c[ct][which];
     }
 #endif

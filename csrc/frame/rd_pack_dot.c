@@ -10,7 +10,9 @@
 #include "rd_half.h"
 
 /* Keep gcc from turning the short fixed-width copies into calls to memmove. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
 
 #include <math.h>
 #include <stdint.h>
@@ -71,24 +73,11 @@ rd_words8_avx2(const char *src, rd_int rs_bytes, rd_int depth, uint32_t *dst, in
 }
 #endif
 
-/* Whether the CPU runs the AVX2 paths of these routines (every CPU whose
- * kernels read their panels does; the plain C paths serve the others). */
-static int
-rd_have_avx2(void)
-{
-#ifdef RD_HAVE_X86_KERNELS
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-#else
-    return 0;
-#endif
-}
-
 void
 rd_pack_words8(const char *src, rd_int rs_bytes, rd_int depth, char *dst, int ld)
 {
 #ifdef RD_HAVE_X86_KERNELS
-    if (rd_have_avx2()) {
+    if (rd_cpu()->avx2) {
         rd_words8_avx2(src, rs_bytes, depth, (uint32_t *)(void *)dst, ld);
         return;
     }
@@ -119,8 +108,7 @@ rd_pairs32_avx512(uint16_t *d, const uint16_t *x0, const uint16_t *x1)
 static int
 rd_pairs32_ok(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    return rd_cpu()->avx512bw;
 }
 #define RD_PAIRS32 rd_pairs32_avx512
 #define RD_PAIRS32_OK rd_pairs32_ok
@@ -358,7 +346,7 @@ static void
 rd_q8_row(const void *x, int bf16, rd_int n, rd_int cs, float s, int8_t *q)
 {
 #ifdef RD_HAVE_X86_KERNELS
-    if (cs == 1 && rd_have_avx2()) {
+    if (cs == 1 && rd_cpu()->avx2) {
         rd_q8_row_avx2(x, bf16, n, s, q);
         return;
     }
@@ -370,7 +358,7 @@ static float
 rd_absmax(const void *x, int bf16, rd_int n, rd_int cs)
 {
 #ifdef RD_HAVE_X86_KERNELS
-    if (cs == 1 && rd_have_avx2())
+    if (cs == 1 && rd_cpu()->avx2)
         return rd_absmax_avx2(x, bf16, n);
 #endif
     return rd_absmax_scalar(x, bf16, n, cs);

@@ -9,15 +9,14 @@
 #include "rd_frame.h"
 
 /* Each packing routine is compiled for the baseline instruction set and
- * again for AVX2 and AVX-512, and the loader binds the widest the CPU runs:
- * the conversions (16-bit floats widened, runs copied) then move 8 or 16
- * values per instruction instead of 4.  Same arithmetic in every clone:
- * conversions are exact, so the results do not depend on the clone. */
-#if defined(RD_HAVE_X86_KERNELS) && !defined(RD_NO_PACK_CLONES)
-#define RD_PACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+ * again for AVX2 and AVX-512, and the loader binds the widest the CPU runs
+ * (RD_WIDEST_CLONES): the conversions (16-bit floats widened, runs copied)
+ * then move 8 or 16 values per instruction instead of 4.  Same arithmetic
+ * in every clone: conversions are exact, so the results do not depend on
+ * the clone. */
+#define RD_PACK_CLONES RD_WIDEST_CLONES
+#if defined(RD_HAVE_X86_KERNELS)
 #define RD_PACK_F16C 1
-#else
-#define RD_PACK_CLONES
 #endif
 
 /* Eight rows of `depth` contiguous 4-byte values (rows rs_bytes apart)

@@ -223,7 +223,15 @@ static int rd_threads = 0;
 static volatile int rd_threads_used = 0;   /* a team of > 1 may have run here */
 static volatile int rd_forked = 0;         /* forked after that: one thread only */
 
-#if defined(_OPENMP) && defined(__unix__)
+/* pthread_atfork: every POSIX system (Linux, the BSDs, macOS, whose
+ * compilers define __APPLE__ and not __unix__) */
+#if defined(__unix__) || defined(__APPLE__)
+#define RD_HAVE_ATFORK 1
+#else
+#define RD_HAVE_ATFORK 0
+#endif
+
+#if defined(_OPENMP) && RD_HAVE_ATFORK
 #include <pthread.h>
 
 static void
@@ -261,7 +269,7 @@ rd_forked_single_threaded(void)
 int
 rd_team_size(int wanted)
 {
-#if defined(_OPENMP) && defined(__unix__)
+#if defined(_OPENMP) && RD_HAVE_ATFORK
     pthread_once(&rd_atfork_once, rd_register_atfork);
 #endif
     if (rd_forked || wanted < 2)

@@ -1,11 +1,12 @@
 /*
  * AMX tile micro-kernels (Intel Sapphire Rapids and later), written once
  * over the tile operations (kernels/rd_amx_body.h) and compiled twice:
- * with the instructions (family "amx", where the CPU has AMX and the OS
- * grants the process its tile state) and with their emulation in C
- * (family "amx-twin", runnable on every CPU, chosen only by name), so that
- * the packing, the chunking of the contraction, the edges and the
- * epilogues are tested everywhere.
+ * here with the instructions (family "amx", where the CPU has AMX and the
+ * OS grants the process its tile state), and in kernels/rd_amx_twin.c with
+ * their emulation in plain C (family "amx-twin", compiled on every
+ * architecture, runnable on every CPU, chosen only by name), so that the
+ * packing, the chunking of the contraction, the edges and the epilogues
+ * are tested everywhere.
  *
  *   rd_amx_bf16 / rd_amxtwin_bf16  (RD_CT_BF16TILE, 32 x 32): TDPBF16PS
  *   rd_amx_u8s8 / rd_amxtwin_u8s8  (RD_CT_U8S8TILE, 32 x 32): TDPBUSD
@@ -38,6 +39,7 @@
  * sum elsewhere.
  */
 #include "rd_frame.h"
+#include "rd_amx.h"
 
 #ifdef RD_HAVE_X86_KERNELS
 
@@ -75,8 +77,7 @@ rd_amx_probe(void)
                  tile, bf16, int8);
         return;
     }
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) {
+    if (!rd_cpu()->avx512bw) {
         snprintf(rd_amx_why, sizeof rd_amx_why, "the CPU has AMX but not AVX-512F/BW");
         return;
     }
@@ -115,12 +116,6 @@ static int
 rd_amx_runnable(void)
 {
     return rd_amx_unavailable() == NULL;
-}
-
-static int
-rd_always(void)
-{
-    return 1;
 }
 
 /* Palette 1: eight tiles of 16 rows x 64 bytes (LDTILECFG's 64-byte block:
@@ -176,179 +171,13 @@ rd_amx_release(void)
 #define RD_TTARGET RD_AMX_TARGET
 #include "rd_amx_body.h"   /* (which undefines the macros above) */
 
-/* -------------------------------------------------------- twin tiles */
-
-/* The emulated tile registers of a thread, and whether its configuration is
- * loaded.  rd_amx_twin_held counts the threads holding one now,
- * rd_amx_twin_strays the tile operations run without one (a driver that
- * forgot TENTER or ran a kernel after the release): both 0 between calls. */
-typedef struct {
-    unsigned char r[16][64];
-} rd_tile_t;
-
-static __thread rd_tile_t rd_tmm[8];
-static __thread int rd_twin_loaded = 0;
-static int rd_amx_twin_held = 0;
-static long rd_amx_twin_strays = 0;
-
-static void
-rd_twin_enter(void)
-{
-    if (!rd_twin_loaded) {
-        memset(rd_tmm, 0, sizeof rd_tmm);
-        rd_twin_loaded = 1;
-        __atomic_add_fetch(&rd_amx_twin_held, 1, __ATOMIC_RELAXED);
-    }
-}
-
-static void
-rd_twin_release(void)
-{
-    if (rd_twin_loaded) {
-        rd_twin_loaded = 0;
-        __atomic_sub_fetch(&rd_amx_twin_held, 1, __ATOMIC_RELAXED);
-    }
-}
-
-void
-rd_amx_twin_state(int *held, long *strays)
-{
-    *held = __atomic_load_n(&rd_amx_twin_held, __ATOMIC_RELAXED);
-    *strays = __atomic_load_n(&rd_amx_twin_strays, __ATOMIC_RELAXED);
-}
-
-static inline void
-rd_twin_check(void)
-{
-    if (!rd_twin_loaded)
-        __atomic_add_fetch(&rd_amx_twin_strays, 1, __ATOMIC_RELAXED);
-}
-
-static void
-rd_twin_load(rd_tile_t *t, const void *p, long stride)
-{
-    rd_twin_check();
-    for (int i = 0; i < 16; i++)
-        memcpy(t->r[i], (const char *)p + i * stride, 64);
-}
-
-static void
-rd_twin_store(const rd_tile_t *t, void *p, long stride)
-{
-    rd_twin_check();
-    for (int i = 0; i < 16; i++)
-        memcpy((char *)p + i * stride, t->r[i], 64);
-}
-
-static void
-rd_twin_zero(rd_tile_t *t)
-{
-    rd_twin_check();
-    memset(t, 0, sizeof *t);
-}
-
-static inline float
-rd_bf16_daz(uint16_t h)
-{
-    uint32_t u = (h & 0x7f80u) == 0 ? (uint32_t)(h & 0x8000u) << 16 : (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* 0 for a denormal float (sign kept): the flush of inputs and results */
-static inline float
-rd_ftz(float x)
-{
-    return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x;
-}
-
-/* C[16 x 16] float32 += A[16 x 16 pairs] . B[16 pair rows x 16 columns],
- * pair by pair, even element first, a correctly rounded fused
- * multiply-add each (hardware FMA in the clones that have it, libm's
- * otherwise: the same values). */
-__attribute__((target_clones("arch=haswell", "default"))) static void
-rd_twin_dpbf16(rd_tile_t *ct, const rd_tile_t *at, const rd_tile_t *bt)
-{
-    rd_twin_check();
-    float b[16][32];
-    for (int q = 0; q < 16; q++)
-        for (int e = 0; e < 32; e++) {
-            uint16_t h;
-            memcpy(&h, bt->r[q] + 2 * e, 2);
-            b[q][e] = rd_bf16_daz(h);
-        }
-    for (int i = 0; i < 16; i++) {
-        float acc[16], a[32];
-        memcpy(acc, ct->r[i], 64);
-        for (int j = 0; j < 16; j++)
-            acc[j] = rd_ftz(acc[j]);
-        for (int p = 0; p < 32; p++) {
-            uint16_t h;
-            memcpy(&h, at->r[i] + 2 * p, 2);
-            a[p] = rd_bf16_daz(h);
-        }
-        for (int q = 0; q < 16; q++)
-            for (int e = 0; e < 2; e++)
-                for (int j = 0; j < 16; j++)
-                    acc[j] = rd_ftz(fmaf(a[2 * q + e], b[q][2 * j + e], acc[j]));
-        memcpy(ct->r[i], acc, 64);
-    }
-}
-
-/* C[16 x 16] int32 += A[16 x 16 quads] (unsigned) . B[16 quad rows x 16
- * columns] (signed), modulo 2^32. */
-__attribute__((target_clones("arch=haswell", "default"))) static void
-rd_twin_dpbusd(rd_tile_t *ct, const rd_tile_t *at, const rd_tile_t *bt)
-{
-    rd_twin_check();
-    for (int i = 0; i < 16; i++) {
-        uint32_t acc[16];
-        memcpy(acc, ct->r[i], 64);
-        for (int q = 0; q < 16; q++)
-            for (int j = 0; j < 16; j++) {
-                uint32_t s = 0;
-                for (int e = 0; e < 4; e++)
-                    s += (uint32_t)((int32_t)at->r[i][4 * q + e] * (int32_t)(int8_t)bt->r[q][4 * j + e]);
-                acc[j] += s;
-            }
-        memcpy(ct->r[i], acc, 64);
-    }
-}
-
-#define TLOAD(t, p, s) rd_twin_load(&rd_tmm[t], (p), (long)(s))
-#define TSTORE(t, p, s) rd_twin_store(&rd_tmm[t], (p), (long)(s))
-#define TZERO(t) rd_twin_zero(&rd_tmm[t])
-#define TDPBF16(c, a, b) rd_twin_dpbf16(&rd_tmm[c], &rd_tmm[a], &rd_tmm[b])
-#define TDPBUSD(c, a, b) rd_twin_dpbusd(&rd_tmm[c], &rd_tmm[a], &rd_tmm[b])
-#define TENTER() rd_twin_enter()
-#define RD_TNAME(x) rd_amxtwin_##x
-#define RD_TTARGET
-#include "rd_amx_body.h"   /* (which undefines the macros above) */
-
 /* ------------------------------------------------------------- families */
-
-/* Blocking: a 32 x 32 block (four accumulator tiles, the most eight tiles
- * allow beside two of A and two of B).  KC keeps a B micro-panel in L1
- * (bfloat16: 256 steps x 32 columns = 16 KiB; int8: 512 steps, 16 KiB)
- * beside the A micro-panel being read, MC = 128 rows of A (64-128 KiB) in
- * L2, NC = 4096 columns.  Chosen from the tile facts (SPEC section 6), not
- * measured here: the tuner's candidates (KC / 2, KC / 4, ...) and the plan
- * table take a measured blocking per shape class. */
-#define RD_AMX_BF16_DESC(UKR, REL) {UKR, 32, 32, 128, 256, 4096, REL}
-#define RD_AMX_U8S8_DESC(UKR, REL) {UKR, 32, 32, 128, 512, 4096, REL}
 
 const rd_family_t rd_family_amx = {
     "amx", rd_amx_runnable,
     {[RD_CT_BF16TILE] = RD_AMX_BF16_DESC(rd_amx_bf16, rd_amx_release),
      [RD_CT_U8S8TILE] = RD_AMX_U8S8_DESC(rd_amx_u8s8, rd_amx_release)},
     0, {{NULL, 0, 0}},
-};
-const rd_family_t rd_family_amx_twin = {
-    "amx-twin", rd_always,
-    {[RD_CT_BF16TILE] = RD_AMX_BF16_DESC(rd_amxtwin_bf16, rd_twin_release),
-     [RD_CT_U8S8TILE] = RD_AMX_U8S8_DESC(rd_amxtwin_u8s8, rd_twin_release)},
-    1, {{NULL, 0, 0}},
 };
 
 #else /* no x86 kernels */
@@ -357,13 +186,6 @@ const char *
 rd_amx_unavailable(void)
 {
     return "not an x86-64 build";
-}
-
-void
-rd_amx_twin_state(int *held, long *strays)
-{
-    *held = 0;
-    *strays = 0;
 }
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -405,9 +405,8 @@ rd_i8gemm_avx2_6x16(rd_int kc, const void *a_, const void *b_, void *c_,
 static int
 rd_avx2_runnable(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-           && __builtin_cpu_supports("f16c");
+    const rd_cpu_t *c = rd_cpu();
+    return c->avx2 && c->fma && c->f16c;
 }
 
 /* Blocking: the published BLIS Haswell/Zen float32 (6x16, MC=144, KC=256,
@@ -416,14 +415,14 @@ const rd_family_t rd_family_avx2 = {
     "avx2",
     rd_avx2_runnable,
     {
-        [RD_CT_F32] = {rd_sgemm_avx2_6x16, 6, 16, 144, 256, 4080},
-        [RD_CT_F64] = {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080},
-        [RD_CT_F32_BF16W] = {rd_sgemm_avx2_bf16w_6x16, 6, 16, 144, 256, 4080},
-        [RD_CT_F32_F16W] = {rd_sgemm_avx2_f16w_6x16, 6, 16, 144, 256, 4080},
-        [RD_CT_I8I32] = {rd_i8gemm_avx2_6x16, 6, 16, 144, 512, 4080},
-        [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080},
-        [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080},
-        [RD_CT_F32_F4W] = {rd_sgemm_avx2_f4w_6x16, 6, 16, 144, 256, 4080},
+        [RD_CT_F32] = {rd_sgemm_avx2_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F64] = {rd_dgemm_avx2_6x8, 6, 8, 72, 256, 4080, NULL},
+        [RD_CT_F32_BF16W] = {rd_sgemm_avx2_bf16w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F32_F16W] = {rd_sgemm_avx2_f16w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_I8I32] = {rd_i8gemm_avx2_6x16, 6, 16, 144, 512, 4080, NULL},
+        [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F32_F4W] = {rd_sgemm_avx2_f4w_6x16, 6, 16, 144, 256, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},

@@ -356,8 +356,7 @@ RD_STREAM_KERNEL(rd_sgemm_avx512_stream_8x2048, s_stream)
 static int
 rd_avx512_runnable(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    return rd_cpu()->avx512bw;
 }
 
 /* Blocking: twice the register block of the AVX2 kernels, the same MC
@@ -369,14 +368,14 @@ const rd_family_t rd_family_avx512 = {
     "avx512",
     rd_avx512_runnable,
     {
-        [RD_CT_F32] = {rd_sgemm_avx512_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_F64] = {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080},
-        [RD_CT_F32_BF16W] = {rd_sgemm_avx512_bf16w_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_F32_F16W] = {rd_sgemm_avx512_f16w_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_I8I32] = {rd_i8gemm_avx512_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_F32_I8W] = {rd_sgemm_avx512_i8w_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 512, 4080},
-        [RD_CT_F32_F4W] = {rd_sgemm_avx512_f4w_12x32, 12, 32, 144, 512, 4080},
+        [RD_CT_F32] = {rd_sgemm_avx512_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F64] = {rd_dgemm_avx512_12x16, 12, 16, 72, 256, 4080, NULL},
+        [RD_CT_F32_BF16W] = {rd_sgemm_avx512_bf16w_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F32_F16W] = {rd_sgemm_avx512_f16w_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_I8I32] = {rd_i8gemm_avx512_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F32_I8W] = {rd_sgemm_avx512_i8w_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F32_F4W] = {rd_sgemm_avx512_f4w_12x32, 12, 32, 144, 512, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx512_stream_8x2048, RD_SMR, RD_SNR}},

@@ -260,20 +260,19 @@ RD_KERNEL(rd_u8s8dot_twin_12x32, ut_rows4, ut_rows8, ut_rows12)
 static int
 rd_avx512bw_runnable(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    return rd_cpu()->avx512bw;
 }
 
 static int
 rd_avx512_bf16_runnable(void)
 {
-    return rd_avx512bw_runnable() && __builtin_cpu_supports("avx512bf16");
+    return rd_avx512bw_runnable() && rd_cpu()->avx512_bf16;
 }
 
 static int
 rd_avx512_vnni_runnable(void)
 {
-    return rd_avx512bw_runnable() && __builtin_cpu_supports("avx512vnni");
+    return rd_avx512bw_runnable() && rd_cpu()->avx512_vnni;
 }
 
 /* Blocking, measured on Zen4 (4096 x 2048 x 2048, 2 threads): KC = 1024
@@ -282,8 +281,8 @@ rd_avx512_vnni_runnable(void)
  * for k <= 2048: 10-20% faster than 512).  A product of int8-int32 with
  * the same KC has the same block sums and so the same results, bit for
  * bit. */
-#define RD_BF16_DESC(UKR) {UKR, 12, 32, 144, 1024, 4080}
-#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, 2048, 4080}
+#define RD_BF16_DESC(UKR) {UKR, 12, 32, 144, 1024, 4080, NULL}
+#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, 2048, 4080, NULL}
 
 const rd_family_t rd_family_avx512_bf16 = {
     "avx512-bf16", rd_avx512_bf16_runnable,

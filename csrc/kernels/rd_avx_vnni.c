@@ -133,24 +133,23 @@ RD_Y_KERNEL(rd_u8s8dot_avx2twin_6x16, RD_AVX2_TARGET)
 static int
 rd_avx2_runnable(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return rd_cpu()->avx2 && rd_cpu()->fma;
 }
 
 static int
 rd_avx_vnni_runnable(void)
 {
-    return rd_avx2_runnable() && __builtin_cpu_supports("avxvnni");
+    return rd_avx2_runnable() && rd_cpu()->avx_vnni;
 }
 
 /* Blocking: the AVX2 integer kernel's (MC 144, KC 512). */
 const rd_family_t rd_family_avx_vnni = {
     "avx-vnni", rd_avx_vnni_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avxvnni_6x16, 6, 16, 144, 512, 4080}}, 0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8] = {rd_u8s8dot_avxvnni_6x16, 6, 16, 144, 512, 4080, NULL}}, 0, {{NULL, 0, 0}},
 };
 const rd_family_t rd_family_avx_vnni_twin = {
     "avx-vnni-twin", rd_avx2_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avx2twin_6x16, 6, 16, 144, 512, 4080}}, 1, {{NULL, 0, 0}},
+    {[RD_CT_U8S8] = {rd_u8s8dot_avx2twin_6x16, 6, 16, 144, 512, 4080, NULL}}, 1, {{NULL, 0, 0}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

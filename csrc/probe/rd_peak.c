@@ -191,8 +191,7 @@ RD_AMX_PROBE(rd_peak_amx_int8, "tdpbusd", 32768.0)
 double
 rd_bf16dot_vs_fma(void)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16"))
+    if (!rd_cpu()->avx512_bf16)
         return 0.0;
     double fma = 0.0, dot = 0.0;
     (void)rd_peak_avx512(0.0, 1L << 13);   /* the vector unit awake first */
@@ -221,16 +220,16 @@ rd_peak_gflops(const char *isa, double seconds)
     if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256 && !amx_bf16 && !amx_int8)
         return -1.0;
 #ifdef RD_HAVE_X86_KERNELS
-    __builtin_cpu_init();
-    if (avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    const rd_cpu_t *c = rd_cpu();
+    if (avx2 && c->avx2 && c->fma)
         return rd_peak_avx2(seconds, 1L << 19);
-    if (avx512 && __builtin_cpu_supports("avx512f"))
+    if (avx512 && c->avx512f)
         return rd_peak_avx512(seconds, 1L << 19);
-    if (bf16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
+    if (bf16 && c->avx512_bf16)
         return rd_peak_bf16(seconds, 1L << 18);
-    if (vnni512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
+    if (vnni512 && c->avx512_vnni)
         return rd_peak_vnni512(seconds, 1L << 18);
-    if (vnni256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni"))
+    if (vnni256 && c->avx_vnni)
         return rd_peak_vnni256(seconds, 1L << 18);
     if ((amx_bf16 || amx_int8) && rd_amx_unavailable() == NULL)
         return amx_bf16 ? rd_peak_amx_bf16(seconds) : rd_peak_amx_int8(seconds);
@@ -248,7 +247,7 @@ rd_peak_gflops(const char *isa, double seconds)
  * so that the reads cannot be removed.  What a weight-streaming product can
  * at best approach.
  */
-__attribute__((target_clones("avx2", "default"))) static uint64_t
+RD_WIDEST_CLONES static uint64_t
 rd_sweep(const uint64_t *restrict p, size_t words)
 {
     uint64_t s[8] = {0};

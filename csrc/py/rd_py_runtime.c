@@ -347,6 +347,11 @@ error:
     return NULL;
 }
 
+/* Why the build has no OpenMP ("" when it has): setup.py defines it. */
+#ifndef RD_OPENMP_NOTE
+#define RD_OPENMP_NOTE ""
+#endif
+
 /* The CPU features the kernels check, as {name: bool}. */
 static PyObject *
 rd_cpu_features(void)
@@ -354,22 +359,14 @@ rd_cpu_features(void)
     PyObject *d = PyDict_New();
     if (d == NULL)
         return NULL;
-#ifdef RD_HAVE_X86_KERNELS
-    __builtin_cpu_init();
-#define RD_FEATURE(key, flag)                                                   \
-    if (PyDict_SetItemString(d, key, __builtin_cpu_supports(flag) ? Py_True : Py_False) != 0) { \
-        Py_DECREF(d);                                                           \
-        return NULL;                                                            \
-    }
-    RD_FEATURE("avx2", "avx2")
-    RD_FEATURE("fma", "fma")
-    RD_FEATURE("f16c", "f16c")
-    RD_FEATURE("avx512f", "avx512f")
-    RD_FEATURE("avx512_bf16", "avx512bf16")
-    RD_FEATURE("avx512_vnni", "avx512vnni")
-    RD_FEATURE("avx_vnni", "avxvnni")
-#undef RD_FEATURE
-#endif
+    const char *names[16];
+    int values[16];
+    const int n = rd_cpu_list(names, values, 16);
+    for (int i = 0; i < n; i++)
+        if (PyDict_SetItemString(d, names[i], values[i] ? Py_True : Py_False) != 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
     return d;
 }
 
@@ -415,8 +412,9 @@ rd_py_build_info(PyObject *self, PyObject *unused)
                         "why", amx_why == NULL ? "" : amx_why);
     if (products == NULL || amx == NULL || PyDict_SetItemString(cpu, "amx", amx_why == NULL ? Py_True : Py_False) != 0)
         goto done;
-    info = Py_BuildValue("{s:O,s:O,s:O,s:O,s:s,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n},s:O,s:O,s:d}",
+    info = Py_BuildValue("{s:O,s:s,s:O,s:O,s:O,s:s,s:s,s:O,s:O,s:O,s:i,s:O,s:n,s:{s:n,s:n},s:O,s:O,s:d}",
                          "openmp", rd_have_openmp() ? Py_True : Py_False,
+                         "openmp_note", RD_OPENMP_NOTE,
                          "forked_single_threaded", rd_forked_single_threaded() ? Py_True : Py_False,
                          "kernels", kernels,
                          "simd", simd,

@@ -1,16 +1,19 @@
-"""The dot-product kernels: bfloat16 pairs (vdpbf16ps) and int8 quads
-(vpdpbusd), native and emulated twins.
+"""The dot-product kernels: bfloat16 pairs (vdpbf16ps on x86, BFDOT on
+Arm) and int8 quads (vpdpbusd, SUDOT, SDOT), native and emulated twins.
 
 Every family that serves a dot-product type on this CPU is run: the twins
-everywhere (they need only AVX-512F/BW or AVX2), the native families where
-the CPU has the instruction, and then native and twin must agree bit for
-bit. The independent oracles:
+everywhere (plain C, on every architecture), the native families where the
+CPU has the instruction, and then native and twin must agree bit for bit.
+The independent oracles:
 
-- bfloat16: a NumPy model of the instruction's arithmetic (per pair the odd
-  element's product added first, then the even one's, each addition rounded
-  to float32; products of bfloat16 values are exact in float32), blocked as
-  the driver blocks the contraction (KC). On normal-range data the model is
-  exact, so every family must equal it bit for bit.
+- bfloat16: a NumPy model of each instruction's arithmetic, blocked as the
+  driver blocks the contraction (KC). vdpbf16ps: per pair the odd element's
+  product added first, then the even one's, each addition rounded to
+  float32 (products of bfloat16 values are exact in float32). Arm's BFDOT:
+  per pair the two products summed, then added to the accumulator, each sum
+  rounded to odd (truncated, the last bit set when inexact). On
+  normal-range data the models are exact, so every family must equal its
+  instruction's model bit for bit.
 - int8: exact integer products from NumPy (int64), and the vpmaddwd integer
   kernel (int8-int32), whose block sums and float epilogue these equal bit
   for bit.
@@ -46,38 +49,60 @@ def _i8(family):
     return "int8-tile" if family in INT8_TILE_FAMILIES else "int8-dot"
 
 
+# the native dot families and their twins (a twin is listed by every build)
+TWIN_OF = {"avx512-bf16": "avx512-bf16-twin", "neon-bf16": "neon-bf16-twin", "avx512-vnni": "avx512-vnni-twin",
+           "avx-vnni": "avx-vnni-twin", "neon-i8mm": "neon-i8mm-twin", "neon-dot": "neon-dot-twin",
+           "amx": "amx-twin"}
+# the families whose bfloat16 pairs take Arm's arithmetic (BFDOT)
+ARM_BF16 = ("neon-bf16", "neon-bf16-twin")
+with runtime.configured(kernel="auto"):
+    # the float family automatic selection runs float32 products on
+    FLOAT_FAMILY = runtime.build_info()["blocking"]["float32"]["kernel"]
+
+
 def _base(family):
-    """The float family whose vpmaddwd kernel (int8-int32) ``family`` is checked against."""
-    if family.startswith("avx2") or family.startswith("avx-") or "avx512" not in runtime.runnable_kernels():
-        return "avx2"
-    return "avx512"
+    """The float family whose integer kernel (int8-int32) ``family`` is
+    checked against: the one this CPU runs float32 on (the ref family's
+    where that family has none)."""
+    return FLOAT_FAMILY
 
 
 def test_the_cpu_runs_its_native_families_and_the_twins():
     """Where the CPU has an instruction its native family is runnable and
-    chosen automatically; the twins run on every CPU with the base ISA and
-    are never chosen automatically."""
+    chosen automatically; the twins run on every CPU (every build lists
+    them) and are never chosen automatically."""
     names = {k["name"]: k for k in TABLE["kernels"]}
-    assert names["avx512-bf16"]["runnable"] == (CPU["avx512_bf16"] and CPU["avx512f"])
-    assert names["avx512-vnni"]["runnable"] == (CPU["avx512_vnni"] and CPU["avx512f"])
-    assert names["avx-vnni"]["runnable"] == (CPU["avx_vnni"] and CPU["avx2"])
-    assert names["avx512-bf16-twin"]["runnable"] == CPU["avx512f"]
-    assert names["avx-vnni-twin"]["runnable"] == CPU["avx2"]
+    for twin in TWIN_OF.values():
+        assert names[twin]["runnable"], twin
+    natives = {"avx512-bf16": ("avx512_bf16", "avx512f"), "avx512-vnni": ("avx512_vnni", "avx512f"),
+               "avx-vnni": ("avx_vnni", "avx2"), "neon-bf16": ("bf16",), "neon-i8mm": ("i8mm",),
+               "neon-dot": ("dotprod",)}
+    for family, flags in natives.items():
+        if all(flag in CPU for flag in flags):    # this architecture's
+            assert names[family]["runnable"] == all(CPU[f] for f in flags), family
+        else:                                     # the other's: not built here
+            assert family not in names, family
     assert names["amx-twin"]["runnable"]
-    assert names["amx"]["runnable"] == CPU["amx"] == (TABLE["amx"]["why"] == "")
+    assert ("amx" in names) == ("avx2" in CPU)
+    if "amx" in names:
+        assert names["amx"]["runnable"] == CPU["amx"] == (TABLE["amx"]["why"] == "")
     with runtime.configured(kernel="auto"):
         info = runtime.build_info()
         blocking = info["blocking"]
         bf = blocking.get("bfloat16-dot", {}).get("kernel")
         i8 = blocking.get("int8-dot", {}).get("kernel")
-    # vdpbf16ps serves automatically only where it outruns the float32 FMAs
+    # the bfloat16 dot products serve automatically only where they outrun
+    # the float32 FMAs
+    native_bf = next((f for f in ("avx512-bf16", "neon-bf16") if f in names and names[f]["runnable"]), None)
     pays = info["bf16dot_vs_fma"] >= 1.0
-    assert bf == ("avx512-bf16" if names["avx512-bf16"]["runnable"] and pays else None)
-    want_i8 = next((f for f in ("avx512-vnni", "avx-vnni") if names[f]["runnable"]), None)
+    assert bf == (native_bf if native_bf and pays else None)
+    want_i8 = next((f for f in ("avx512-vnni", "avx-vnni", "neon-i8mm", "neon-dot")
+                    if f in names and names[f]["runnable"]), None)
     assert i8 == want_i8
-    want_bf = ("bfloat16-tile", "amx") if CPU["amx"] else ("bfloat16-dot", bf) if bf else ("float32", info["kernel"])
+    amx = CPU.get("amx", False)
+    want_bf = ("bfloat16-tile", "amx") if amx else ("bfloat16-dot", bf) if bf else ("float32", info["kernel"])
     assert (info["products"]["bfloat16"]["compute"], info["products"]["bfloat16"]["kernel"]) == want_bf
-    want = ("int8-tile", "amx") if CPU["amx"] else ("int8-dot", want_i8) if want_i8 else ("int8-int32", info["kernel"])
+    want = ("int8-tile", "amx") if amx else ("int8-dot", want_i8) if want_i8 else ("int8-int32", info["kernel"])
     assert (info["products"]["int8"]["compute"], info["products"]["int8"]["kernel"]) == want
     assert info["products"]["bfloat16_highest"]["compute"] == "float32"
     # naming a float family forces the widening path: no dot-product type
@@ -107,12 +132,64 @@ def _bf16_model(a, b, kc):
     return out
 
 
-def _model_rows(lhs, rhs, sizes, kc):
+def _round_odd(s, e):
+    """float32 of the exact values s + e (float64 arrays, e the error of the
+    sum that made s), truncated and the last bit set where inexact: Arm's
+    round to odd. Tiny values (below 2^-126) flush to 0; normal-range data
+    never overflows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = s.astype(np.float32)
+        r = (s - f.astype(np.float64)) + e            # the exact value less f: its sign is exact
+    bits = f.view(np.uint32).copy()
+    inexact = r != 0
+    toward_zero = inexact & ((r > 0) != (f > 0))      # f was rounded away from zero: step back
+    bits[toward_zero] -= 1
+    bits[inexact] |= 1
+    out = bits.view(np.float32)
+    tiny = (np.abs(s) < 2.0 ** -126) | ((np.abs(s) == 2.0 ** -126) & (e * s < 0))
+    return np.where(tiny, np.copysign(np.float32(0), s).astype(np.float32), out)
+
+
+def _add_odd(x, y):
+    """x + y (float32 arrays) rounded to odd: the exact sum as s + e (TwoSum)."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    s = x + y
+    bb = s - x
+    return _round_odd(s, (x - (s - bb)) + (y - bb))
+
+
+def _bfdot_model(a, b, kc):
+    """``a [m, k] @ b [k, n]`` (bfloat16 values) as Arm's BFDOT computes it:
+    each KC block summed from zero pair by pair, each pair's two products
+    (exact) summed and added to the accumulator with rounding to odd, then
+    added to the result (the first block stored)."""
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    m, k = a.shape
+    out = np.zeros((m, b.shape[1]), np.float32)
+    for p0 in range(0, k, kc):
+        acc = np.zeros_like(out)
+        end = min(k, p0 + kc)
+        for p in range(p0, end, 2):
+            t = np.multiply.outer(a[:, p], b[p]).astype(np.float32)        # exact
+            if p + 1 < end:
+                t = _add_odd(t, np.multiply.outer(a[:, p + 1], b[p + 1]).astype(np.float32))
+            acc = _add_odd(acc, t)
+        out = acc if p0 == 0 else out + acc
+    return out
+
+
+def _model_for(family):
+    """The NumPy model of the bfloat16 pairs' arithmetic of ``family``."""
+    return _bfdot_model if family in ARM_BF16 else _bf16_model
+
+
+def _model_rows(lhs, rhs, sizes, kc, model=_bf16_model):
     out = np.zeros((lhs.shape[0], rhs.shape[2]), np.float32)
     start = 0
     for g, s in enumerate(sizes):
         if s:
-            out[start:start + s] = _bf16_model(lhs[start:start + s], rhs[g], kc)
+            out[start:start + s] = model(lhs[start:start + s], rhs[g], kc)
         start += s
     return out
 
@@ -144,7 +221,7 @@ def test_bf16_kernels_equal_the_model_of_the_instruction(rng, family, m, k, n, s
     rhs = rng.standard_normal((len(sizes), k, n)).astype(BF16)
     with runtime.configured(kernel=family):
         got = raggeddot.ragged_dot(lhs, rhs, np.array(sizes), preferred_element_type=np.float32)
-    want = _model_rows(lhs, rhs, sizes, _kc(family))
+    want = _model_rows(lhs, rhs, sizes, _kc(family), _model_for(family))
     assert np.array_equal(_bits(got), _bits(want)), np.argwhere(got != want)[:3]
 
 
@@ -153,7 +230,7 @@ def test_bf16_tgmm_transposed_strided_and_16bit_outputs(rng, family):
     """The same arithmetic through tgmm (pairs along m, each group padded to
     even), a transposed rhs, strided lhs, and a bfloat16 result (the float32
     tile rounded once)."""
-    kc = _kc(family)
+    kc, model = _kc(family), _model_for(family)
     sizes = np.array([7, 0, 12, 1])
     x = rng.standard_normal((20, 9)).astype(BF16)         # [m, k]
     dy = rng.standard_normal((20, 6)).astype(BF16)        # [m, n]
@@ -161,7 +238,7 @@ def test_bf16_tgmm_transposed_strided_and_16bit_outputs(rng, family):
         got = raggeddot.tgmm(x.T, dy, sizes, preferred_element_type=np.float32)
     start = 0
     for g, s in enumerate(sizes):
-        want = _bf16_model(x[start:start + s].T, dy[start:start + s], kc) if s else np.zeros((9, 6), np.float32)
+        want = model(x[start:start + s].T, dy[start:start + s], kc) if s else np.zeros((9, 6), np.float32)
         assert np.array_equal(_bits(got[g]), _bits(want)), g
         start += s
 
@@ -172,18 +249,20 @@ def test_bf16_tgmm_transposed_strided_and_16bit_outputs(rng, family):
     with runtime.configured(kernel=family):
         got = raggeddot.gmm(lhs, w, sizes, preferred_element_type=np.float32, transpose_rhs=True)
         got16 = raggeddot.gmm(lhs, w, sizes, preferred_element_type=BF16, transpose_rhs=True)
-    want = _model_rows(np.ascontiguousarray(lhs), np.ascontiguousarray(w.transpose(0, 2, 1)), sizes, kc)
+    want = _model_rows(np.ascontiguousarray(lhs), np.ascontiguousarray(w.transpose(0, 2, 1)), sizes, kc, model)
     assert np.array_equal(_bits(got), _bits(want))
     assert got16.dtype == BF16 and np.array_equal(_bits(got16), _bits(want.astype(BF16)))
 
 
 def test_bf16_native_equals_twin_on_denormals_and_extremes(rng):
-    """Where the CPU has vdpbf16ps: its results and the twin's are equal bit
-    for bit on data full of denormals, tiny and huge values (the flushing,
-    overflow and NaN cases the model above leaves out)."""
-    if "avx512-bf16" not in BF16_FAMILIES:
-        assert not CPU["avx512_bf16"]
-        pytest.skip("this CPU has no AVX512_BF16: the twin is checked against the model above")
+    """Where the CPU has a bfloat16 dot instruction (vdpbf16ps, BFDOT): its
+    results and its twin's are equal bit for bit on data full of denormals,
+    tiny and huge values (the flushing, overflow and NaN cases the models
+    above leave out)."""
+    pairs = [(f, TWIN_OF[f]) for f in ("avx512-bf16", "neon-bf16") if f in BF16_FAMILIES]
+    if not pairs:
+        assert not (CPU.get("avx512_bf16") or CPU.get("bf16"))
+        pytest.skip("this CPU has no bfloat16 dot instruction: the twins are checked against the models above")
     bits = rng.integers(0, 1 << 16, (6000,), dtype=np.uint16)
     exps = rng.choice([0, 1, 2, 0x7e, 0x7f, 0x80, 0xfe], size=6000)       # denormal .. huge exponents
     bits = (bits & 0x807f) | (exps.astype(np.uint16) << 7)
@@ -191,13 +270,14 @@ def test_bf16_native_equals_twin_on_denormals_and_extremes(rng):
     lhs = vals[:40 * 75].reshape(40, 75)
     rhs = vals[3000:3000 + 2 * 75 * 19].reshape(2, 75, 19)
     sizes = np.array([17, 23])
-    outs = {}
-    for family in ("avx512-bf16", "avx512-bf16-twin"):
-        with runtime.configured(kernel=family):
-            outs[family] = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
-    a, b = outs.values()
-    assert np.array_equal(_bits(a), _bits(b))
-    assert np.isnan(a).any() or np.isinf(a).any() or (a == 0).any()   # the data reached the edge cases
+    for native, twin in pairs:
+        outs = []
+        for family in (native, twin):
+            with runtime.configured(kernel=family):
+                outs.append(raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32))
+        a, b = outs
+        assert np.array_equal(_bits(a), _bits(b)), native
+        assert np.isnan(a).any() or np.isinf(a).any() or (a == 0).any()   # the data reached the edge cases
 
 
 def test_bf16_twin_flushes_denormals_and_leaves_mxcsr_alone():
@@ -209,7 +289,7 @@ def test_bf16_twin_flushes_denormals_and_leaves_mxcsr_alone():
     one = np.ones((1, 1, 1), BF16)
     half = np.array([[2.0 ** -100]], np.float32).astype(BF16)
     small = np.full((1, 1, 1), 2.0 ** -30, np.float32).astype(BF16)   # product 2^-130: denormal
-    with runtime.configured(kernel="avx512"):
+    with runtime.configured(kernel=FLOAT_FAMILY):
         assert raggeddot.ragged_dot(tiny, one, np.array([1]), preferred_element_type=np.float32)[0, 0] != 0
         assert raggeddot.ragged_dot(half, small, np.array([1]), preferred_element_type=np.float32)[0, 0] != 0
     for family in BF16_FAMILIES:
@@ -240,7 +320,7 @@ def _preset():
     return jax.lax.DotAlgorithmPreset.BF16_BF16_F32
 
 
-@pytest.mark.parametrize("family", ["auto", "avx512", "ref"] + BF16_FAMILIES)
+@pytest.mark.parametrize("family", sorted({"auto", FLOAT_FAMILY, "ref"}) + BF16_FAMILIES)
 def test_bf16_preset_rounds_float32_operands(rng, family):
     """precision=BF16_BF16_F32 on float32 operands is the product of the
     operands rounded to bfloat16 (nearest even), bit for bit, on every
@@ -352,12 +432,14 @@ def test_int8_tgmm_with_subchannel_scales_along_m(rng, family):
 
 
 def test_int8_native_equals_twin(rng):
-    """Where the CPU has AVX512-VNNI / AVX-VNNI / AMX: native and twin agree bit
-    for bit (they also each equal the vpmaddwd kernel, above)."""
-    pairs = [(f, f + "-twin") for f in ("avx512-vnni", "avx-vnni", "amx") if f in INT8_FAMILIES]
+    """Where the CPU has an int8 dot instruction (AVX512-VNNI, AVX-VNNI, AMX,
+    I8MM, DotProd): native and twin agree bit for bit (they also each equal
+    the vpmaddwd kernel, above)."""
+    pairs = [(f, TWIN_OF[f]) for f in ("avx512-vnni", "avx-vnni", "amx", "neon-i8mm", "neon-dot")
+             if f in INT8_FAMILIES]
     if not pairs:
-        assert not (CPU["avx512_vnni"] or CPU["avx_vnni"] or CPU["amx"])
-        pytest.skip("this CPU has no VNNI and no AMX: the twins are checked against the exact products above")
+        assert not any(CPU.get(f) for f in ("avx512_vnni", "avx_vnni", "amx", "i8mm", "dotprod"))
+        pytest.skip("this CPU has no int8 dot instruction: the twins are checked against the exact products above")
     m, k, n = 70, 301, 90
     sizes = np.array([30, 40])
     lhs = QArray(_int8(rng, (m, k)), rng.uniform(0.01, 0.1, (m, 1)).astype(np.float32),
@@ -469,7 +551,7 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
     ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
           for s in ((E, d, f), (E, d, f), (E, f, d))]
     ct = rng.standard_normal((T, d)).astype(np.float32)
-    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "avx2"):
+    with runtime.configured(kernel=FLOAT_FAMILY):
         # the vpmaddwd kernels with the int8-dot kernels' blocking: the same sums
         runtime.set_blocking("int8-int32", 144, 2048, 4080)
         want, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")

@@ -58,19 +58,24 @@ const char *const rd_dtype_names[RD_DTYPE_COUNT] = {
 };
 
 extern const rd_family_t rd_family_ref;
+/* the twins (plain C: every architecture) */
+extern const rd_family_t rd_family_avx512_bf16_twin, rd_family_avx512_vnni_twin, rd_family_avx_vnni_twin;
 extern const rd_family_t rd_family_amx_twin;
+extern const rd_family_t rd_family_neon_bf16_twin, rd_family_neon_i8mm_twin, rd_family_neon_dot_twin;
 #ifdef RD_HAVE_X86_KERNELS
 extern const rd_family_t rd_family_avx2;
 extern const rd_family_t rd_family_avx512;
-extern const rd_family_t rd_family_avx512_bf16, rd_family_avx512_bf16_twin;
-extern const rd_family_t rd_family_avx512_vnni, rd_family_avx512_vnni_twin;
-extern const rd_family_t rd_family_avx_vnni, rd_family_avx_vnni_twin;
+extern const rd_family_t rd_family_avx512_bf16, rd_family_avx512_vnni, rd_family_avx_vnni;
 extern const rd_family_t rd_family_amx;
+#endif
+#ifdef RD_HAVE_ARM_KERNELS
+extern const rd_family_t rd_family_neon, rd_family_neon_bf16, rd_family_neon_i8mm, rd_family_neon_dot;
 #endif
 
 /* The dot-product families come first: each serves only its own compute
  * type, and the float families serve the rest.  The twins come last but
- * the portable one; they are chosen only by name. */
+ * the portable one; they are chosen only by name, and every build has all
+ * of them, whatever its architecture. */
 const rd_family_t *const rd_families[] = {
 #ifdef RD_HAVE_X86_KERNELS
     &rd_family_amx,
@@ -79,11 +84,20 @@ const rd_family_t *const rd_families[] = {
     &rd_family_avx_vnni,
     &rd_family_avx512,
     &rd_family_avx2,
+#endif
+#ifdef RD_HAVE_ARM_KERNELS
+    &rd_family_neon_bf16,
+    &rd_family_neon_i8mm,
+    &rd_family_neon_dot,
+    &rd_family_neon,
+#endif
     &rd_family_avx512_bf16_twin,
     &rd_family_avx512_vnni_twin,
     &rd_family_avx_vnni_twin,
-#endif
     &rd_family_amx_twin,
+    &rd_family_neon_bf16_twin,
+    &rd_family_neon_i8mm_twin,
+    &rd_family_neon_dot_twin,
     &rd_family_ref,
     NULL,
 };

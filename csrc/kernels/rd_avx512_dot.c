@@ -1,14 +1,15 @@
 /*
- * AVX-512 dot-product micro-kernels, each written once over its "dot step"
- * and compiled twice: with the instruction (for CPUs that have it, chosen
- * at run time) and with an exact emulation of it from AVX-512F/BW (the
- * twin: runnable on every AVX-512 CPU, chosen only by name), so that the
- * same packing, edges and epilogues are tested everywhere and the twin is
- * held to the instruction bit for bit wherever the CPU has it.
+ * AVX-512 dot-product micro-kernels, each written once over its "dot step",
+ * for CPUs that have the instruction (chosen at run time).  Their twins
+ * (kernels/rd_dot_twins.c: "avx512-bf16-twin", "avx512-vnni-twin") compute
+ * the instruction's arithmetic in plain C with the same register block and
+ * blocking (kernels/rd_dot_blocking.h) on every CPU, so that the same
+ * packing, edges and epilogues are tested everywhere, and the tests hold
+ * each native kernel to its twin bit for bit wherever the CPU has it.
  *
- *   rd_bf16dot_avx512_12x32 (family "avx512-bf16", twin "avx512-bf16-twin"):
+ *   rd_bf16dot_avx512_12x32 (family "avx512-bf16"):
  *       bfloat16 k-pairs into float32 (vdpbf16ps), RD_CT_BF16DP
- *   rd_u8s8dot_avx512_12x32 (family "avx512-vnni", twin "avx512-vnni-twin"):
+ *   rd_u8s8dot_avx512_12x32 (family "avx512-vnni"):
  *       int8 k-quads into int32 (vpdpbusd), RD_CT_U8S8
  *
  * The register block is the float32 kernel's: 12 rows x 32 columns in 24
@@ -16,22 +17,13 @@
  * loads of B, twelve 32-bit broadcasts of A, 24 dot products, each 2 (bf16)
  * or 4 (int8) multiply-adds a lane.
  *
- * The instructions' arithmetic (SPEC: measured against Zen4 hardware):
- * vdpbf16ps adds to each float32 lane the product of the odd (upper)
- * bfloat16 elements of the pair, rounded, then that of the even ones,
- * rounded, with denormal inputs and results as zero, whatever MXCSR says.
- * The twin splits each 32-bit lane into its upper half (and 0xFFFF0000) and
- * its lower half (shift left 16), both exact float32 values, and runs two
- * FMAs in that order with MXCSR set to FTZ | DAZ (0x9FC0) around the loop
- * of each call and restored before the tile is stored (MXCSR is per thread,
- * and each thread sets its own).  gcc moves vector arithmetic across a
- * plain MXCSR write, so the writes are volatile asm with memory clobbers,
- * the loop's loads cannot cross them, and the accumulators are pinned
- * (asm "+v") before the restore.  vpdpbusd adds to each int32 lane, modulo
- * 2^32, the four products of A's unsigned bytes and B's signed bytes; the
- * twin widens the even and odd bytes to 16 bits (zero-extended for A,
- * sign-extended for B), two vpmaddwd (no saturation at these magnitudes)
- * and two adds.
+ * The instructions' arithmetic (SPEC: measured against Zen4 hardware;
+ * kernels/rd_dot_arith.h writes it lane by lane): vdpbf16ps adds to each
+ * float32 lane the product of the odd (upper) bfloat16 elements of the
+ * pair, rounded, then that of the even ones, rounded, with denormal inputs
+ * and results as zero, whatever MXCSR says.  vpdpbusd adds to each int32
+ * lane, modulo 2^32, the four products of A's unsigned bytes and B's signed
+ * bytes.
  */
 #include "rd_kernel.h"
 
@@ -42,10 +34,10 @@
 #include <string.h>
 
 #include "rd_avx512_body.h"
+#include "rd_dot_blocking.h"
 
 #define RD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define RD_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
-#define RD_BW_TARGET __attribute__((target("avx512f,avx512bw")))
 
 /* ------------------------------------------------------------ dot steps */
 
@@ -53,16 +45,6 @@ RD_BF16_TARGET static inline __m512
 rd_dpbf16_native(__m512 acc, __m512i a, __m512i b)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
-
-RD_BW_TARGET static inline __m512
-rd_dpbf16_twin(__m512 acc, __m512i a, __m512i b)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)),
-                          _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
-                           _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
 }
 
 /* vpdpbusd written as an instruction with its accumulator tied: gcc 12
@@ -75,26 +57,6 @@ rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
     return acc;
 }
 
-RD_BW_TARGET static inline __m512i
-rd_dpbusd_twin(__m512i acc, __m512i a, __m512i b)
-{
-    const __m512i low = _mm512_set1_epi16(0x00ff);
-    const __m512i a_even = _mm512_and_si512(a, low), a_odd = _mm512_srli_epi16(a, 8);
-    const __m512i b_even = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 8);
-    const __m512i b_odd = _mm512_srai_epi16(b, 8);
-    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(a_even, b_even));
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(a_odd, b_odd));
-}
-
-/* MXCSR around the twin's bfloat16 loop (nothing for the instruction). */
-#define RD_FTZ_ENTER                                                        \
-    unsigned rd_csr_saved, rd_csr_ftz = 0x9fc0u;                            \
-    __asm__ volatile("stmxcsr %0" : "=m"(rd_csr_saved) : : "memory");       \
-    __asm__ volatile("ldmxcsr %0" : : "m"(rd_csr_ftz) : "memory");
-#define RD_PIN(i) __asm__ volatile("" : "+v"(c##i##0), "+v"(c##i##1));
-#define RD_FTZ_LEAVE(ROWS)                                                  \
-    ROWS(RD_PIN)                                                            \
-    __asm__ volatile("ldmxcsr %0" : : "m"(rd_csr_saved) : "memory");
 #define RD_NOTHING
 #define RD_NOTHING_ROWS(ROWS)
 
@@ -147,12 +109,6 @@ RD_BF_BODY(bf_rows12, RD_BF16_TARGET, 12, ROWS12, RD_NOTHING, RD_NOTHING_ROWS)
 RD_KERNEL(rd_bf16dot_avx512_12x32, bf_rows4, bf_rows8, bf_rows12)
 #undef DOT
 
-#define DOT rd_dpbf16_twin
-RD_BF_BODY(bft_rows4, RD_BW_TARGET, 4, ROWS4, RD_FTZ_ENTER, RD_FTZ_LEAVE)
-RD_BF_BODY(bft_rows8, RD_BW_TARGET, 8, ROWS8, RD_FTZ_ENTER, RD_FTZ_LEAVE)
-RD_BF_BODY(bft_rows12, RD_BW_TARGET, 12, ROWS12, RD_FTZ_ENTER, RD_FTZ_LEAVE)
-RD_KERNEL(rd_bf16dot_twin_12x32, bft_rows4, bft_rows8, bft_rows12)
-#undef DOT
 
 #undef TB
 #undef V
@@ -240,12 +196,6 @@ RD_U_BODY(u_rows12, RD_VNNI_TARGET, 12, ROWS12)
 RD_KERNEL(rd_u8s8dot_avx512_12x32, u_rows4, u_rows8, u_rows12)
 #undef DOT
 
-#define DOT rd_dpbusd_twin
-RD_U_BODY(ut_rows4, RD_BW_TARGET, 4, ROWS4)
-RD_U_BODY(ut_rows8, RD_BW_TARGET, 8, ROWS8)
-RD_U_BODY(ut_rows12, RD_BW_TARGET, 12, ROWS12)
-RD_KERNEL(rd_u8s8dot_twin_12x32, ut_rows4, ut_rows8, ut_rows12)
-#undef DOT
 
 #undef TB
 #undef T
@@ -275,30 +225,13 @@ rd_avx512_vnni_runnable(void)
     return rd_avx512bw_runnable() && rd_cpu()->avx512_vnni;
 }
 
-/* Blocking, measured on Zen4 (4096 x 2048 x 2048, 2 threads): KC = 1024
- * steps for bfloat16 (a 64 KiB B micro-panel; 512 and 2048 ran within 3%),
- * KC = 2048 for int8 (one block, one epilogue and one store of each C tile
- * for k <= 2048: 10-20% faster than 512).  A product of int8-int32 with
- * the same KC has the same block sums and so the same results, bit for
- * bit. */
-#define RD_BF16_DESC(UKR) {UKR, 12, 32, 144, 1024, 4080, NULL}
-#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, 2048, 4080, NULL}
-
 const rd_family_t rd_family_avx512_bf16 = {
     "avx512-bf16", rd_avx512_bf16_runnable,
     {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}},
 };
-const rd_family_t rd_family_avx512_bf16_twin = {
-    "avx512-bf16-twin", rd_avx512bw_runnable,
-    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_twin_12x32)}, 1, {{NULL, 0, 0}},
-};
 const rd_family_t rd_family_avx512_vnni = {
     "avx512-vnni", rd_avx512_vnni_runnable,
     {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32)}, 0, {{NULL, 0, 0}},
-};
-const rd_family_t rd_family_avx512_vnni_twin = {
-    "avx512-vnni-twin", rd_avx512bw_runnable,
-    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32)}, 1, {{NULL, 0, 0}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

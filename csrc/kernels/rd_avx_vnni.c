@@ -1,17 +1,17 @@
 /*
  * AVX-VNNI int8 dot-product micro-kernel (the VEX, 256-bit form of
- * vpdpbusd: Intel Alder Lake and later, AMD Zen5), written once over its
- * dot step and compiled twice: with the instruction (family "avx-vnni") and
- * with its exact emulation from AVX2 (family "avx-vnni-twin", runnable on
- * every AVX2 CPU, chosen only by name).  The arithmetic and the packed
- * layout are RD_CT_U8S8's (rd_kernel.h); the emulation is the AVX-512
- * twin's (kernels/rd_avx512_dot.c) on 256-bit vectors.
+ * vpdpbusd: Intel Alder Lake and later, AMD Zen5), family "avx-vnni".  Its
+ * twin, "avx-vnni-twin" (kernels/rd_dot_twins.c), computes the same exact
+ * int32 sums in plain C with the same register block and blocking, on
+ * every CPU.  The arithmetic and the packed layout are RD_CT_U8S8's
+ * (rd_kernel.h).
  *
  *   rd_u8s8dot_avxvnni_6x16: 6 rows x 16 columns in 12 ymm accumulators;
  *       per quad step two loads of B, six 32-bit broadcasts of A, twelve
  *       dot products of 4 multiply-adds a lane.
  */
 #include "rd_kernel.h"
+#include "rd_dot_blocking.h"
 
 #ifdef RD_HAVE_X86_KERNELS
 
@@ -29,17 +29,6 @@ rd_dpbusd256_native(__m256i acc, __m256i a, __m256i b)
 {
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
-}
-
-RD_AVX2_TARGET static inline __m256i
-rd_dpbusd256_twin(__m256i acc, __m256i a, __m256i b)
-{
-    const __m256i low = _mm256_set1_epi16(0x00ff);
-    const __m256i a_even = _mm256_and_si256(a, low), a_odd = _mm256_srli_epi16(a, 8);
-    const __m256i b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8);
-    const __m256i b_odd = _mm256_srai_epi16(b, 8);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(a_even, b_even));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a_odd, b_odd));
 }
 
 RD_AVX2_TARGET static inline void
@@ -126,9 +115,6 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
 #define DOT rd_dpbusd256_native
 RD_Y_KERNEL(rd_u8s8dot_avxvnni_6x16, RD_AVXVNNI_TARGET)
 #undef DOT
-#define DOT rd_dpbusd256_twin
-RD_Y_KERNEL(rd_u8s8dot_avx2twin_6x16, RD_AVX2_TARGET)
-#undef DOT
 
 static int
 rd_avx2_runnable(void)
@@ -142,14 +128,9 @@ rd_avx_vnni_runnable(void)
     return rd_avx2_runnable() && rd_cpu()->avx_vnni;
 }
 
-/* Blocking: the AVX2 integer kernel's (MC 144, KC 512). */
 const rd_family_t rd_family_avx_vnni = {
     "avx-vnni", rd_avx_vnni_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avxvnni_6x16, 6, 16, 144, 512, 4080, NULL}}, 0, {{NULL, 0, 0}},
-};
-const rd_family_t rd_family_avx_vnni_twin = {
-    "avx-vnni-twin", rd_avx2_runnable,
-    {[RD_CT_U8S8] = {rd_u8s8dot_avx2twin_6x16, 6, 16, 144, 512, 4080, NULL}}, 1, {{NULL, 0, 0}},
+    {[RD_CT_U8S8] = RD_AVXVNNI_DESC(rd_u8s8dot_avxvnni_6x16)}, 0, {{NULL, 0, 0}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -11,6 +11,10 @@
  *   "avx_vnni"   : 12 chains of 256-bit vpdpbusd (64 ops each)
  *   "amx_bf16"   : 4 accumulator tiles of TDPBF16PS (16384 flops each)
  *   "amx_int8"   : 4 accumulator tiles of TDPBUSD (32768 ops each)
+ *   "neon"       : 24 chains of fmla by element (8 flops each)
+ *   "neon_bf16"  : 24 chains of BFDOT by element (16 flops each)
+ *   "neon_dot"   : 24 chains of SDOT by element (32 int8 ops each)
+ *   "neon_i8mm"  : 24 chains of SUDOT by element (32 ops each)
  * (0 where the CPU, or for AMX the OS, does not run the instruction.)
  */
 #include "rd_frame.h"
@@ -202,6 +206,100 @@ rd_bf16dot_vs_fma(void)
     }
     return fma > 0.0 ? dot / fma : 0.0;
 }
+#elif defined(RD_HAVE_ARM_KERNELS)
+#include <arm_neon.h>
+
+#include "kernels/rd_neon_insn.h"
+
+#define CHAINS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define CHAINS24(X) CHAINS12(X) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+
+/* The timed loop of a probe: 24 independent chains (the kernels' 24
+ * accumulators) of STEP, `ops` operations an instruction; the chains are
+ * summed at the end (SUM) so that none can be removed. */
+#define RD_NEON_LOOP(STEP, SUM, ops)                                        \
+    long iters = 0;                                                         \
+    double t0 = rd_now(), t1;                                               \
+    do {                                                                    \
+        for (long i = 0; i < chunk; i++) {                                  \
+            CHAINS24(STEP)                                                  \
+        }                                                                   \
+        iters += chunk;                                                     \
+        t1 = rd_now();                                                      \
+    } while (t1 - t0 < seconds);                                            \
+    CHAINS24(SUM)                                                           \
+    int32_t sink[4];                                                        \
+    memcpy(sink, &s, sizeof sink);                                          \
+    volatile int32_t keep = sink[0];                                        \
+    (void)keep;                                                             \
+    return (double)iters * 24.0 * (ops) / (t1 - t0) / 1e9;
+
+/* fmla by element: 4 lanes x 2 flops */
+#define FDECL(i) float32x4_t z##i = vdupq_n_f32(1.0f + 0.01f * (float)(i));
+#define FSTEP(i) z##i = vfmaq_laneq_f32(z##i, x, y, 1);
+#define FSUM(i) s = vaddq_f32(s, z##i);
+static double
+rd_peak_neon(double seconds, long chunk)
+{
+    const float32x4_t x = vdupq_n_f32(0.9999999f), y = vdupq_n_f32(1e-7f);
+    float32x4_t s = vdupq_n_f32(0.0f);
+    CHAINS24(FDECL)
+    RD_NEON_LOOP(FSTEP, FSUM, 8.0)
+}
+
+/* BFDOT by element: 4 lanes x 2 products x 2 flops */
+#define BSTEP(i) RD_BFDOT(z##i, x, y, 1);
+static double
+rd_peak_neon_bf16(double seconds, long chunk)
+{
+    const uint16x8_t x = vdupq_n_u16(0x3f00), y = vdupq_n_u16(0x3e80);   /* 0.5, 0.25 */
+    float32x4_t s = vdupq_n_f32(0.0f);
+    CHAINS24(FDECL)
+    RD_NEON_LOOP(BSTEP, FSUM, 16.0)
+}
+
+/* SDOT / SUDOT by element: 4 lanes x 4 products x 2 ops (int32 sums wrap) */
+#define IDECL(i) int32x4_t z##i = vdupq_n_s32(i);
+#define ISUM(i) s = vaddq_s32(s, z##i);
+#define SSTEP(i) RD_SDOT(z##i, x, y, 1);
+#define USTEP(i) RD_SUDOT(z##i, x, y, 1);
+static double
+rd_peak_neon_dot(double seconds, long chunk)
+{
+    const int8x16_t x = vdupq_n_s8(3), y = vdupq_n_s8(-5);
+    int32x4_t s = vdupq_n_s32(0);
+    CHAINS24(IDECL)
+    RD_NEON_LOOP(SSTEP, ISUM, 32.0)
+}
+
+static double
+rd_peak_neon_i8mm(double seconds, long chunk)
+{
+    const int8x16_t x = vdupq_n_s8(3);
+    const uint8x16_t y = vdupq_n_u8(5);
+    int32x4_t s = vdupq_n_s32(0);
+    CHAINS24(IDECL)
+    RD_NEON_LOOP(USTEP, ISUM, 32.0)
+}
+
+/* BFDOT's rate over fmla's, in flops (one thread, a fraction of a
+ * millisecond of each, best of three rounds); 0 without FEAT_BF16.  The
+ * runtime's automatic choice of the bfloat16 dot-product kernels follows
+ * it, as on x86. */
+double
+rd_bf16dot_vs_fma(void)
+{
+    if (!rd_cpu()->bf16)
+        return 0.0;
+    double fma = 0.0, dot = 0.0;
+    (void)rd_peak_neon(0.0, 1L << 12);
+    for (int round = 0; round < 3; round++) {
+        const double f = rd_peak_neon(0.0, 1L << 12), d = rd_peak_neon_bf16(0.0, 1L << 12);
+        fma = f > fma ? f : fma;
+        dot = d > dot ? d : dot;
+    }
+    return fma > 0.0 ? dot / fma : 0.0;
+}
 #else
 double
 rd_bf16dot_vs_fma(void)
@@ -217,7 +315,10 @@ rd_peak_gflops(const char *isa, double seconds)
     int bf16 = strcmp(isa, "avx512_bf16") == 0, vnni512 = strcmp(isa, "avx512_vnni") == 0;
     int vnni256 = strcmp(isa, "avx_vnni") == 0;
     int amx_bf16 = strcmp(isa, "amx_bf16") == 0, amx_int8 = strcmp(isa, "amx_int8") == 0;
-    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256 && !amx_bf16 && !amx_int8)
+    int neon = strcmp(isa, "neon") == 0, neon_bf16 = strcmp(isa, "neon_bf16") == 0;
+    int neon_dot = strcmp(isa, "neon_dot") == 0, neon_i8mm = strcmp(isa, "neon_i8mm") == 0;
+    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256 && !amx_bf16 && !amx_int8 && !neon && !neon_bf16
+        && !neon_dot && !neon_i8mm)
         return -1.0;
 #ifdef RD_HAVE_X86_KERNELS
     const rd_cpu_t *c = rd_cpu();
@@ -233,9 +334,20 @@ rd_peak_gflops(const char *isa, double seconds)
         return rd_peak_vnni256(seconds, 1L << 18);
     if ((amx_bf16 || amx_int8) && rd_amx_unavailable() == NULL)
         return amx_bf16 ? rd_peak_amx_bf16(seconds) : rd_peak_amx_int8(seconds);
+#elif defined(RD_HAVE_ARM_KERNELS)
+    const rd_cpu_t *c = rd_cpu();
+    if (neon && c->neon)
+        return rd_peak_neon(seconds, 1L << 18);
+    if (neon_bf16 && c->bf16)
+        return rd_peak_neon_bf16(seconds, 1L << 18);
+    if (neon_dot && c->dotprod)
+        return rd_peak_neon_dot(seconds, 1L << 18);
+    if (neon_i8mm && c->i8mm)
+        return rd_peak_neon_i8mm(seconds, 1L << 18);
 #else
     (void)seconds;
 #endif
+    (void)neon, (void)neon_bf16, (void)neon_dot, (void)neon_i8mm;
     return 0.0;
 }
 

@@ -460,7 +460,8 @@ rd_py_fma_peak(PyObject *self, PyObject *args)
         return NULL;
     if (rd_peak_gflops(isa, 0.0) < 0.0) {
         PyErr_Format(PyExc_ValueError, "fma_peak: isa must be 'avx2', 'avx512', 'avx512_bf16', 'avx512_vnni', "
-                     "'avx_vnni', 'amx_bf16' or 'amx_int8', got '%s'", isa);
+                     "'avx_vnni', 'amx_bf16', 'amx_int8', 'neon', 'neon_bf16', 'neon_dot' or 'neon_i8mm', "
+                     "got '%s'", isa);
         return NULL;
     }
     if (threads < 1 || threads > 4096 || !(seconds > 0.0 && seconds <= 60.0)) {

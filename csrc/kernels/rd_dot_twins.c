@@ -1,0 +1,129 @@
+/*
+ * The twins of the dot-product families: micro-kernels in plain C that
+ * compute what each native kernel's instruction computes (rd_kernel.h's
+ * contracts, kernels/rd_dot_arith.h's arithmetic), with the native
+ * kernel's register block, packed layout and blocking
+ * (kernels/rd_dot_blocking.h).  They are compiled on every architecture and
+ * run on every CPU, chosen only by name, so that the packing, the edges
+ * and the epilogues of every dot family are tested wherever the suite runs
+ * (x86-64 or aarch64), and each native kernel is held to its twin bit for
+ * bit wherever the CPU has its instruction.
+ *
+ *   "avx512-bf16-twin"  RD_CT_BF16DP, 12 x 32, vdpbf16ps's arithmetic
+ *   "neon-bf16-twin"    RD_CT_BF16DP, 12 x 8, BFDOT's (Arm BFDotAdd)
+ *   "avx512-vnni-twin"  RD_CT_U8S8, 12 x 32
+ *   "avx-vnni-twin"     RD_CT_U8S8, 6 x 16
+ *   "neon-i8mm-twin"    RD_CT_U8S8, 12 x 8 (the int8 sums are exact, so
+ *                       one twin serves both NEON int8 families' shape)
+ *   "neon-dot-twin"     the same, the twin of "neon-dot"
+ *
+ * Speed is not their purpose: each lane step is scalar code.
+ */
+#include "rd_kernel.h"
+#include "rd_dot_arith.h"
+#include "rd_dot_blocking.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* bfloat16 k-pairs (RD_CT_BF16DP): A[i][p] = a[(p/2)*2*MR + 2i + p%2],
+ * B[p][j] = b[(p/2)*2*NR + 2j + p%2], the pairs of the contraction in
+ * order into float32 accumulators from zero, each pair by STEP(acc, a_lo,
+ * a_hi, b_lo, b_hi) (bfloat16 bits), then C (+)= acc. */
+#define RD_BF16_TWIN(NAME, MR, NR, STEP)                                     \
+static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
+                 rd_int rs_c, rd_int cs_c, int m, int n, int mode)          \
+{                                                                           \
+    const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;    \
+    const rd_int pairs = (kc + 1) / 2;                                      \
+    float acc[MR][NR];                                                      \
+    memset(acc, 0, sizeof acc);                                             \
+    for (rd_int q = 0; q < pairs; q++) {                                    \
+        const uint16_t *ap = a + q * 2 * (MR), *bp = b + q * 2 * (NR);      \
+        for (int i = 0; i < m; i++)                                         \
+            for (int j = 0; j < n; j++)                                     \
+                acc[i][j] = STEP(acc[i][j], ap[2 * i], ap[2 * i + 1], bp[2 * j], bp[2 * j + 1]); \
+    }                                                                       \
+    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
+}
+
+/* vdpbf16ps: the odd (upper) elements' product first, then the even ones'. */
+static inline float
+rd_vdpbf16_pair(float acc, uint16_t a_lo, uint16_t a_hi, uint16_t b_lo, uint16_t b_hi)
+{
+    acc = rd_vdpbf16_step(acc, rd_bf16_daz(a_hi), rd_bf16_daz(b_hi));
+    return rd_vdpbf16_step(acc, rd_bf16_daz(a_lo), rd_bf16_daz(b_lo));
+}
+
+RD_BF16_TWIN(rd_bf16dot_twin_12x32, 12, 32, rd_vdpbf16_pair)
+RD_BF16_TWIN(rd_bf16dot_neontwin_12x8, 12, 8, rd_bfdotadd)
+
+/* int8 k-quads (RD_CT_U8S8): A + 128 as unsigned bytes at
+ * a[(p/4)*4*MR + 4i + p%4] with the row trailer (int32 ra, float sa, int32
+ * za) after MR*kq bytes, B signed at b[(p/4)*4*NR + 4j + p%4] with its
+ * column trailer (int32 cb, float sb, int32 zb); S = sum of the products
+ * modulo 2^32, t = S - (128 + za) cb - (ra - kc za) zb, and
+ * C (+)= (float)t * (sa * sb). */
+#define RD_U8S8_TWIN(NAME, MR, NR)                                           \
+static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
+                 rd_int rs_c, rd_int cs_c, int m, int n, int mode)          \
+{                                                                           \
+    const uint8_t *a = (const uint8_t *)a_;                                 \
+    const int8_t *b = (const int8_t *)b_;                                   \
+    const rd_int kq = (kc + 3) / 4 * 4;                                     \
+    uint32_t sum[MR][NR];                                                   \
+    float out[MR][NR];                                                      \
+    memset(sum, 0, sizeof sum);                                             \
+    for (rd_int p = 0; p < kq; p += 4) {                                    \
+        const uint8_t *ap = a + p * (MR);                                   \
+        const int8_t *bp = b + p * (NR);                                    \
+        for (int i = 0; i < m; i++)                                         \
+            for (int j = 0; j < n; j++)                                     \
+                for (int t = 0; t < 4; t++)                                 \
+                    sum[i][j] += (uint32_t)((int32_t)ap[4 * i + t] * (int32_t)bp[4 * j + t]); \
+    }                                                                       \
+    const char *ta = (const char *)a_ + (MR) * kq, *tb = (const char *)b_ + (NR) * kq; \
+    int32_t ra[MR], za[MR], cb[NR], zb[NR];                                 \
+    float sa[MR], sb[NR];                                                   \
+    memcpy(ra, ta, sizeof ra);                                              \
+    memcpy(sa, ta + 4 * (MR), sizeof sa);                                   \
+    memcpy(za, ta + 8 * (MR), sizeof za);                                   \
+    memcpy(cb, tb, sizeof cb);                                              \
+    memcpy(sb, tb + 4 * (NR), sizeof sb);                                   \
+    memcpy(zb, tb + 8 * (NR), sizeof zb);                                   \
+    for (int i = 0; i < m; i++) {                                           \
+        const uint32_t u = 128u + (uint32_t)za[i];                          \
+        const uint32_t v = (uint32_t)ra[i] - (uint32_t)kc * (uint32_t)za[i]; \
+        for (int j = 0; j < n; j++) {                                       \
+            const uint32_t t = sum[i][j] - u * (uint32_t)cb[j] - v * (uint32_t)zb[j]; \
+            out[i][j] = (float)(int32_t)t * (sa[i] * sb[j]);                \
+        }                                                                   \
+    }                                                                       \
+    rd_s_store_edge(&out[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
+}
+
+RD_U8S8_TWIN(rd_u8s8dot_twin_12x32, 12, 32)
+RD_U8S8_TWIN(rd_u8s8dot_twin_6x16, 6, 16)
+RD_U8S8_TWIN(rd_u8s8dot_twin_12x8, 12, 8)
+
+static int
+rd_twin_runnable(void)
+{
+    return 1;
+}
+
+#define RD_TWIN_FAMILY(VAR, NAME, CT, DESC)                                  \
+const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}}};
+
+RD_TWIN_FAMILY(rd_family_avx512_bf16_twin, "avx512-bf16-twin", RD_CT_BF16DP,
+               RD_BF16_DESC(rd_bf16dot_twin_12x32))
+RD_TWIN_FAMILY(rd_family_neon_bf16_twin, "neon-bf16-twin", RD_CT_BF16DP,
+               RD_NEON_BF16_DESC(rd_bf16dot_neontwin_12x8))
+RD_TWIN_FAMILY(rd_family_avx512_vnni_twin, "avx512-vnni-twin", RD_CT_U8S8,
+               RD_VNNI_DESC(rd_u8s8dot_twin_12x32))
+RD_TWIN_FAMILY(rd_family_avx_vnni_twin, "avx-vnni-twin", RD_CT_U8S8,
+               RD_AVXVNNI_DESC(rd_u8s8dot_twin_6x16))
+RD_TWIN_FAMILY(rd_family_neon_i8mm_twin, "neon-i8mm-twin", RD_CT_U8S8,
+               RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8))
+RD_TWIN_FAMILY(rd_family_neon_dot_twin, "neon-dot-twin", RD_CT_U8S8,
+               RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8))

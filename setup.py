@@ -123,15 +123,19 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-setup(
-    ext_modules=[
-        Extension(
-            "raggeddot._core",
-            sources=sorted(glob("csrc/**/*.c", recursive=True)),
-            depends=sorted(glob("csrc/**/*.h", recursive=True)),
-            include_dirs=["csrc", numpy.get_include()],
-            libraries=["m"],
-        )
-    ],
-    cmdclass={"build_ext": BuildExt},
-)
+def extension():
+    """The C extension: every file under csrc/ (the portable frame, the
+    kernels of every architecture, each guarded by its own macros)."""
+    return Extension(
+        "raggeddot._core",
+        sources=sorted(glob("csrc/**/*.c", recursive=True)),
+        depends=sorted(glob("csrc/**/*.h", recursive=True)),
+        include_dirs=["csrc", numpy.get_include()],
+        libraries=["m"],
+    )
+
+
+# (.ci/arm64 and .ci/compilers import this file for BASE_FLAGS and
+# extension(); setuptools runs it as __main__)
+if __name__ == "__main__":
+    setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt})

@@ -237,12 +237,14 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  * RD_CT_U8S8 (k_unit 4, scale_size 12): with kq = kc rounded up to a
  *   multiple of 4,
  *   a : uint8 A[i][p] + 128 at a[(p/4)*4*MR + 4*i + p%4] (A int8, padding
- *       steps any value), then at byte MR*kq the row trailer: int32 ra[MR]
+ *       steps the byte 0), then at byte MR*kq the row trailer: int32 ra[MR]
  *       (sum over the block's kc steps of A[i][p]), float sa[MR], int32
  *       za[MR] (scale and integral zero point of each row for the block)
  *   b : int8 B[p][j] at b[(p/4)*4*NR + 4*j + p%4] (padding steps 0), then
  *       int32 cb[NR] (column sums), float sb[NR], int32 zb[NR]
- *   S[i][j] = sum_p (A+128)[i][p] B[p][j] (vpdpbusd, modulo 2^32), then
+ *   S[i][j] = sum_p (A+128)[i][p] B[p][j] (vpdpbusd, modulo 2^32; a kernel
+ *   summing (A+128) (B+128) instead takes 128 (ra[i] + 128 kc) back out,
+ *   the padding bytes adding nothing), then
  *   t = S - (128 + za[i]) cb[j] - (ra[i] - kc za[i]) zb[j]
  *     = sum_p (A[i][p] - za[i]) (B[p][j] - zb[j])   (mod 2^32: exact when
  *   that sum fits int32, as it does for kc <= RD_I32_KC_MAX), and

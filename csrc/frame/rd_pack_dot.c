@@ -128,7 +128,8 @@ rd_pairs32_ok(void)
  * int8 values for the int8 dot products (RD_CT_U8S8): k-quads,
  * X[i][p] at panel[(p/4)*4r + 4i + p%4] as a byte, plus `shift` (128 for
  * A, whose bytes the instruction reads unsigned; 0 for B), depth padded to
- * a multiple of 4 (B's padding 0, so that every padding product is 0);
+ * a multiple of 4 with bytes 0 (as stored, A's too), so that every padding
+ * product is 0 whatever a kernel adds to either side;
  * after the r*kq bytes of each panel, r int32 sums of the row's values over
  * the block, r float scales and r int32 zero points of the row's tile (the
  * block lies within one tile along the depth: the driver cuts its blocks
@@ -182,12 +183,12 @@ rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int
                         d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16
                                 | (uint32_t)(uint8_t)e << 24) ^ flip;
                     }
-                else   /* the last, partial quad: padding steps 0 (A's any: B's are 0) */
+                else   /* the last, partial quad: padding bytes 0 (as stored, in A too) */
                     for (int i = 0; i < r; i++) {
                         const int32_t a = x0[i], b = x1 ? x1[i] : 0, c = x2 ? x2[i] : 0;
                         sums[i] += a + b + c;
                         d[i] = ((uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16)
-                               ^ (flip & 0x00ffffffu);
+                               ^ (flip & ((1u << (8 * (depth - p))) - 1u));
                     }
                 d += r;
             }

@@ -29,13 +29,16 @@
 #include "rd_neon_body.h"
 
 /* The requests of rd_ahead (rd_kernel.h), one line a step, as the x86
- * float32 kernels make them. */
-#define RD_NAHEAD_ENTER const char *ahead = rd_ahead.next, *const ahead_end = rd_ahead.end;
+ * float32 kernels make them: the first `ahead_steps` steps of the loop
+ * request one line each (the loop is split there, so that neither part
+ * tests anything but its counter), the rest none. */
+#define RD_NAHEAD_ENTER                                                     \
+    const char *ahead = rd_ahead.next;                                      \
+    const rd_int ahead_lines = ahead < rd_ahead.end ? (rd_ahead.end - ahead + 63) / 64 : 0; \
+    const rd_int ahead_steps = ahead_lines < kc ? ahead_lines : kc;
 #define RD_NAHEAD_STEP                                                      \
-    if (ahead < ahead_end) {                                                \
-        __builtin_prefetch(ahead, 0, 2);                                    \
-        ahead += 64;                                                        \
-    }
+    __builtin_prefetch(ahead, 0, 2);                                        \
+    ahead += 64;
 #define RD_NAHEAD_LEAVE rd_ahead.next = ahead;
 
 #define NDECL(i, A, L) float32x4_t c##i##0 = vdupq_n_f32(0.0f), c##i##1 = vdupq_n_f32(0.0f);
@@ -47,7 +50,16 @@
 /* ---------------------------------------------------------------- float32 */
 
 /* LOAD_B(b, b0, b1): the two B vectors of a step; B_STEP: B's elements a
- * step.  AHEAD_*: the requests of rd_ahead, or nothing. */
+ * step.  AHEAD_*: the requests of rd_ahead (ahead_steps of the steps make
+ * one), or nothing (no step does). */
+#define RD_NF_STEP(ROWS, LOADS)                                             \
+    {                                                                       \
+        LOAD_B(b, b0, b1)                                                   \
+        LOADS(NLOAD_F32)                                                    \
+        ROWS(NFMA)                                                          \
+        a += 12;                                                            \
+        b += B_STEP;                                                        \
+    }
 #define RD_NF_BODY(NAME, R, ROWS, LOADS)                                    \
 static void                                                                 \
 NAME(rd_int kc, const float *a, const TB *b, float *c, rd_int rs_c,         \
@@ -55,14 +67,13 @@ NAME(rd_int kc, const float *a, const TB *b, float *c, rd_int rs_c,         \
 {                                                                           \
     ROWS(NDECL)                                                             \
     AHEAD_ENTER                                                             \
-    for (rd_int p = 0; p < kc; p++) {                                       \
-        LOAD_B(b, b0, b1)                                                   \
-        LOADS(NLOAD_F32)                                                    \
-        ROWS(NFMA)                                                          \
+    rd_int p = 0;                                                           \
+    for (; p < ahead_steps; p++) {                                          \
+        RD_NF_STEP(ROWS, LOADS)                                             \
         AHEAD_STEP                                                          \
-        a += 12;                                                            \
-        b += B_STEP;                                                        \
     }                                                                       \
+    for (; p < kc; p++)                                                     \
+        RD_NF_STEP(ROWS, LOADS)                                             \
     AHEAD_LEAVE                                                             \
     RD_NEON_LEAVE(R, ROWS)                                                  \
 }
@@ -83,7 +94,7 @@ RD_NF_KERNEL(rd_sgemm_neon_12x8, s)
 #undef AHEAD_ENTER
 #undef AHEAD_STEP
 #undef AHEAD_LEAVE
-#define AHEAD_ENTER
+#define AHEAD_ENTER const rd_int ahead_steps = 0;
 #define AHEAD_STEP
 #define AHEAD_LEAVE
 #undef TB
@@ -112,6 +123,18 @@ RD_NF_KERNEL(rd_sgemm_neon_f16w_12x8, sh)
 /* float32 on quantized panels (rd_kernel.h, RD_CT_F32_I8W / F8W): one-byte
  * B rows (8 bytes a step) widened exactly, then (w - z) * s with the scales
  * and zero points of the run the step is in, then the FMAs. */
+#define RD_NQ_STEP(ROWS, LOADS, DEQ)                                        \
+    {                                                                       \
+        WIDEN(b, w0, w1)                                                    \
+        const float32x4_t b0 = DEQ(w0, z0, s0), b1 = DEQ(w1, z1, s1);       \
+        LOADS(NLOAD_F32)                                                    \
+        ROWS(NFMA)                                                          \
+        a += 12;                                                            \
+        b += 8;                                                             \
+    }
+/* (w - z) * s; without zero points w * s, the same value (w - 0 = w) */
+#define RD_DEQ_ZP(w, z, s) vmulq_f32(vsubq_f32((w), (z)), (s))
+#define RD_DEQ(w, z, s) vmulq_f32((w), (s))
 #define RD_NQ_BODY(NAME, R, ROWS, LOADS)                                    \
 static void                                                                 \
 NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
@@ -125,20 +148,14 @@ NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
     for (rd_int r = 0; p < kc; r++, len = h.tile) {                         \
         const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, 8, h.zp)); \
         const float32x4_t s0 = vld1q_f32(sv), s1 = vld1q_f32(sv + 4);       \
-        float32x4_t z0 = vdupq_n_f32(0.0f), z1 = vdupq_n_f32(0.0f);         \
-        if (h.zp) {                                                         \
-            z0 = vld1q_f32(sv + 8);                                         \
-            z1 = vld1q_f32(sv + 12);                                        \
-        }                                                                   \
         const rd_int end = kc - p < len ? kc : p + len;                     \
-        for (; p < end; p++) {                                              \
-            WIDEN(b, w0, w1)                                                \
-            const float32x4_t b0 = vmulq_f32(vsubq_f32(w0, z0), s0);        \
-            const float32x4_t b1 = vmulq_f32(vsubq_f32(w1, z1), s1);        \
-            LOADS(NLOAD_F32)                                                \
-            ROWS(NFMA)                                                      \
-            a += 12;                                                        \
-            b += 8;                                                         \
+        if (h.zp) {                                                         \
+            const float32x4_t z0 = vld1q_f32(sv + 8), z1 = vld1q_f32(sv + 12); \
+            for (; p < end; p++)                                            \
+                RD_NQ_STEP(ROWS, LOADS, RD_DEQ_ZP)                          \
+        } else {                                                            \
+            for (; p < end; p++)                                            \
+                RD_NQ_STEP(ROWS, LOADS, RD_DEQ)                             \
         }                                                                   \
     }                                                                       \
     RD_NEON_LEAVE(R, ROWS)                                                  \

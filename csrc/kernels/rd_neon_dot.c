@@ -12,8 +12,11 @@
  *       into int32 by SUDOT (by element), RD_CT_U8S8: B's signed bytes
  *       times A's unsigned ones (+128), exactly vpdpbusd's sums
  *   rd_u8s8dot_neon_dot_12x8 (family "neon-dot", FEAT_DotProd: Graviton 2,
- *       Neoverse N1, Apple M1): the same by SDOT, A's bytes turned back to
- *       signed (xor 0x80) and the shift left out of the epilogue
+ *       Neoverse N1, Apple M1): the same by UDOT, unsigned times unsigned:
+ *       B's bytes shifted by 128 too (xor 0x80: two instructions a step
+ *       on B's two vectors, where turning A's three back to signed for
+ *       SDOT would take three), and the epilogue takes 128 times A's sums
+ *       (A + 128 over the block: ra + 128 kc) back out
  *
  * Each has a twin in plain C with the same block and blocking
  * (kernels/rd_dot_twins.c), runnable everywhere; the tests hold native and
@@ -72,16 +75,23 @@ RD_NEON_KERNEL(rd_bf16dot_neon_12x8, uint16_t, uint16_t, bf_rows4, bf_rows8, bf_
 #define IDOT(i, A, L)                                                       \
     DOT(c##i##0, b0, A, L);                                                 \
     DOT(c##i##1, b1, A, L);
-#define ILOAD(reg, k) const uint8x16_t reg = ADJUST(vld1q_u8(a + 16 * (k)));
+#define ILOAD(reg, k) const uint8x16_t reg = vld1q_u8(a + 16 * (k));
 /* Row i's int32 sums to float32 (rd_kernel.h, RD_CT_U8S8): t = S - u cb -
- * v zb with u = SHIFT + za (SHIFT 128 when the sums are of A + 128, 0 when
- * the kernel took the shift back out of A) and v = ra - kc za, wrapping,
- * then (float)t * (sa * sb). */
+ * v zb with u = 128 + za and v = ra - kc za, wrapping, then
+ * (float)t * (sa * sb).  A kernel whose sums are of (A + 128) (B + 128)
+ * (BSHIFT 128) first takes 128 (ra + 128 kc) back out: those sums are
+ * S + 128 times A + 128 summed over the block's steps (A's padding bytes
+ * are 0, so the padding steps add nothing). */
 #define IFINISH(i, A, L)                                                    \
     float32x4_t f##i##0, f##i##1;                                           \
     {                                                                       \
-        const int32x4_t u = vdupq_n_s32((int32_t)((SHIFT) + (uint32_t)za[i])); \
+        const int32x4_t u = vdupq_n_s32((int32_t)(128u + (uint32_t)za[i])); \
         const int32x4_t v = vdupq_n_s32((int32_t)((uint32_t)ra[i] - (uint32_t)kc * (uint32_t)za[i])); \
+        if (BSHIFT) {                                                       \
+            const int32x4_t w = vdupq_n_s32((int32_t)(BSHIFT * ((uint32_t)ra[i] + 128u * (uint32_t)kc))); \
+            c##i##0 = vsubq_s32(c##i##0, w);                                \
+            c##i##1 = vsubq_s32(c##i##1, w);                                \
+        }                                                                   \
         c##i##0 = vsubq_s32(c##i##0, vmulq_s32(u, cb0));                    \
         c##i##1 = vsubq_s32(c##i##1, vmulq_s32(u, cb1));                    \
         if (zero_b) {                                                       \
@@ -111,7 +121,7 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
     const int32_t *za = (const int32_t *)(const void *)(ta + 96);           \
     ROWS(IDECL)                                                             \
     for (rd_int q = 0; q < kq; q += 4) {                                    \
-        const int8x16_t b0 = vld1q_s8(b), b1 = vld1q_s8(b + 16);            \
+        const int8x16_t b0 = ADJUST_B(vld1q_s8(b)), b1 = ADJUST_B(vld1q_s8(b + 16)); \
         LOADS(ILOAD)                                                        \
         ROWS(IDOT)                                                          \
         a += 48;                                                            \
@@ -137,27 +147,27 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
 /* SUDOT: B signed (the vector) times A unsigned (the element), the sums of
  * A + 128 */
 #define DOT RD_SUDOT
-#define ADJUST(x) (x)
-#define SHIFT 128u
+#define ADJUST_B(x) (x)
+#define BSHIFT 0u
 RD_NI_BODY(su_rows4, 4, NROWS4, NLOAD_A4)
 RD_NI_BODY(su_rows8, 8, NROWS8, NLOAD_A8)
 RD_NI_BODY(su_rows12, 12, NROWS12, NLOAD_A12)
 RD_NEON_KERNEL(rd_u8s8dot_neon_i8mm_12x8, uint8_t, int8_t, su_rows4, su_rows8, su_rows12)
 #undef DOT
-#undef ADJUST
-#undef SHIFT
+#undef ADJUST_B
+#undef BSHIFT
 
-/* SDOT: signed times signed, A's bytes back to A (xor 0x80) */
-#define DOT RD_SDOT
-#define ADJUST(x) veorq_u8((x), vdupq_n_u8(0x80))
-#define SHIFT 0u
+/* UDOT: unsigned times unsigned, B + 128 (xor 0x80) */
+#define DOT RD_UDOT
+#define ADJUST_B(x) vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_s8(x), vdupq_n_u8(0x80)))
+#define BSHIFT 128u
 RD_NI_BODY(ss_rows4, 4, NROWS4, NLOAD_A4)
 RD_NI_BODY(ss_rows8, 8, NROWS8, NLOAD_A8)
 RD_NI_BODY(ss_rows12, 12, NROWS12, NLOAD_A12)
 RD_NEON_KERNEL(rd_u8s8dot_neon_dot_12x8, uint8_t, int8_t, ss_rows4, ss_rows8, ss_rows12)
 #undef DOT
-#undef ADJUST
-#undef SHIFT
+#undef ADJUST_B
+#undef BSHIFT
 
 /* ------------------------------------------------------------- families */
 

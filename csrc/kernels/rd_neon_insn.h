@@ -1,6 +1,6 @@
 /*
  * The NEON dot-product instructions by encoding (BFDOT, SDOT, SUDOT by
- * element), for the kernels (kernels/rd_neon_dot.c) and the peak probes
+ * element; UDOT), for the kernels (kernels/rd_neon_dot.c) and the peak probes
  * (probe/rd_peak.c): every assembler takes .inst, whatever extensions it
  * knows (clang 14's rejects these mnemonics under any .arch directive);
  * the registers the compiler chose are decoded by an assembler macro.
@@ -19,7 +19,7 @@ __asm__(".macro rd_vnum sym, reg\n"
         ".endm\n");
 
 /* acc (4 lanes of 32 bits) op= vn . element idx of vm (4 bytes or 2
- * halves by lane): BFDOT, SDOT, SUDOT (vector, by element), whose
+ * halves by lane): BFDOT, SDOT, SUDOT, UDOT (vector, by element), whose
  * encodings differ only in BASE: Q=1 | BASE | H<<11 | L<<21 | M<<20 |
  * Rm<<16 | Rn<<5 | Rd, with the index H:L and the register Vm = M:Rm. */
 #define RD_DOT_BY_ELEMENT(BASE, acc, vn, vm, idx)                           \
@@ -31,6 +31,7 @@ __asm__(".macro rd_vnum sym, reg\n"
             : "+w"(acc) : "w"(vn), "w"(vm))
 #define RD_BFDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f40f000, acc, vn, vm, idx)
 #define RD_SDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f80e000, acc, vn, vm, idx)
+#define RD_UDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x6f80e000, acc, vn, vm, idx)
 #define RD_SUDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f00f000, acc, vn, vm, idx)
 
 #endif /* RD_NEON_INSN_H */

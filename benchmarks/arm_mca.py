@@ -1,0 +1,157 @@
+"""Predicted speed of the ARM micro-kernels on cores we cannot run here.
+
+Compiles csrc/kernels/rd_neon.c and rd_neon_dot.c for aarch64 (gcc and/or
+clang cross compilers), cuts each micro-kernel's inner loop out of the
+object code (the loop of its 12-row body: the one with the most arithmetic
+instructions), and asks llvm-mca for the cycles an iteration takes on the
+scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1
+(Graviton 2, Ampere Altra) and Apple M4. Each loop's bound is its count of
+the instruction that does the work (fmla, bfdot, udot, sudot) over the
+number of pipes the model issues it to per cycle (measured on the model
+with a loop of independent copies of that instruction); the figure is the
+bound over the predicted cycles.
+
+    python benchmarks/arm_mca.py [--cc aarch64-linux-gnu-gcc] [--cc "clang-19 --target=aarch64-linux-gnu"]
+
+Needs llvm-mca and llvm-objdump (Debian's llvm-19) and an aarch64 compiler
+(gcc-aarch64-linux-gnu, or clang with --target). A model, not a
+measurement: it says whether the loop can issue its multiply-adds as fast
+as the core's pipes take them, not what memory does.
+"""
+import argparse
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPUS = ["neoverse-v2", "neoverse-n1", "apple-m4"]
+# kernel symbol: (its 12-row body's symbol, which a compiler may keep out
+# of line, and the instruction whose rate bounds it)
+KERNELS = {
+    "rd_sgemm_neon_12x8": ("s_rows12", "fmla"),
+    "rd_sgemm_neon_bf16w_12x8": ("sb_rows12", "fmla"),
+    "rd_sgemm_neon_f16w_12x8": ("sh_rows12", "fmla"),
+    "rd_sgemm_neon_i8w_12x8": ("si8_rows12", "fmla"),
+    "rd_sgemm_neon_f8w_12x8": ("sf8_rows12", "fmla"),
+    "rd_sgemm_neon_f4w_12x8": ("sf4_rows12", "fmla"),
+    "rd_dgemm_neon_6x8": (None, "fmla.2d"),
+    "rd_bf16dot_neon_12x8": ("bf_rows12", "bfdot"),
+    "rd_u8s8dot_neon_i8mm_12x8": ("su_rows12", "sudot"),
+    "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
+}
+MATTR = "+bf16,+i8mm,+dotprod"
+PROBE = {  # one independent instance of each instruction, for the pipes
+    "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",
+    "bfdot": "bfdot v{d}.4s, v0.8h, v1.2h[0]",
+    "sdot": "sdot v{d}.4s, v0.16b, v1.4b[0]",
+    "sudot": "sudot v{d}.4s, v0.16b, v1.4b[0]",
+    "udot": "udot v{d}.4s, v0.16b, v1.4b[0]",
+    "fmla.2d": "fmla v{d}.2d, v0.2d, v1.d[0]",
+}
+
+
+def tool(name):
+    for cand in (name + "-19", name):
+        if shutil.which(cand):
+            return cand
+    sys.exit(f"arm_mca: {name} (Debian's llvm-19) is needed")
+
+
+def mca(asm, cpu, mca_bin):
+    """(cycles an iteration) predicted by llvm-mca for the loop `asm`."""
+    out = subprocess.run([mca_bin, "-mtriple=aarch64", f"-mcpu={cpu}", f"-mattr={MATTR}", "-iterations=300"],
+                         input=asm, capture_output=True, text=True, check=True).stdout
+    cycles = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
+    return cycles / 300.0
+
+
+def pipes(insn, cpu, mca_bin):
+    """Instances of `insn` the model issues a cycle (24 independent ones)."""
+    asm = "\n".join(PROBE[insn].format(d=8 + i) for i in range(24)) + "\n"
+    return 24.0 / mca(asm, cpu, mca_bin)
+
+
+def loops(obj, symbol, objdump):
+    """The innermost loops of `symbol` in `obj`: lists of instruction lines
+    between a backward branch's target and the branch, with no branch
+    between them."""
+    text = subprocess.run([objdump, "-d", f"--mattr={MATTR}", "--no-show-raw-insn", f"--disassemble-symbols={symbol}",
+                           obj], capture_output=True, text=True, check=True).stdout
+    insns = []
+    for line in text.splitlines():
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S.*)$", line)
+        if m:
+            insns.append((int(m.group(1), 16), m.group(2).split("//")[0].strip()))
+    found = []
+    for i, (addr, ins) in enumerate(insns):
+        m = re.match(r"(b\.\w+|cbnz|cbz|tbnz|tbz|b)\s+.*?0x([0-9a-f]+)|(b\.\w+|cbnz|cbz|b)\s+([0-9a-f]+)\s", ins + " ")
+        if not m:
+            continue
+        target = int(m.group(2) or m.group(4), 16)
+        if target < addr:
+            body = [x for a, x in insns if target <= a <= addr]
+            # innermost, straight-line loops only: no other branch inside
+            if not any(re.match(r"(b\.\w+|b|cbnz|cbz|tbnz|tbz|bl|ret)\s", x + " ") for x in body[:-1]):
+                found.append(body)
+    return found
+
+
+def asm_of(body):
+    """The loop as llvm-mca reads it: branch targets made symbolic."""
+    lines = []
+    for ins in body[:-1]:
+        lines.append(re.sub(r"<[^>]*>", "", ins))
+    lines.append("b.ne .")   # the closing branch (its target does not matter to the model)
+    return "\n".join(lines) + "\n"
+
+
+def build(cc, out):
+    """Compile the two NEON kernel files with `cc` into `out`; object paths."""
+    objs = []
+    for name in ("rd_neon.c", "rd_neon_dot.c"):
+        obj = os.path.join(out, name + ".o")
+        subprocess.run(shlex.split(cc) + ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-c",
+                                         os.path.join(REPO, "csrc", "kernels", name), "-I",
+                                         os.path.join(REPO, "csrc"), "-o", obj], check=True)
+        objs.append(obj)
+    return objs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cc", action="append", help="aarch64 compiler command (repeatable)")
+    args = ap.parse_args()
+    ccs = args.cc or [c for c in ("aarch64-linux-gnu-gcc", "clang-19 --target=aarch64-linux-gnu")
+                      if shutil.which(shlex.split(c)[0])]
+    mca_bin, objdump = tool("llvm-mca"), tool("llvm-objdump")
+    rates = {(insn, cpu): pipes(insn, cpu, mca_bin) for insn in PROBE for cpu in CPUS}
+    print("pipes a cycle the models give each instruction: " +
+          ", ".join(f"{insn} {'/'.join(f'{rates[insn, c]:.0f}' for c in CPUS)}" for insn in PROBE)
+          + f" ({', '.join(CPUS)})")
+    print(f"{'compiler':<14} {'kernel':<27} {'insn/iter':>9} " + " ".join(f"{c + ' cyc (% bound)':>26}" for c in CPUS))
+    with tempfile.TemporaryDirectory() as tmp:
+        for cc in ccs:
+            objs = build(cc, tmp)
+            for symbol, (rows12, insn) in KERNELS.items():
+                bodies = [b for o in objs for sym in (symbol, rows12) if sym for b in loops(o, sym, objdump)]
+                op = insn.split(".")[0]
+                if not bodies:
+                    print(f"{shlex.split(cc)[0]:<14} {symbol:<27} (no loop found)")
+                    continue
+                body = max(bodies, key=lambda b: sum(x.split()[0] == op for x in b if x.split()))
+                count = sum(x.split()[0] == op for x in body if x.split())
+                cells = []
+                for cpu in CPUS:
+                    cyc = mca(asm_of(body), cpu, mca_bin)
+                    bound = count / rates[insn, cpu]
+                    cells.append(f"{cyc:8.2f} ({100 * bound / cyc:5.1f}%)")
+                print(f"{shlex.split(cc)[0]:<14} {symbol:<27} {count:>9} " + " ".join(f"{c:>26}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()

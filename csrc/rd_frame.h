@@ -125,6 +125,11 @@ const rd_family_t *rd_family_named(const char *name);
  * calls: every thread releases its tiles when its share of a call ends). */
 const char *rd_amx_unavailable(void);
 void rd_amx_twin_state(int *held, long *strays);
+/* For tests only (never called by the library): probe again as if the OS
+ * refused the permission request with `err` (0: ask the OS again), so that
+ * the refused paths run on a machine that grants it.  Not thread-safe:
+ * call it while no product runs. */
+void rd_amx_simulate_refusal(int err);
 
 /* --------------------------------------------------------------- runtime
  * (frame/rd_runtime.c)  Process-wide settings the plans are made from. */

@@ -226,36 +226,75 @@ def test_results_do_not_depend_on_threads_and_every_thread_releases_its_tiles(rn
 
 
 def test_tiles_in_python_threads_and_a_forked_child(rng):
-    """Calls from several Python threads at once, each on its own OpenMP
-    team, and a child forked afterwards (single-threaded there) give the
-    same bits as one call alone."""
+    """Calls from several Python threads at once (threads the library did
+    not start, each running its own OpenMP team), bfloat16 and int8, and a
+    child forked afterwards (single-threaded there) give the same bits as
+    one call alone; no thread, in the parent or the child, holds a tile
+    configuration after its calls."""
     lhs = rng.standard_normal((200, 100)).astype(BF16)
     rhs = rng.standard_normal((2, 100, 64)).astype(BF16)
+    ql = QArray(rng.integers(-128, 128, (200, 100)).astype(np.int8), np.full((200, 1), 0.01, np.float32))
+    qr = QArray(rng.integers(-128, 128, (2, 100, 64)).astype(np.int8), np.full((2, 1, 64), 0.02, np.float32))
     sizes = np.array([90, 110])
+
+    def products():
+        return [raggeddot.ragged_dot(a, b, sizes, preferred_element_type=np.float32) for a, b in ((lhs, rhs), (ql, qr))]
+
     for family in TILE_FAMILIES:
         with runtime.configured(kernel=family):
-            want = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+            want = products()
             results = [None] * 4
 
             def work(i):
-                results[i] = [raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
-                              for _ in range(3)]
+                results[i] = [products() for _ in range(3)]
 
             threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            assert all(np.array_equal(_bits(r), _bits(want)) for rs in results for r in rs)
+            assert all(np.array_equal(_bits(g), _bits(w)) for rs in results for r in rs for g, w in zip(r, want))
+            assert raggeddot._core.amx_twin_state() == (0, 0)
             pid = os.fork()
-            if pid == 0:   # the child: exit status 0 when its result is the same
+            if pid == 0:   # the child: exit status 0 when its results are the same and no tiles are held
                 try:
-                    got = raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
-                    os._exit(0 if np.array_equal(_bits(got), _bits(want)) else 1)
+                    same = all(np.array_equal(_bits(g), _bits(w)) for g, w in zip(products(), want))
+                    os._exit(0 if same and raggeddot._core.amx_twin_state() == (0, 0) else 1)
                 finally:
                     os._exit(2)
             _, status = os.waitpid(pid, 0)
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (family, status)
+    assert raggeddot._core.amx_twin_state() == (0, 0)
+
+
+@pytest.mark.skipif(not INFO["openmp"] or (os.cpu_count() or 1) < 2, reason="needs OpenMP and two processors")
+def test_each_thread_of_a_team_holds_its_own_tile_configuration(rng):
+    """The tile configuration is per thread: while a call runs on a team,
+    several threads hold one at once (the twin counts them, watched from
+    another thread while the call runs without the GIL), each loaded by
+    the thread itself (no tile operation ran without one), and every one
+    is released when the call returns."""
+    lhs = rng.standard_normal((1024, 512)).astype(BF16)
+    rhs = rng.standard_normal((2, 512, 512)).astype(BF16)
+    sizes = np.array([500, 524])
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(raggeddot._core.amx_twin_state()[0])
+
+    with runtime.configured(kernel="amx-twin", num_threads=2):
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for _ in range(5):
+                raggeddot.ragged_dot(lhs, rhs, sizes, preferred_element_type=np.float32)
+                if max(seen, default=0) >= 2:
+                    break
+        finally:
+            done.set()
+            watcher.join()
+    assert max(seen) == 2, sorted(set(seen))
     assert raggeddot._core.amx_twin_state() == (0, 0)
 
 
@@ -379,6 +418,40 @@ def test_amx_peak_probe_and_build_info():
         assert (info["blocking"]["bfloat16-tile"]["MR"], info["blocking"]["bfloat16-tile"]["NR"]) == (32, 32)
         assert info["products"]["int8"] == {"compute": "int8-tile", "kernel": "amx-twin"}
         assert "bfloat16-dot" not in info["blocking"]     # a named family serves only its own dot types
+
+
+@pytest.mark.parametrize("family", TILE_FAMILIES)
+def test_moe_layer_fused_passes_on_teams_give_one_result_and_release_every_threads_tiles(rng, family):
+    """The fused passes of an MoE layer on bfloat16, large enough for teams
+    of threads: moe_block forward only (gate and up reading the tokens
+    through the dispatch's index), forward and backward (gate and up
+    keeping the projections, the activation's gradient), and the down
+    product with the ordered combine (its entry point: the layer fuses it
+    from 512 output columns a thread): the same bits for every thread
+    count, and (the twin's bookkeeping) no tile configuration held after,
+    none used without one."""
+    from raggeddot import _gateway
+    T, d, f, E = 256, 256, 128, 4
+    x = rng.standard_normal((T, d)).astype(BF16)
+    router = (rng.standard_normal((d, E)) * 0.3).astype(BF16)
+    ws = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(BF16) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    ct = rng.standard_normal((T, d)).astype(BF16)
+    a = rng.standard_normal((2 * T, f)).astype(BF16)                 # two slots a token, by expert
+    bounds = np.array([0, 100, 300, 300, 2 * T])
+    tokens = rng.permutation(np.repeat(np.arange(T), 2))
+    weights = rng.uniform(0, 1, 2 * T).astype(np.float32)
+    runs = []
+    for t in THREAD_COUNTS:
+        with runtime.configured(kernel=family, num_threads=t):
+            fwd = raggeddot.moe_block(x, router, *ws, top_k=2)
+            out, fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+            grads = fn(ct)
+            combined = _gateway.combine_rows(a, ws[2], bounds, np.zeros((T, d), np.float32), tokens, weights,
+                                             None, BF16)
+        runs.append([fwd, out, combined] + [np.asarray(g) for g in grads.values() if g is not None])
+        assert raggeddot._core.amx_twin_state() == (0, 0), t
+    for run in runs[1:]:
+        assert all(np.array_equal(_bits(a), _bits(b)) for a, b in zip(run, runs[0]))
 
 
 @pytest.mark.parametrize("family", TILE_FAMILIES)

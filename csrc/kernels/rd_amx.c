@@ -62,6 +62,22 @@ static pthread_once_t rd_amx_once = PTHREAD_ONCE_INIT;
 static int rd_amx_ok = 0;
 static char rd_amx_why[160] = "";
 
+/* The permission request: the system call, or (rd_amx_simulate_refusal,
+ * for tests) a refusal with a chosen errno. */
+static int rd_amx_refusal = 0;
+
+#ifdef SYS_arch_prctl
+static long
+rd_amx_request(void)
+{
+    if (rd_amx_refusal != 0) {
+        errno = rd_amx_refusal;
+        return -1;
+    }
+    return syscall(SYS_arch_prctl, RD_ARCH_REQ_XCOMP_PERM, RD_XFEATURE_XTILEDATA);
+}
+#endif
+
 static void
 rd_amx_probe(void)
 {
@@ -89,7 +105,7 @@ rd_amx_probe(void)
         return;
     }
 #ifdef SYS_arch_prctl
-    if (syscall(SYS_arch_prctl, RD_ARCH_REQ_XCOMP_PERM, RD_XFEATURE_XTILEDATA) != 0) {
+    if (rd_amx_request() != 0) {
         const int e = errno;
         /* ENOSPC: some thread's alternate signal stack (sigaltstack) is too
          * small for a signal frame that holds the tile state */
@@ -110,6 +126,16 @@ rd_amx_unavailable(void)
 {
     pthread_once(&rd_amx_once, rd_amx_probe);
     return rd_amx_ok ? NULL : rd_amx_why;
+}
+
+void
+rd_amx_simulate_refusal(int err)
+{
+    pthread_once(&rd_amx_once, rd_amx_probe);
+    rd_amx_refusal = err;
+    rd_amx_ok = 0;
+    rd_amx_why[0] = '\0';
+    rd_amx_probe();
 }
 
 static int
@@ -186,6 +212,12 @@ const char *
 rd_amx_unavailable(void)
 {
     return "not an x86-64 build";
+}
+
+void
+rd_amx_simulate_refusal(int err)
+{
+    (void)err;
 }
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -36,7 +36,10 @@ def openblas(name: str, restype=ctypes.c_int):
 
 
 def numpy_blas_info() -> dict:
-    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    try:   # (NumPy >= 1.26; Debian's 1.24 prints its configuration and returns None)
+        blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    except TypeError:
+        blas = {}
     core = openblas("get_corename", ctypes.c_char_p)
     return {"name": blas.get("name"), "version": blas.get("version"), "corename": core and core.decode(),
             "num_threads": openblas("get_num_threads"), "coretype_env": os.environ.get("OPENBLAS_CORETYPE")}
@@ -50,11 +53,11 @@ def cpu_info() -> dict:
     except OSError:
         lines = [("model name", platform.processor())]
     for key, value in lines:
-        if key in ("model name", "cpu family") and key not in info:
+        if key in ("model name", "cpu family", "CPU implementer", "CPU part") and key not in info:
             info[key] = value
-        elif key == "flags" and not info["flags"]:
-            info["flags"] = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni")
-                             if x in value.split()]
+        elif key in ("flags", "Features") and not info["flags"]:   # (x86-64, aarch64)
+            info["flags"] = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+                                         "asimd", "asimddp", "bf16", "i8mm", "sve", "sve2") if x in value.split()]
     return info
 
 

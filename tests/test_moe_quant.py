@@ -24,7 +24,7 @@ def quantized(w, axis_d, block):
     return rd.quantize(w, "int8", channelwise_axes=(0, out_axis), tiled_axes=tiled)
 
 
-def setup(rng, layout, fused, block, dtype=np.float32):
+def make_layer(rng, layout, fused, block, dtype=np.float32):
     x = rng.standard_normal((T, D)).astype(dtype)
     rw = rng.standard_normal((D, E)).astype(dtype)
     f0 = 2 * F if fused else F
@@ -52,7 +52,7 @@ CASES = [("edf", False, None, "concat"), ("edf", False, 16, "concat"), ("efd", F
 
 @pytest.mark.parametrize("layout, fused, block, gate_up", CASES)
 def test_forward_against_oracle(rng, layout, fused, block, gate_up):
-    x, rw, qs = setup(rng, layout, fused, block)
+    x, rw, qs = make_layer(rng, layout, fused, block)
     kw = dict(top_k=K, weights_layout=layout, gate_up=gate_up)
     values = snapshot([x, rw] + [q.qvalue for q in qs if q is not None])
     out = rd.moe_block(x, rw, *qs, **kw)
@@ -63,14 +63,14 @@ def test_forward_against_oracle(rng, layout, fused, block, gate_up):
 
 
 def test_float64_layer(rng):
-    x, rw, qs = setup(rng, "edf", False, 16, np.float64)
+    x, rw, qs = make_layer(rng, "edf", False, 16, np.float64)
     out = rd.moe_block(x, rw, *qs, top_k=K, activation="gelu")
     assert out.dtype == np.float64
     check_close(out, reference.moe_block(x, rw, *dequantized(qs), top_k=K, activation="gelu"))
 
 
 def test_weights_are_never_dequantized_whole(rng, monkeypatch):
-    x, rw, qs = setup(rng, "edf", False, 16)
+    x, rw, qs = make_layer(rng, "edf", False, 16)
     want = rd.moe_block(x, rw, *qs, top_k=K)
 
     def refuse(q):
@@ -96,7 +96,7 @@ def _fd_check(fun, args, grads, names, rng, eps=1e-6, rtol=2e-3):
 
 @pytest.mark.parametrize("layout, fused, block", [("edf", False, 16), ("efd", True, 16)])
 def test_vjp_is_straight_through(rng, layout, fused, block):
-    x, rw, qs = setup(rng, layout, fused, block)
+    x, rw, qs = make_layer(rng, layout, fused, block)
     kw = dict(top_k=K, weights_layout=layout, activation="silu")
     out, vjp = rd.moe_block_vjp(x, rw, *qs, **kw)
     names = ["x", "router_weights", "w0"] + ([] if fused else ["w1"]) + ["wo"]
@@ -121,7 +121,7 @@ def test_vjp_is_straight_through(rng, layout, fused, block):
 def test_as_qarray_weights(rng):
     """Weights wrapped in AsQArray are quantized once per call; gradients
     come back for the wrapped float arrays."""
-    x, rw, _ = setup(rng, "edf", False, None)
+    x, rw, _ = make_layer(rng, "edf", False, None)
     ws = [0.2 * rng.standard_normal(s).astype(np.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
     spec = dict(channelwise_axes=(0, 2), tiled_axes={1: 16})
     out, vjp = rd.moe_block_vjp(x, rw, *(rd.AsQArray(w, "int8", **spec) for w in ws), top_k=K)
@@ -133,7 +133,7 @@ def test_as_qarray_weights(rng):
 
 
 def test_bad_quantized_weight_names_it(rng):
-    x, rw, qs = setup(rng, "edf", False, None)
+    x, rw, qs = make_layer(rng, "edf", False, None)
     with pytest.raises(ValueError, match="'wo'"):
         rd.moe_block(x, rw, qs[0], qs[1], qs[0], top_k=K)
     with pytest.raises(ValueError, match="'w1'"):

@@ -9,6 +9,7 @@
  *   rd_sgemm_neon_{i8w,f8w}_12x8: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *   rd_sgemm_neon_f4w_12x8: float32 with 4-bit B panels (RD_CT_F32_F4W)
+ *   rd_sgemm_neon_stream_8x2048: up to 8 rows reading B in place (rd_sukr_t)
  *
  * Register blocking by the cores' FMA pipes: 24 accumulators of 4 lanes
  * (96 products a step), three vectors of A (12 rows, each row's value
@@ -305,6 +306,40 @@ rd_dgemm_neon_6x8(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs
     rd_d_store_edge(buf, 8, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
 }
 
+/* ------------------------------------------------------------- streaming */
+
+/* The streaming kernel (rd_sukr_t, kernels/rd_stream_body.h) on NEON: a
+ * "mask" is the count of valid lanes of the last vector of a row, and the
+ * masked load reads only those. */
+static inline float32x4_t
+rd_neon_loadm(int k, const float *p)
+{
+    if (k == 4)
+        return vld1q_f32(p);
+    float32x4_t v = vdupq_n_f32(0.0f);
+    v = vld1q_lane_f32(p, v, 0);
+    if (k > 1)
+        v = vld1q_lane_f32(p + 1, v, 1);
+    if (k > 2)
+        v = vld1q_lane_f32(p + 2, v, 2);
+    return v;
+}
+
+#define TARGET
+#define V float32x4_t
+#define W 4
+#define MASK int
+#define MASK_ALL 4
+#define MASK_FIRST(r) (r)
+#define LOADM(k, p) rd_neon_loadm((k), (p))
+#define LOAD vld1q_f32
+#define STORE vst1q_f32
+#define SET1 vdupq_n_f32
+#define FMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define ZERO() vdupq_n_f32(0.0f)
+#include "rd_stream_body.h"
+RD_STREAM_KERNEL(rd_sgemm_neon_stream_8x2048, s_stream)
+
 /* ---------------------------------------------------------------- family */
 
 static int
@@ -329,7 +364,7 @@ const rd_family_t rd_family_neon = {
         [RD_CT_F32_F4W] = {rd_sgemm_neon_f4w_12x8, 12, 8, 144, 512, 4080, NULL},
     },
     0,
-    {{NULL, 0, 0}},
+    {[RD_CT_F32] = {rd_sgemm_neon_stream_8x2048, RD_SMR, RD_SNR}},
 };
 
 #endif /* RD_HAVE_ARM_KERNELS */

@@ -199,7 +199,7 @@ def _rows(x, w, bounds, out, accumulate=False):
     deferred = isinstance(x, _Deferred)
     lhs = x.rows if deferred else x
     if isinstance(w, PackedRhs):
-        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", quantize_lhs=deferred)
+        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
         if isinstance(w, PackedRhs):
             return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
     return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
@@ -305,7 +305,7 @@ def _fused(lhs, w0, w1):
     if not (lhs.dtype.isnative and gw._packing_reads(lhs.dtype, ct)):
         return None
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
-        (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block") for w in (w0, w1))
+        (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block", "w0/w1") for w in (w0, w1))
         same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and x0 is lhs and x1 is lhs and \
             p0.ctype == p1.ctype != "int8-dot" and p0.shape == p1.shape and \
             (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \

@@ -152,6 +152,24 @@ def as_array(x, name, fn, ndim=None, shape_doc=""):
     return arr
 
 
+def axes(axes, ndim, name, fn):
+    """``axes`` (integers, negative ones counted from the end) as a list of
+    axes in ``[0, ndim)``; TypeError or ValueError naming ``name`` for a
+    non-integer, one out of range or a repeated one."""
+    out = []
+    for a in axes:
+        try:
+            a = operator.index(a)
+        except TypeError:
+            raise TypeError(f"{fn}: '{name}' must hold integer axes, got {a!r}") from None
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{fn}: '{name}' has axis {a}, out of range for {ndim} dimensions")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{fn}: '{name}' repeats an axis: {tuple(axes)!r}")
+    return out
+
+
 def physical_memory():
     """Bytes of the machine's physical memory (None where the system does
     not say): no array larger than it can ever be filled, whatever the

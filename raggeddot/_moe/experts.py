@@ -48,7 +48,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _validate as v
 from .._prepack import PackedRhs, meet, quantizes_in_kernel
-from ..quant import QArray, quantize
+from ..quant import QArray, quantize, refuse_non_finite
 from ..runtime import get_num_threads
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "Gathered", "fuses", "split_gate_up", "forward",
@@ -223,6 +223,8 @@ def _quantized_rows(rows, qtype, *weights):
     can quantize them while packing for every product with ``weights``."""
     if qtype is None:
         return None
+    refuse_non_finite(rows, qtype, "moe_block", "the experts' input rows (x, or the activations of the "
+                      "gate and up products), quantized per row for activation_qtype,")
     if weights and all(_in_kernel(rows, w, qtype) for w in weights):
         return _Deferred(rows, qtype)
     return quantize(rows, qtype, channelwise_axes=(0,))

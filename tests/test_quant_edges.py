@@ -125,3 +125,20 @@ def test_views_that_break_the_blocks_leave_mxfp4(rng):
     want = raggeddot.ragged_dot(lhs, whole[:, 8:40], gs)
     np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, part, gs), want)
     np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, raggeddot.prepack(part), gs), want)
+
+
+def test_moe_block_with_bfloat16_x_and_mxfp4_experts_is_float32(rng):
+    """What the README states: a QArray's values are float32 (its scales'
+    dtype), so a bfloat16 x with MXFP4 experts, plain or prepacked, gives
+    the float32 layer on x widened, bit for bit."""
+    bf16 = ml_dtypes.bfloat16
+    E, d, f = 4, 64, 32
+    x = rng.standard_normal((20, d)).astype(bf16)
+    router = rng.standard_normal((d, E)).astype(bf16)
+    q = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "mxfp4", channelwise_axes=(0, 2),
+                            tiled_axes={1: 32}) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    want = raggeddot.moe_block(x.astype(np.float32), router.astype(np.float32), *q, top_k=2)
+    for weights in (q, [raggeddot.prepack(w) for w in q]):
+        got = raggeddot.moe_block(x, router, *weights, top_k=2)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)

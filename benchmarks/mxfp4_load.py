@@ -22,8 +22,6 @@ scaled by the experts per layer (the largest tensor in flight is one expert weig
 blocks, which grows with the expert count, not with the layer count). The "bf16" recipe's
 growth is scaled by the parameter count.
 """
-from __future__ import annotations
-
 import argparse
 import json
 import os

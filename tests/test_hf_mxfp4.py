@@ -14,6 +14,8 @@ gpt-oss models built from a config (nothing downloaded).
   gpt-oss's checkpoints hold them (``*_blocks`` / ``*_scales``), which
   load_mxfp4_checkpoint and load_state_dict read back to the same logits,
   and float weights loaded make float parameters again.
+- The weight cache (prepacked float copies for inference) is made once by
+  threads that meet the weights first together.
 - The README's recipe: a model built on the meta device and a safetensors
   checkpoint of MXFP4 experts (written here, in gpt-oss's names), loaded
   without ever holding the float experts: its peak memory, measured in a
@@ -301,3 +303,47 @@ def test_the_checkpoint_recipe_never_holds_the_float_experts(tmp_path):
     grown = {r: (v["peak"] - v["base"]) / expert_bf16 for r, v in runs.items()}
     print("peak memory grown, in bfloat16 experts' bytes:", grown)
     assert grown["meta"] < 0.7 < 1.0 < grown["old"], grown
+
+
+def test_the_weight_cache_is_made_once_by_concurrent_first_use(monkeypatch):
+    """Four threads running a model's first inference together: each expert
+    weight's prepacked copy is made once (counted at prepack, slowed so the
+    threads overlap), and every thread gets the logits of one thread alone."""
+    import threading
+    import time
+    from raggeddot.torch import _experts as implementation
+    model = _model()
+    ids = _ids()
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        want = reference(ids).logits
+    made, real = [], raggeddot.prepack
+
+    def slow_prepack(*args, **kw):
+        made.append(args[0].shape)
+        time.sleep(0.05)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(implementation._rd, "prepack", slow_prepack)
+    barrier, results, errors = threading.Barrier(4), [None] * 4, []
+
+    def run(i):
+        try:
+            barrier.wait()
+            with torch.no_grad():
+                results[i] = model(ids).logits
+        except Exception as e:      # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    copies = [p for _, m in _experts(model) for p in (m.gate_up_proj, m.down_proj)]
+    halves = sum(hasattr(p, "_raggeddot_prepacked_halves") for p in copies)
+    whole = sum(hasattr(p, "_raggeddot_prepacked") for p in copies)
+    assert len(made) == 2 * halves + whole, (len(made), halves, whole)
+    for r in results:
+        assert torch.equal(r, want)

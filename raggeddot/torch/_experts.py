@@ -43,8 +43,9 @@ Inference (no gradient asked for, outside a torch.compile trace) reads the
 weights from a prepacked copy (``raggeddot.prepack``: laid out once in the
 micro-kernel's panel order, so a decode step streams each weight once instead
 of packing it again, transposed, on every call). The copy is made on first
-use and kept on the parameter, keyed by its storage, shape, strides and
-version counter, so an in-place update (an optimizer step, ``load_state_dict``)
+use (once, when several threads meet the weights at the same time) and
+kept on the parameter, keyed by its storage, shape, strides and version
+counter, so an in-place update (an optimizer step, ``load_state_dict``)
 makes a new one. It costs one more copy of the expert weights in memory:
 ``set_weight_cache(False)`` turns it off (and drops nothing already made;
 ``clear_weight_cache(model)`` does).
@@ -62,6 +63,7 @@ and up concatenated or interleaved as the module's ``is_concatenated`` says, and
 defines it, between two raggeddot products.
 """
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -82,6 +84,7 @@ EXPERTS_IMPLEMENTATION = "raggeddot"
 _GPT_OSS = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts")
 _CACHE_ATTR = CACHE_ATTRS[0]         # (and CACHE_ATTRS[1] for the gate and up halves)
 _cache = {"enabled": True}
+_CACHE_LOCK = threading.Lock()       # held while a prepacked copy is made
 # the fused gate and up pass of inference (experts_forward); off: the
 # composition of gmm and gated_activation, the same bits
 _FUSED = {"enabled": True}
@@ -116,9 +119,13 @@ def _prepacked_views(param, views, transpose, attr=CACHE_ATTRS[1]):
     held = getattr(param, attr, None)
     if held is not None and held[0] == key:
         return held[1]
-    packed = [_rd.prepack(cv.array(v), transpose_rhs=transpose) for v in views]
-    setattr(param, attr, (key, packed))
-    return packed
+    with _CACHE_LOCK:      # threads meeting the weights first together: one makes the copy, the others wait
+        held = getattr(param, attr, None)
+        if held is not None and held[0] == key:
+            return held[1]
+        packed = [_rd.prepack(cv.array(v), transpose_rhs=transpose) for v in views]
+        setattr(param, attr, (key, packed))
+        return packed
 
 
 def _use_prepacked(rows, weight):

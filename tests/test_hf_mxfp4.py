@@ -347,3 +347,24 @@ def test_the_weight_cache_is_made_once_by_concurrent_first_use(monkeypatch):
     assert len(made) == 2 * halves + whole, (len(made), halves, whole)
     for r in results:
         assert torch.equal(r, want)
+
+
+def test_the_weight_cache_follows_the_kernel_selection():
+    """A model that ran inference, then runs under another kernel family
+    (runtime.configured): its prepacked copies are made again for those
+    kernels (they used to be read with the other family's panel width and
+    refused), and the logits are that family's."""
+    from raggeddot import runtime
+    model = _model(_config())
+    ids = _ids()
+    with torch.no_grad():
+        model(ids)
+        for family in runtime.runnable_kernels():
+            with runtime.configured(kernel=family):
+                got = model(ids).logits
+                rt.set_weight_cache(False)
+                try:
+                    want = model(ids).logits
+                finally:
+                    rt.set_weight_cache(True)
+            assert torch.equal(got, want), family

@@ -45,8 +45,8 @@ micro-kernel's panel order, so a decode step streams each weight once instead
 of packing it again, transposed, on every call). The copy is made on first
 use (once, when several threads meet the weights at the same time) and
 kept on the parameter, keyed by its storage, shape, strides and version
-counter, so an in-place update (an optimizer step, ``load_state_dict``)
-makes a new one. It costs one more copy of the expert weights in memory:
+counter and the kernels selected, so an in-place update (an optimizer
+step, ``load_state_dict``) or ``runtime.set_kernel`` makes a new one. It costs one more copy of the expert weights in memory:
 ``set_weight_cache(False)`` turns it off (and drops nothing already made;
 ``clear_weight_cache(model)`` does).
 
@@ -115,7 +115,8 @@ def _prepacked_views(param, views, transpose, attr=CACHE_ATTRS[1]):
     """:func:`_prepacked` of ``views`` of the parameter ``param`` (the gate
     and up halves of gate_up_proj), kept on the parameter under ``attr`` (a
     view is made afresh every call), made once per version of it."""
-    key = tuple((v.data_ptr(), v._version, v.dtype, tuple(v.shape), v.stride(), transpose) for v in views)
+    key = tuple((v.data_ptr(), v._version, v.dtype, tuple(v.shape), v.stride(), transpose) for v in views) \
+        + (_rd.runtime.get_kernel(),)      # (laid out for the kernels selected: remade when they change)
     held = getattr(param, attr, None)
     if held is not None and held[0] == key:
         return held[1]

@@ -50,7 +50,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["resolve", "describe"]
+__all__ = ["resolve"]
 
 # jax's strings for the Precision values (jax._src.lax.lax._precision_strings)
 _STRINGS = {"highest": "highest", "float32": "highest", "high": "high", "bfloat16_3x": "high",
@@ -249,9 +249,3 @@ def resolve(precision, lhs_dtype, rhs_dtype, ct, fn, packed=None):
                             "plain weights ('rhs'.unpack())")
     return "bf16"
 
-
-def describe(precision, fn="precision"):
-    """A short name of ``precision`` for messages (checked as :func:`resolve`
-    parses it)."""
-    spec = _parse(precision, fn)
-    return "None" if spec is None else spec.label

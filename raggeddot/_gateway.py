@@ -33,12 +33,11 @@ __all__ = [
     "operand",
     "empty",
     "result_buffer",
+    "check_out",
     "deliver",
     "group_bounds",
     "rows",
     "contract",
-    "rounds_to_bf16",
-    "algorithm",
     "quantizes_in_kernel",
     "matmul",
     "group_metadata",
@@ -166,10 +165,7 @@ def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
     ``existing`` is given the buffer starts with its values (a copy, unless
     ``out`` is ``existing`` itself: inputs are never written otherwise).
     ``inputs`` maps names to the arrays ``out`` must not overlap."""
-    if out is not None:
-        out = v.out_buffer(out, shape, out_dtype, fn, inputs)
-        if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
-            raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
+    out = check_out(out, existing, shape, out_dtype, fn, inputs)
     direct = out_dtype == ct or (ct == _FLOAT32 and out_dtype.itemsize == 2)   # see kernel_dtype
     if out is not None and direct:
         if existing is not None and not v.same_buffer(out, existing):
@@ -179,6 +175,20 @@ def result_buffer(out, existing, shape, out_dtype, ct, fn, inputs):
     if existing is not None:
         np.copyto(res, existing)
     return res
+
+
+def check_out(out, existing, shape, out_dtype, fn, inputs):
+    """The caller's ``out`` checked as :func:`result_buffer` takes it
+    (``_validate.out_buffer``, and no partial overlap with ``existing``),
+    without writing anything: the ops check it before the steps that
+    allocate (a PackedRhs's new layout), so that a refused call changes
+    nothing. None stays None."""
+    if out is None:
+        return None
+    out = v.out_buffer(out, shape, out_dtype, fn, inputs)
+    if existing is not None and not v.same_buffer(out, existing) and np.may_share_memory(out, existing):
+        raise ValueError(f"{fn}: 'out' partly overlaps 'existing_out'; pass the same array or separate ones")
+    return out
 
 
 def kernel_dtype(out):
@@ -225,65 +235,6 @@ def group_bounds(group_sizes, start, count):
     return offsets[start:start + count + 1]          # a unit-stride slice: contiguous
 
 
-_BF16_NAMES = ("bfloat16", "bf16")
-
-
-def _is_bf16_type(t):
-    name = getattr(t, "name", None) or getattr(t, "__name__", None) or str(t)
-    return isinstance(name, str) and name.lower() in _BF16_NAMES
-
-
-def rounds_to_bf16(precision, ct, fn, operand_dtypes=()):
-    """Whether ``precision`` asks for jax's BF16_BF16_F32 algorithm: a
-    ``jax.lax.DotAlgorithmPreset.BF16_BF16_F32`` (or its name) or a
-    ``DotAlgorithm`` with bfloat16 operands and float32 accumulation. Its
-    float32 operands are then rounded to bfloat16 (nearest even) while
-    packed, and the products of those values accumulated in float32: on the
-    bfloat16 dot-product kernels where the CPU has them, else on the float32
-    kernels. TypeError when the call computes in float64 (``ct``) or an
-    operand (``operand_dtypes``) is neither float32 nor bfloat16."""
-    if precision is None:
-        return False
-    name = getattr(precision, "name", precision)
-    if isinstance(name, str) and name == "BF16_BF16_F32":
-        label = "DotAlgorithmPreset.BF16_BF16_F32"
-    elif all(hasattr(precision, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type")):
-        acc = precision.accumulation_type
-        if not (_is_bf16_type(precision.lhs_precision_type) and _is_bf16_type(precision.rhs_precision_type)
-                and acc is not None and np.dtype(acc) == _FLOAT32):
-            return False
-        label = "DotAlgorithm(bfloat16, bfloat16, float32)"
-    else:
-        return False
-    if ct != _FLOAT32:
-        raise TypeError(f"{fn}: precision={label} multiplies bfloat16-rounded operands into float32 sums, but "
-                        f"this call computes in {ct.name}: give float32 or bfloat16 operands and a float32 "
-                        "(or narrower) result")
-    for arg, dt in zip(("lhs", "rhs"), operand_dtypes):
-        if dt.name not in ("float32", "bfloat16"):
-            raise TypeError(f"{fn}: precision={label} multiplies bfloat16-rounded operands: 'lhs' and 'rhs' "
-                            f"must be float32 or bfloat16 arrays, got a {dt.name} '{arg}'")
-    return True
-
-
-def algorithm(precision, ct, fn, operand_dtypes=()):
-    """What ``precision`` (already checked) asks of the kernels:
-
-    - ``"bf16"``: jax's BF16_BF16_F32 (:func:`rounds_to_bf16`);
-    - ``"exact"``: HIGHEST, ``"highest"``, DotAlgorithmPreset.F32_F32_F32 or
-      a DotAlgorithm of float32 operands: 16-bit operands are widened and
-      their exact products summed in float32 by the float32 kernels, with no
-      dot-product instruction (which flushes denormals and sums pairs in its
-      own order): bit for bit the float32 product of the widened operands;
-    - None (None, DEFAULT, HIGH): the fastest kernels this CPU has for the
-      operands' dtypes (AMX tiles, ``vdpbf16ps`` where it outruns the
-      float32 FMAs, or the float32 kernels).
-    """
-    if rounds_to_bf16(precision, ct, fn, operand_dtypes):
-        return "bf16"
-    return "exact" if v.asks_highest(precision) else None
-
-
 def rows(lhs, rhs, bounds, out, accumulate=False, algo=None, quantize_lhs=False):
     """Ragged rows, the forward of ragged_dot/gmm: for each group j,
     ``out[r] (+)= lhs[r] @ rhs[j]`` for r in ``[bounds[j], bounds[j + 1])``.
@@ -292,7 +243,7 @@ def rows(lhs, rhs, bounds, out, accumulate=False, algo=None, quantize_lhs=False)
     (writeable, of the compute dtype; operands of any float dtype, read as
     :func:`operand` says for ``layout="packed"``). Rows outside ``[bounds[0], bounds[g])`` are left as
     they are; with ``k = 0`` the group rows become 0 (or stay, when
-    accumulating). ``algo`` (:func:`algorithm`): "bf16": float32 operands
+    accumulating). ``algo`` (``_precision.resolve``): "bf16": float32 operands
     are read as bfloat16, rounded to nearest even while packed; "exact": no
     dot-product instruction. A product of two bfloat16 operands (so read)
     otherwise runs on the fastest bfloat16 kernels this CPU has (AMX tiles,

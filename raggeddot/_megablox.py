@@ -6,6 +6,7 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _operand
+from . import _precision
 from . import _validate as v
 from ._prepack import PackedRhs, meet
 
@@ -110,11 +111,11 @@ def _out_dtype(preferred_element_type, lt, rt, existing, fn):
         return dt
     if existing is not None:
         return v.native(existing.dtype)
-    return gw.compute_dtype(v.promote(lt, rt, fn))
+    return gw.compute_dtype(v.promote(lt, rt))
 
 
 def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_offset=None,
-        existing_out=None, transpose_rhs=False, *, out=None):
+        existing_out=None, transpose_rhs=False, *, out=None, precision=None):
     """Grouped matmul (megablox ``gmm``): ``lhs[s_i:s_i+size_i] @ rhs[i]`` for each group i.
 
     Args:
@@ -139,6 +140,9 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
       out: optional ``[m, n]`` array of the result's dtype to write into
         (NumPy's ``out=``); it may be ``existing_out`` itself, which is then
         updated in place, but must not share memory with lhs or rhs.
+      precision: as for ``ragged_dot`` (not megablox's: keyword only, as
+        tgmm's); ``"highest"`` multiplies 16-bit operands exactly in float32
+        instead of on the fastest bfloat16 kernels.
 
     Returns:
       ``[m, n]`` (``out`` when given): ``out[r] = lhs[r] @ rhs[i - group_offset]``
@@ -166,20 +170,22 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     start = v.local_group_start(0 if group_offset is None else group_offset, gs.shape[0], w.shape[0], fn)
     bounds = gw.group_bounds(gs, start, w.shape[0])
     ct = gw.compute_dtype(lt, rt, out_dtype)
+    algo = _precision.resolve(precision, lt, rt, ct, fn, packed=rhs if packed else None)
+    inputs = {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)}
+    gw.check_out(out, existing, (m, n), out_dtype, fn, inputs)
+    if packed:   # the layout for this lhs (prepack's rule), checked, then made if it is new
+        lhs, w = meet(rhs, lhs, ct, fn, exact=(algo == "exact"))
+        packed = isinstance(w, PackedRhs)
     with v.memory_for(fn, "the result [m, n]"):
-        res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn,
-                               {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
+        res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, inputs)
     if existing is None:
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
-    if packed:   # the layout for this lhs (prepack's rule)
-        lhs, w = meet(rhs, lhs, ct, fn)
-        packed = isinstance(w, PackedRhs)
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         if packed:
             gw.rows_packed(lhs, w, bounds, res)
         else:
-            gw.rows(lhs, w, bounds, res)
+            gw.rows(lhs, w, bounds, res, algo=algo)
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
 
@@ -248,8 +254,7 @@ def tgmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_
     existing = _existing_array(existing_out, shape, fn)
     out_dtype = _out_dtype(preferred_element_type, lt, rt, existing, fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    v.check_precision(precision, ct, fn)
-    algo = gw.algorithm(precision, ct, fn, (lt, rt))
+    algo = _precision.resolve(precision, lt, rt, ct, fn)
     with v.memory_for(fn, "the result [num_actual_groups, k, n]"):
         res = gw.result_buffer(out, existing, shape, out_dtype, ct, fn,
                                {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
@@ -279,7 +284,7 @@ def _computed_rows(gs, off, num_local):
 
 def _gmm_vjp(a, wanted):
     lhs, rhs, gs, out, cdt = _autodiff.primal(gmm, a)
-    off, tr = a["group_offset"], bool(a["transpose_rhs"])
+    off, tr, prec = a["group_offset"], bool(a["transpose_rhs"]), a["precision"]
     g_local = rhs.shape[0]
 
     def backward(ct):
@@ -288,14 +293,14 @@ def _gmm_vjp(a, wanted):
         if "lhs" in wanted:
             w = rhs.unpack() if isinstance(rhs, PackedRhs) else rhs    # (laid out for B, not B^T)
             grads["lhs"] = gmm(ct, w, gs, preferred_element_type=cdt, group_offset=off,
-                               transpose_rhs=not tr)
+                               transpose_rhs=not tr, precision=prec)
         if "rhs" in wanted:
             if tr:  # rhs is [g_local, n, k]: tgmm(ct^T [n, m], lhs [m, k])
                 grads["rhs"] = tgmm(ct.T, lhs, gs, preferred_element_type=cdt, group_offset=off,
-                                    num_actual_groups=g_local)
+                                    num_actual_groups=g_local, precision=prec)
             else:
                 grads["rhs"] = tgmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=off,
-                                    num_actual_groups=g_local)
+                                    num_actual_groups=g_local, precision=prec)
         if "existing_out" in wanted:
             first, last = _computed_rows(gs, off, g_local)
             d = np.array(ct, copy=True)
@@ -309,7 +314,7 @@ def _gmm_vjp(a, wanted):
 def _gmm_jvp(a, t):
     lhs, rhs, gs, out, cdt = _autodiff.primal(gmm, a)
     off, tr = a["group_offset"], bool(a["transpose_rhs"])
-    kw = dict(preferred_element_type=cdt, group_offset=off, transpose_rhs=tr)
+    kw = dict(preferred_element_type=cdt, group_offset=off, transpose_rhs=tr, precision=a["precision"])
     terms = []
     if t.get("lhs") is not None:
         terms.append(gmm(t["lhs"], rhs, gs, **kw))
@@ -342,10 +347,12 @@ def _tgmm_vjp(a, wanted):
         ct = ct.astype(cdt, copy=False)
         grads = {}
         if "lhs" in wanted:  # [m, n] x [count, n, k] -> [m, k] -> [k, m]
-            d = gmm(rhs, ct.transpose(0, 2, 1), gs, preferred_element_type=cdt, group_offset=start)
+            d = gmm(rhs, ct.transpose(0, 2, 1), gs, preferred_element_type=cdt, group_offset=start,
+                    precision=a["precision"])
             grads["lhs"] = np.ascontiguousarray(d.T)
         if "rhs" in wanted:  # [m, k] x [count, k, n] -> [m, n]
-            grads["rhs"] = gmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=start)
+            grads["rhs"] = gmm(lhs.T, ct, gs, preferred_element_type=cdt, group_offset=start,
+                               precision=a["precision"])
         if "existing_out" in wanted:
             grads["existing_out"] = np.array(ct, copy=True)
         return grads
@@ -356,7 +363,7 @@ def _tgmm_vjp(a, wanted):
 def _tgmm_jvp(a, t):
     lhs, rhs, gs, out, cdt = _autodiff.primal(tgmm, a)
     kw = dict(preferred_element_type=cdt, group_offset=a["group_offset"],
-              num_actual_groups=out.shape[0])
+              num_actual_groups=out.shape[0], precision=a["precision"])
     terms = []
     if t.get("lhs") is not None:
         terms.append(tgmm(t["lhs"], rhs, gs, **kw))

@@ -21,7 +21,7 @@ import numpy as np
 from . import _gateway as gw
 from . import _validate as v
 from ._prepack import PackedRhs, quantizes_in_kernel
-from .quant import AsQArray, QArray
+from .quant import AsQArray, QArray, refuse_non_finite
 
 __all__ = ["Operands", "operands", "operand", "dtype", "storage"]
 
@@ -62,6 +62,7 @@ def operand(x, name, fn, shape_doc="", packed=False):
     if packed and isinstance(x, PackedRhs):
         return x
     if isinstance(x, AsQArray):
+        _finite(x, v.as_array(x.array, name, fn), fn, name)
         x = x.quantize()
     ndim = _rank(shape_doc)
     if isinstance(x, QArray):
@@ -103,6 +104,7 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
     rows = None
     if in_kernel and _per_row_int8(lhs):
         rows = v.as_array(lhs.array, "lhs", fn, _rank(lhs_doc), lhs_doc)
+        _finite(lhs, rows, fn, "lhs")
     else:
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     rhs = operand(rhs, "rhs", fn, rhs_doc, packed)
@@ -119,6 +121,15 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
         if not isinstance(lhs, (np.ndarray, QArray)):
             raise TypeError(f"{fn}: a prepacked 'rhs' takes an array or QArray 'lhs', got {type(lhs).__name__}")
     return Operands(lhs, rhs, dtype(lhs, "lhs", fn), dtype(rhs, "rhs", fn))
+
+
+def _finite(asq, arr, fn, name):
+    """An AsQArray's float array ``arr``, to be quantized, holds no infinity
+    or NaN (``quant.refuse_non_finite``: ValueError naming ``fn`` and
+    ``name``), whether the kernels or quantize() quantize it."""
+    if arr.dtype.kind == "f" or v.is_bfloat16(arr.dtype):
+        qtype = asq.qtype if isinstance(asq.qtype, str) else getattr(np.dtype(asq.qtype), "name", asq.qtype)
+        refuse_non_finite(arr, qtype, fn, f"'{name}' (an AsQArray, which the call quantizes)")
 
 
 def _per_row_int8(x):

@@ -1,12 +1,14 @@
 """Weights laid out once in the micro-kernel's panel order: :func:`prepack`
 and the :class:`PackedRhs` it returns, read in place by every later call."""
+import threading
+
 import numpy as np
 
 from . import _gateway as gw
 from . import _validate as v
 from .quant import QArray, dequantize
 
-__all__ = ["PackedRhs", "prepack", "meet", "quantizes_in_kernel"]
+__all__ = ["PackedRhs", "prepack", "meet", "check", "quantizes_in_kernel"]
 
 # The compute type a prepacked rhs of each storage dtype is laid out for:
 # float32 / float64 panels as packing makes them per call, and 16-bit
@@ -64,15 +66,21 @@ class PackedRhs(v.Prepacked):
     Attributes:
       shape: ``(g, k, n)``; dtype: the weights' dtype (for a QArray, that of
         its dequantized value: its scale's dtype); qtype: the QArray's qtype,
-        or None for float weights; nbytes: the bytes the layout holds, which
-        a call reads (``g * ceil(n / NR) * NR * k`` elements, plus k padding
-        for k-pair kernels; for a QArray, one byte a value plus the scales
-        and zero points after each panel); kernel, nr, kc: the kernel family
-        and the blocking it was laid out for. A call made while another
-        kernel family serves that product (``runtime.set_kernel``) raises
-        ValueError: the panels would not fit its register block. layouts:
-        ``{compute type: bytes}`` of its own layout and those made for
-        other kinds of lhs.
+        or None for float weights; nbytes: the bytes it holds for its own
+        layout: the panels a call reads (``g * ceil(n / NR) * NR * k``
+        elements, plus k padding for k-pair kernels; for a QArray, one byte
+        a value, half a byte for 4-bit ones, plus the scales and zero points
+        after each panel) and, for a QArray, the copy of its scales and zero
+        points that :meth:`unpack` gives back; kernel, nr, kc: the kernel
+        family and the blocking it was laid out for. A call made while
+        another kernel family serves that product (``runtime.set_kernel``)
+        raises ValueError naming the function and the argument: the panels
+        would not fit its register block. layouts: ``{compute type: bytes}``
+        of its own layout (``nbytes``) and those made for other kinds of
+        lhs; ``sum(layouts.values())`` is all it holds.
+
+    A layout made for another kind of lhs is made once even when several
+    threads meet it first at the same time (the others wait for it).
 
     Derivatives: the gradient with respect to a PackedRhs is that of the
     ``[g, k, n]`` weights it holds (their dequantized value for a QArray:
@@ -81,7 +89,7 @@ class PackedRhs(v.Prepacked):
     """
 
     __slots__ = ("_buf", "shape", "dtype", "ctype", "nr", "kc", "kernel", "_per_group", "qtype",
-                 "_storage", "_qtile", "_scale", "_zero_point", "_kept")
+                 "_storage", "_qtile", "_scale", "_zero_point", "_kept", "_lock")
 
     def __init__(self, buf, shape, dtype, ctype, nr, kc, kernel, per_group, quant=None):
         self._buf = buf
@@ -97,13 +105,31 @@ class PackedRhs(v.Prepacked):
         # layouts made for other kinds of lhs, by compute type (see meet);
         # None: the plain weights, for products no layout serves
         self._kept = {}
+        self._lock = threading.Lock()    # held while a layout of _kept is made
+
+    def __getstate__(self):    # (copy, deepcopy, pickle: the lock is not state)
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_lock"}
+
+    def __setstate__(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+        if self._buf.size and self._buf.ctypes.data % 64:   # a copied array starts where NumPy put it
+            buf = _aligned(self._buf.nbytes)
+            buf[...] = self._buf
+            self._buf = buf
+        self._lock = threading.Lock()
 
     ndim = 3
 
     @property
     def nbytes(self):
-        """Bytes of the layout made by prepack (see also :attr:`layouts`)."""
-        return self._buf.nbytes
+        """Bytes held for the layout made by prepack: its panels, and for
+        quantized weights the copy of the scales (and zero points) that
+        :meth:`unpack` gives back (see also :attr:`layouts`)."""
+        held = self._buf.nbytes
+        for a in (self._scale, self._zero_point):
+            held += 0 if a is None else a.nbytes
+        return held
 
     @property
     def layouts(self):
@@ -113,8 +139,12 @@ class PackedRhs(v.Prepacked):
         a product no layout serves."""
         kept = {self.ctype: self.nbytes}
         for ctype, held in list(self._kept.items()):
-            kept["plain" if ctype is None else ctype] = \
-                held.qvalue.nbytes if isinstance(held, QArray) else held.nbytes
+            if isinstance(held, QArray):    # values, scales and zero points
+                nbytes = sum(0 if a is None else getattr(a, "nbytes", 0)
+                             for a in (held.qvalue, held.scale, held.zero_point))
+            else:
+                nbytes = held.nbytes
+            kept["plain" if ctype is None else ctype] = nbytes
         return kept
 
     def __repr__(self):
@@ -126,14 +156,22 @@ class PackedRhs(v.Prepacked):
     def _layout(self, ctype):
         """The layout of compute type ``ctype`` (None: the plain weights)
         made from these weights once and kept; remade when another kernel
-        family now serves ``ctype``."""
+        family now serves ``ctype``. Made under the lock: threads that
+        need it at the same time wait for the one making it."""
         held = self._kept.get(ctype)
-        if held is not None and ctype is not None and held.kernel != gw.prepack_layout(
-                ctype, held._storage.name, 0, 0)[3]:
-            held = None
-        if held is None:
-            held = self._kept[ctype] = _layout_of(self, ctype)
-        return held
+        if held is not None and self._current(ctype, held):
+            return held
+        with self._lock:
+            held = self._kept.get(ctype)
+            if held is None or not self._current(ctype, held):
+                held = self._kept[ctype] = _layout_of(self, ctype)
+            return held
+
+    @staticmethod
+    def _current(ctype, held):
+        """Whether ``held``, kept for ``ctype``, is of the kernel family
+        that serves ``ctype`` now."""
+        return ctype is None or held.kernel == gw.prepack_layout(ctype, held._storage.name, 0, 0)[3]
 
     def unpack(self):
         """The weights ``[g, k, n]`` as given to :func:`prepack` (transposed
@@ -486,19 +524,15 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
     return _QLAYOUT[packed.qtype]
 
 
-def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
-    """``(lhs, weights)`` for a product of ``lhs`` (an array, a QArray, or
-    with ``quantize_lhs`` float rows the kernels quantize to int8) and the
-    PackedRhs ``packed``, computed in ``ct`` (the call's compute dtype):
-    ``weights`` the layout that product runs on as the plain weights'
-    would (``packed`` itself, or one made once and kept on it), or the
-    plain weights when no layout computes it; ``lhs`` as that layout reads
-    it (a QArray dequantized in ``ct`` for a float layout, as the packing of
-    the plain call dequantizes it). ValueError naming ``fn``, ``arg`` and
-    the fix when no layout of these weights computes in ``ct``. ``exact``:
-    the call asks for exact float32 products (a precision that rules out
-    the bfloat16 dot products: bfloat16 weights then take the widening
-    layout)."""
+def check(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
+    """The checks of :func:`meet`, which make nothing: the compute type
+    (ValueError when no layout of these weights computes in ``ct``) and,
+    when the product runs on the PackedRhs's own layout, the kernel family
+    (ValueError when the family serving its products now takes panels of
+    another width, or none serves them: ``runtime.set_kernel`` since
+    prepack). Each message names ``fn``, ``arg`` and the fix. Returns the
+    compute type of the layout the product runs on (None: the plain
+    weights)."""
     own = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
     if ct != own:
         plain = "the QArray" if packed.qtype else "the plain weights"
@@ -508,6 +542,36 @@ def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
                          f"16-bit) operands and result, or pass {plain} ('{arg}'.unpack()) or prepack "
                          f"{ct.name} weights")
     ctype = _wanted(packed, lhs, quantize_lhs, exact)
+    if ctype == packed.ctype:
+        again = (f"prepack the weights again under these kernels (raggeddot.prepack('{arg}'.unpack()"
+                 f"{', lhs_dtype=np.int8' if ctype == _INT8_DOT else ''})), or select the {packed.kernel} "
+                 "kernels they were laid out for (raggeddot.runtime.set_kernel)")
+        try:
+            nr, kernel = gw.prepack_layout(ctype, packed._storage.name, 0, 0)[1::2]
+        except ValueError:
+            raise ValueError(f"{fn}: '{arg}' was prepacked for the {packed.kernel} kernels ({ctype} products), "
+                             "and no kernel of the selection in force serves those products: "
+                             f"{again}") from None
+        if nr != packed.nr:
+            raise ValueError(f"{fn}: '{arg}' was prepacked for the {packed.kernel} kernels, in panels of "
+                             f"{packed.nr} columns, but the {kernel} kernels serve its {ctype} products now "
+                             f"and take panels of {nr}: {again}")
+    return ctype
+
+
+def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
+    """``(lhs, weights)`` for a product of ``lhs`` (an array, a QArray, or
+    with ``quantize_lhs`` float rows the kernels quantize to int8) and the
+    PackedRhs ``packed``, computed in ``ct`` (the call's compute dtype):
+    ``weights`` the layout that product runs on as the plain weights'
+    would (``packed`` itself, or one made once and kept on it), or the
+    plain weights when no layout computes it; ``lhs`` as that layout reads
+    it (a QArray dequantized in ``ct`` for a float layout, as the packing of
+    the plain call dequantizes it). :func:`check` runs first, so a refused
+    product makes no layout. ``exact``: the call asks for exact float32
+    products (a precision that rules out the bfloat16 dot products:
+    bfloat16 weights then take the widening layout)."""
+    ctype = check(packed, lhs, ct, fn, arg, quantize_lhs, exact)
     weights = packed if ctype == packed.ctype else packed._layout(ctype)
     if isinstance(lhs, QArray) and isinstance(weights, PackedRhs) and weights.ctype != _INT8_DOT:
         lhs = _dequantized(lhs, ct)

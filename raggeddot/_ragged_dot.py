@@ -3,6 +3,7 @@ arithmetic through the gateway."""
 from . import _autodiff
 from . import _gateway as gw
 from . import _operand
+from . import _precision
 from . import _validate as v
 from ._megablox import tgmm
 from ._prepack import PackedRhs, meet
@@ -31,21 +32,27 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         weights laid out once, read in place (an lhs it was not laid out
         for gets the plain weights' result: see prepack).
       group_sizes: ``[g]`` integers, non-negative, ``sum(group_sizes) <= m``.
-      precision: as jax's: None, "default", "high", "highest", a
-        ``jax.lax.Precision`` or a pair of them (all compute alike here: the
-        CPU accumulates in float32, or float64 when an input or the output
-        is float64); or a ``jax.lax.DotAlgorithmPreset`` / ``DotAlgorithm``,
-        accepted when that accumulation is at least as precise as the one it
-        asks for (ANY, float16, bfloat16, float32; float64 only with a
-        float64 input or output), ValueError naming the algorithm otherwise.
-        ``DotAlgorithmPreset.BF16_BF16_F32`` (or a ``DotAlgorithm`` with
-        bfloat16 operands and float32 accumulation) means what it means in
-        jax: float32 operands are rounded to bfloat16 (nearest even) while
-        packed and their products summed in float32, on the bfloat16
-        dot-product kernels (``vdpbf16ps``, about twice the float32 rate)
-        where the CPU has them; the result is that of bfloat16 operands.
-      preferred_element_type: dtype of the result; default is the promoted type
-        of lhs and rhs (the wider float wins; float16 with bfloat16 is an error).
+      precision: what jax.lax takes, meaning what it means there
+        (``raggeddot._precision`` has the whole rule). None, DEFAULT,
+        HIGH (and their strings, the preset DEFAULT): the fastest kernels,
+        bfloat16 x bfloat16 on AMX tiles or ``vdpbf16ps`` where the CPU has
+        them. HIGHEST ("highest", "float32", either entry of a pair),
+        ``DotAlgorithmPreset.F32_F32_F32`` and every algorithm whose
+        operand types hold the operands as they are (``DotAlgorithm(float32,
+        float32, float32)``, F16_F16_F32 on float16 operands, TF32_TF32_F32
+        on 16-bit ones, the _X3/_X6/_X9 emulations of float32): exact
+        products summed in float32, no flushing, bit for bit the product of
+        the widened operands. ``BF16_BF16_F32`` (also BF16_BF16_BF16, a
+        ``DotAlgorithm`` of bfloat16 operands): float32 operands rounded to
+        bfloat16 (nearest even) while packed, products summed in float32 on
+        the bfloat16 dot-product kernels where the CPU has them. Refused
+        (TypeError or ValueError naming it) before anything runs: a rounding
+        the kernels do not do (e.g. F16_F16_F32 on float32 operands, any
+        algorithm rounding float64 operands), float64 accumulation in a
+        float32 call, the float8 presets, a value jax does not take.
+      preferred_element_type: dtype of the result; default is the promoted
+        type of lhs and rhs as jax.lax promotes them (the wider float wins;
+        float16 with bfloat16 gives bfloat16).
       group_offset: megablox's expert sharding. When given, ``rhs`` holds only
         groups ``[group_offset, group_offset + rhs.shape[0])`` of the
         ``len(group_sizes)`` groups; rows of those groups are computed and all
@@ -64,15 +71,21 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     tiles over all groups, shared by the threads (see ``set_num_threads``).
     Results do not depend on the number of threads.
     """
-    fn = "ragged_dot"
+    return _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset, out, "ragged_dot")
+
+
+def _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset, out, fn):
+    """ragged_dot, its messages naming ``fn`` (ragged_dot_general of a
+    PackedRhs comes here). Every check runs before anything is allocated or
+    written: a refused call leaves the caller's ``out`` and a PackedRhs's
+    layouts as they were."""
     # an AsQArray lhs of one int8 scale a row: quantized by the kernels while they pack it, where they can
     lhs, rhs, lt, rt, quantize_lhs = _operand.operands(lhs, rhs, fn, " [m, k]", " [g, k, n]", packed=True,
                                                        in_kernel=True)
     packed = isinstance(rhs, PackedRhs)
-    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, fn), fn)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt), fn)
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    v.check_precision(precision, ct, fn)
-    algo = gw.algorithm(precision, ct, fn, (lt, rt))
+    algo = _precision.resolve(precision, lt, rt, ct, fn, packed=rhs if packed else None)
     m, k = lhs.shape
     if rhs.shape[1] != k:
         raise ValueError(
@@ -84,17 +97,15 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     bounds = gw.group_bounds(gs, start, rhs.shape[0])
 
     n = rhs.shape[2]
-    with v.memory_for(fn, "the result [m, n]"):
-        res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn,
-                               {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)})
-    res[:bounds[0]] = 0
-    res[bounds[-1]:] = 0
-    if packed:   # the layout for this lhs (prepack's rule)
+    inputs = {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)}
+    gw.check_out(out, None, (m, n), out_dtype, fn, inputs)
+    if packed:   # the layout for this lhs (prepack's rule), checked, then made if it is new
         lhs, rhs = meet(rhs, lhs, ct, fn, "rhs", quantize_lhs, exact=(algo == "exact"))
         packed = isinstance(rhs, PackedRhs)
-    if packed and algo == "bf16":
-        raise TypeError(f"{fn}: precision=BF16_BF16_F32 rounds the operands while they are packed, but "
-                        "'rhs' is prepacked: prepack bfloat16 weights, or pass the plain weights")
+    with v.memory_for(fn, "the result [m, n]"):
+        res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, inputs)
+    res[:bounds[0]] = 0
+    res[bounds[-1]:] = 0
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
         if packed:
             gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)

@@ -15,9 +15,10 @@ import numpy as np
 from . import _autodiff
 from . import _gateway as gw
 from . import _operand
+from . import _precision
 from . import _validate as v
 from ._prepack import PackedRhs
-from ._ragged_dot import ragged_dot
+from ._ragged_dot import _ragged_dot
 from .quant import QArray
 
 __all__ = ["RaggedDotDimensionNumbers", "ragged_dot_general"]
@@ -160,12 +161,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         ``lhs.shape[r]``.
       ragged_dot_dimension_numbers: a ``RaggedDotDimensionNumbers`` (this
         module's or jax's).
-      precision: as for ``ragged_dot``: a ``jax.lax.Precision`` (or pair)
-        computes alike; a ``DotAlgorithmPreset`` / ``DotAlgorithm`` is
-        accepted when the CPU's accumulation (float32, or float64 with a
-        float64 input or output) is at least as precise as the one it asks
-        for, ValueError naming it otherwise; ``BF16_BF16_F32`` rounds float32
-        operands to bfloat16 while packed, as in ``ragged_dot``.
+      precision: as for ``ragged_dot`` (jax's values and meanings; a
+        refused one raises before anything runs).
       preferred_element_type: dtype of the result; default is the promoted
         type of lhs and rhs.
       group_offset: mode 1 only, megablox's meaning as in ``ragged_dot``: rhs's
@@ -181,10 +178,9 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     if isinstance(rhs, PackedRhs):
         return _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_offset)
     lhs, rhs, lt, rt, _ = _operand.operands(lhs, rhs, _FN)
-    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt, _FN), _FN)
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lt, rt), _FN)
     ct = gw.compute_dtype(lt, rt, out_dtype)
-    v.check_precision(precision, ct, _FN)
-    algo = gw.algorithm(precision, ct, _FN, (lt, rt))
+    algo = _precision.resolve(precision, lt, rt, ct, _FN)
 
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, lhs.shape, rhs.shape, _FN)
 
@@ -219,8 +215,7 @@ def _packed(lhs, rhs, group_sizes, dn, precision, preferred_element_type, group_
             f"lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]); got {dn}. {v.PACKED_TAKEN[0].upper()}"
             f"{v.PACKED_TAKEN[1:]}: for other dimension numbers pass the plain weights, "
             "'rhs'.unpack()")
-    return ragged_dot(lhs, rhs, group_sizes, precision=precision,
-                      preferred_element_type=preferred_element_type, group_offset=group_offset)
+    return _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset, None, _FN)
 
 
 def _shape(arr, dims):

@@ -6,7 +6,6 @@ this module imports no other of the package: the operands of a product
 (QArray, AsQArray, PackedRhs) are brought into shape by ``_operand``, and
 converted for the kernels by the gateway (``_gateway``).
 """
-import enum
 import operator
 import os
 import reprlib
@@ -15,30 +14,6 @@ import sys
 import numpy as np
 
 __all__ = []
-
-# Names of jax.lax.Precision values and of the strings jax takes for them.
-_PRECISIONS = {"default", "high", "highest", "bfloat16", "bfloat16_3x", "tensorfloat32", "float32", "fastest"}
-# jax.lax.DotAlgorithmPreset names -> the accumulation type each asks for
-# (None: any, the backend's choice).
-_PRESET_ACCUMULATION = {
-    "DEFAULT": None,
-    "ANY_F8_ANY_F8_F32": "float32",
-    "ANY_F8_ANY_F8_F32_FAST_ACCUM": "float32",
-    "ANY_F8_ANY_F8_ANY": None,
-    "ANY_F8_ANY_F8_ANY_FAST_ACCUM": None,
-    "F16_F16_F16": "float16",
-    "F16_F16_F32": "float32",
-    "BF16_BF16_BF16": "bfloat16",
-    "BF16_BF16_F32": "float32",
-    "BF16_BF16_F32_X3": "float32",
-    "BF16_BF16_F32_X6": "float32",
-    "BF16_BF16_F32_X9": "float32",
-    "TF32_TF32_F32": "float32",
-    "TF32_TF32_F32_X3": "float32",
-    "F32_F32_F32": "float32",
-    "F64_F64_F64": "float64",
-}
-
 
 def _dtype_name(dtype):
     return getattr(dtype, "name", str(dtype))
@@ -68,19 +43,19 @@ def float_dtype(arr, name, fn):
 
 
 def _rank(dt):
-    return 2 if dt.itemsize == 2 else dt.itemsize
+    """jax.lax's order of float types (XLA's HigherPrecisionType): by largest
+    exponent, then mantissa bits: float16 < bfloat16 < float32 < float64."""
+    return {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}[_dtype_name(dt)]
 
 
-def promote(a, b, fn):
-    """JAX's promotion of two float dtypes: the wider one wins; float16 with
-    bfloat16 has no common type."""
+def promote(a, b):
+    """jax.lax's result type of a product of two float dtypes (its
+    dot_general dtype rule): the one of the larger range, then of the more
+    mantissa bits, so float16 with bfloat16 gives bfloat16 (jax.numpy's
+    promotion, which gives float32 there, is not the rule of jax.lax's
+    products)."""
     if a == b:
         return a
-    if _rank(a) == _rank(b):
-        raise TypeError(
-            f"{fn}: 'lhs' ({_dtype_name(a)}) and 'rhs' ({_dtype_name(b)}) have no common "
-            "float type; cast one of them first"
-        )
     return a if _rank(a) > _rank(b) else b
 
 
@@ -175,6 +150,24 @@ def as_array(x, name, fn, ndim=None, shape_doc=""):
             f"{fn}: expected {ndim}-D '{name}'{shape_doc} but got a {arr.ndim}-D array of shape {arr.shape}"
         )
     return arr
+
+
+def axes(axes, ndim, name, fn):
+    """``axes`` (integers, negative ones counted from the end) as a list of
+    axes in ``[0, ndim)``; TypeError or ValueError naming ``name`` for a
+    non-integer, one out of range or a repeated one."""
+    out = []
+    for a in axes:
+        try:
+            a = operator.index(a)
+        except TypeError:
+            raise TypeError(f"{fn}: '{name}' must hold integer axes, got {a!r}") from None
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{fn}: '{name}' has axis {a}, out of range for {ndim} dimensions")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{fn}: '{name}' repeats an axis: {tuple(axes)!r}")
+    return out
 
 
 def physical_memory():
@@ -278,109 +271,6 @@ def group_sizes_array(group_sizes, fn, limit=None, limit_doc="lhs.shape[0]"):
     if limit is not None and total > limit:
         raise ValueError(f"{fn}: sum(group_sizes)={total} exceeds {limit_doc}={limit}")
     return np.ascontiguousarray(gs, dtype=np.int64), total
-
-
-def _is_precision(value):
-    """A jax.lax.Precision value or one of the strings jax takes for one."""
-    name = getattr(value, "name", value)
-    return isinstance(name, str) and name.lower() in _PRECISIONS
-
-
-def _is_dot_algorithm(value):
-    """Duck-typed jax.lax.DotAlgorithm (a NamedTuple, so tested before pairs)."""
-    return all(hasattr(value, a) for a in ("lhs_precision_type", "rhs_precision_type", "accumulation_type"))
-
-
-def _type_name(t):
-    if t is None:
-        return "ANY"
-    try:
-        return np.dtype(t).name
-    except TypeError:
-        return getattr(t, "__name__", repr(t))
-
-
-def _check_accumulation(label, accumulation, compute_dtype, fn):
-    """An algorithm that accumulates in `accumulation` (a dtype-like or None
-    for any) is honoured when the CPU's accumulation in `compute_dtype` is at
-    least as precise; ValueError naming the algorithm otherwise."""
-    if accumulation is None:
-        return
-    try:
-        acc = np.dtype(accumulation)
-    except TypeError:
-        raise ValueError(f"{fn}: precision={label}: its accumulation type {accumulation!r} is not a dtype") from None
-    if not (acc.kind == "f" or acc.name.startswith(("float", "bfloat"))):
-        raise ValueError(f"{fn}: precision={label} accumulates in {acc.name}, but raggeddot multiplies "
-                         f"float operands and accumulates them in a float type ({compute_dtype.name} here)")
-    if acc.itemsize > compute_dtype.itemsize:
-        raise ValueError(
-            f"{fn}: precision={label} asks for {acc.name} accumulation, but this call accumulates in "
-            f"{compute_dtype.name} (the CPU accumulates in float32, or in float64 when an input or the "
-            "output is float64); pass float64 operands or preferred_element_type=float64, or an "
-            "algorithm that accumulates in float32 or narrower")
-
-
-def asks_highest(precision):
-    """Whether ``precision`` asks for full float32 products: HIGHEST (or
-    "highest", also as either entry of a pair), DotAlgorithmPreset.F32_F32_F32
-    (or its name), or a DotAlgorithm of float32 operands."""
-    if precision is None:
-        return False
-    if isinstance(precision, (tuple, list)):
-        return any(asks_highest(p) for p in precision)
-    if _is_dot_algorithm(precision):
-        try:
-            return all(t is not None and np.dtype(t) == np.float32
-                       for t in (precision.lhs_precision_type, precision.rhs_precision_type))
-        except TypeError:
-            return False
-    name = getattr(precision, "name", precision)
-    return isinstance(name, str) and name.lower() in ("highest", "f32_f32_f32")
-
-
-def check_precision(precision, compute_dtype, fn):
-    """Accept what jax.lax accepts for `precision` when the CPU can honour it.
-
-    The CPU accumulates in ``compute_dtype`` (float32, or float64 when an
-    input or the output is float64) whatever is asked, so:
-
-    - None, a ``jax.lax.Precision`` (or its string: "default", "high",
-      "highest", ...) or a pair of them: accepted;
-    - a ``jax.lax.DotAlgorithmPreset`` (an enum member, or its name) or a
-      ``jax.lax.DotAlgorithm``: accepted when its accumulation type is ANY
-      or no wider than ``compute_dtype`` (an F64 accumulation needs float64
-      operands or output), else ValueError naming the algorithm.
-
-    Duck-typed: jax is not imported.
-    """
-    if precision is None:
-        return
-    if _is_dot_algorithm(precision):
-        label = (f"DotAlgorithm(lhs_precision_type={_type_name(precision.lhs_precision_type)}, "
-                 f"rhs_precision_type={_type_name(precision.rhs_precision_type)}, "
-                 f"accumulation_type={_type_name(precision.accumulation_type)})")
-        _check_accumulation(label, precision.accumulation_type, compute_dtype, fn)
-        return
-    if isinstance(precision, (tuple, list)):
-        if len(precision) != 2:
-            raise ValueError(f"{fn}: 'precision' as a sequence must have two entries, got {precision!r}")
-        for p in precision:
-            if not _is_precision(p):
-                raise ValueError(f"{fn}: 'precision' as a pair must hold two jax.lax.Precision values "
-                                 f"(or their names), got {precision!r}")
-        return
-    if _is_precision(precision):
-        return
-    name = precision if isinstance(precision, str) else getattr(precision, "name", None)
-    if (isinstance(precision, (str, enum.Enum)) and isinstance(name, str)
-            and name in _PRESET_ACCUMULATION):
-        _check_accumulation(f"DotAlgorithmPreset.{name}", _PRESET_ACCUMULATION[name], compute_dtype, fn)
-        return
-    raise ValueError(
-        f"{fn}: 'precision' must be None, 'default', 'high', 'highest', a jax.lax.Precision, a pair of "
-        f"them, a jax.lax.DotAlgorithmPreset or a jax.lax.DotAlgorithm, got {precision!r}"
-    )
 
 
 def local_group_start(group_offset, g, num_local, fn, local_doc="rhs.shape[0]"):

@@ -45,13 +45,15 @@ import operator
 import numpy as np
 
 from . import _validate as v
+from ._float4 import PackedFloat4
 
 try:
     import ml_dtypes
 except ImportError:  # then float8_e4m3fn and ml_dtypes' int4 are unavailable
     ml_dtypes = None
 
-__all__ = ["QArray", "AsQArray", "PackedFloat4", "quantize", "dequantize", "from_mxfp4", "QTYPES"]
+__all__ = ["QArray", "AsQArray", "PackedFloat4", "quantize", "dequantize", "from_mxfp4", "refuse_non_finite",
+           "QTYPES"]
 
 #: Accepted qtypes: name -> (smallest value, largest value).
 QTYPES = {"int8": (-128, 127), "int4": (-8, 7), "float8_e4m3fn": (-448.0, 448.0),
@@ -88,161 +90,18 @@ def _is_e8m0(dtype):
     return dtype.name == "float8_e8m0fnu" and dtype.itemsize == 1
 
 
-# ------------------------------------------------------------ 4-bit values
-
-
-class PackedFloat4:
-    """float4_e2m1fn values kept two a byte: the storage of a 4-bit
-    :class:`QArray` (qtypes "float4_e2m1fn" and "mxfp4").
-
-    ``codes`` is a uint8 array of the values' shape but along ``axis``,
-    where it has ``(length + 1) // 2`` bytes of unit stride: value ``2j``
-    is the low nibble of byte ``j``, value ``2j + 1`` its high nibble (the
-    order of the OCP Microscaling formats and of gpt-oss's checkpoints; an
-    odd ``length`` leaves the last high nibble unused). It behaves as an
-    array of float4_e2m1fn of that shape for what a QArray does with its
-    values: ``shape``, ``ndim``, ``size``, ``dtype``, ``transpose``, basic
-    indexing, ``reshape`` (merging adjacent axes), ``astype`` and
-    ``np.asarray`` (one byte a value, a copy). Views keep the codes where
-    they can and copy them (repacked) where the pairs do not survive.
-
-    Build one with :meth:`pack` (from float4_e2m1fn values) or from the
-    bytes themselves: ``PackedFloat4(codes, axis, length)``.
-    """
-
-    __slots__ = ("codes", "axis", "length")
-
-    def __init__(self, codes, axis=-1, length=None):
-        fn = "PackedFloat4"
-        codes = v.as_array(codes, "codes", fn)
-        if codes.dtype != np.uint8:
-            raise TypeError(f"{fn}: 'codes' must be uint8 (two float4_e2m1fn codes a byte), got {codes.dtype}")
-        if codes.ndim == 0:
-            raise ValueError(f"{fn}: 'codes' must have at least one dimension")
-        axis = _axes((axis,), codes.ndim, "axis", fn)[0]
-        have = codes.shape[axis]
-        length = 2 * have if length is None else operator.index(length)
-        if (length + 1) // 2 != have:
-            raise ValueError(f"{fn}: 'length' {length} needs {(length + 1) // 2} bytes along axis {axis}, "
-                             f"'codes' has {have}")
-        if length > 2 and codes.strides[axis] != 1:
-            codes = np.ascontiguousarray(np.moveaxis(codes, axis, -1))
-            codes = np.moveaxis(codes, -1, axis)
-        for name, val in (("codes", codes), ("axis", axis), ("length", length)):
-            object.__setattr__(self, name, val)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("PackedFloat4 is immutable")
-
-    def __repr__(self):
-        return f"PackedFloat4(shape={self.shape}, axis={self.axis})"
-
-    @classmethod
-    def pack(cls, values, axis=-1):
-        """``values`` (float4_e2m1fn, or uint8 codes 0-15 one a byte) packed
-        two a byte along ``axis``."""
-        values = np.asarray(values)
-        if values.dtype.name != "float4_e2m1fn" and values.dtype != np.uint8:
-            raise TypeError(f"PackedFloat4.pack: 'values' must be float4_e2m1fn, got {values.dtype}")
-        codes = values.view(np.uint8)
-        if values.ndim == 0:
-            raise ValueError("PackedFloat4.pack: 'values' must have at least one dimension")
-        axis = _axes((axis,), values.ndim, "axis", "PackedFloat4.pack")[0]
-        c = np.moveaxis(codes & 0xF, axis, -1)
-        n = c.shape[-1]
-        if n % 2:
-            c = np.concatenate([c, np.zeros(c.shape[:-1] + (1,), np.uint8)], axis=-1)
-        packed = np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4))
-        return cls(np.moveaxis(packed, -1, axis), axis, n)
-
-    # -------------------------------------------------- the array it stands for
-    @property
-    def shape(self):
-        s = list(self.codes.shape)
-        s[self.axis] = self.length
-        return tuple(s)
-
-    @property
-    def ndim(self):
-        return self.codes.ndim
-
-    @property
-    def size(self):
-        return math.prod(self.shape)
-
-    @property
-    def dtype(self):
-        return np.dtype(ml_dtypes.float4_e2m1fn)
-
-    @property
-    def nbytes(self):
-        return self.codes.nbytes
-
-    def unpack(self):
-        """The values one a byte: a new float4_e2m1fn array."""
-        c = np.moveaxis(self.codes, self.axis, -1)
-        out = np.empty(c.shape[:-1] + (2 * c.shape[-1],), np.uint8)
-        out[..., 0::2] = c & 0xF
-        out[..., 1::2] = c >> 4
-        out = out[..., :self.length]
-        return np.moveaxis(out, -1, self.axis).view(ml_dtypes.float4_e2m1fn)
-
-    def __array__(self, dtype=None, copy=None):
-        x = self.unpack()
-        return x if dtype is None else x.astype(dtype)
-
-    def astype(self, dtype, copy=True):
-        return self.unpack().astype(dtype)
-
-    # ------------------------------------------------------------- views
-    def transpose(self, *axes):
-        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], (int, np.integer))):
-            axes = axes[0]
-        axes = tuple(reversed(range(self.ndim))) if not axes else tuple(operator.index(a) % self.ndim for a in axes)
-        return PackedFloat4(self.codes.transpose(axes), axes.index(self.axis), self.length)
-
-    def __getitem__(self, key):
-        """Basic indexing (integers and slices); the codes are kept where
-        the packed axis is sliced from an even start with unit step (or not
-        indexed), repacked along the last axis otherwise."""
-        if not isinstance(key, tuple):
-            key = (key,)
-        key = key + (slice(None),) * (self.ndim - len(key))
-        k = key[self.axis]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(self.length)
-            n = len(range(start, stop, step))
-            if step == 1 and start % 2 == 0:
-                ckey = list(key)
-                ckey[self.axis] = slice(start // 2, start // 2 + (n + 1) // 2)
-                axis = self.axis - sum(not isinstance(x, slice) for x in key[:self.axis])
-                return PackedFloat4(self.codes[tuple(ckey)], axis, n)
-        values = self.unpack()[key]
-        return PackedFloat4.pack(values, -1) if values.ndim else values
-
-    def reshape(self, *shape):
-        """A reshape that merges adjacent axes (or adds and drops axes of
-        size 1) keeps the codes when the packed axis stays the innermost of
-        its merged axes (with an even length if it merges with others);
-        any other is repacked along the last axis."""
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = shape[0]
-        shape = tuple(operator.index(d) for d in shape)
-        old = self.shape
-        before, inner, n = math.prod(old[:self.axis]), math.prod(old[self.axis + 1:]), self.length
-        for j, d in enumerate(shape):
-            if math.prod(shape[j + 1:]) != inner or n == 0 or d % n:
-                continue
-            if math.prod(shape[:j]) * d != before * n or (d != n and n % 2):
-                continue
-            cshape = list(shape)
-            cshape[j] = d // n * ((n + 1) // 2)
-            return PackedFloat4(self.codes.reshape(cshape), j, d)
-        return PackedFloat4.pack(self.unpack().reshape(shape), -1)
-
-
 def _is_int4(dtype):
     return dtype.name == "int4" and dtype.itemsize == 1
+
+
+def _mx_tiles(shape, sshape):
+    """Whether scales of shape ``sshape`` tile values of ``shape`` as MXFP4
+    does: one scale per 32 values along one axis, one per index along the
+    others (always for no values)."""
+    if math.prod(shape) == 0:
+        return True
+    tiles = [n // s for n, s in zip(shape, sshape)]
+    return sorted(tiles)[-1:] == [_MX_BLOCK] and all(t == 1 for t in sorted(tiles)[:-1])
 
 
 def _check_e8m0(scale, fn, name):
@@ -318,6 +177,12 @@ class QArray:
             if (s == 0 and n != 0) or (s != 0 and n % s):
                 raise ValueError(f"{fn}: 'scale' has {s} entries on axis {axis}, which does not divide "
                                  f"qvalue's {n} (qvalue {qvalue.shape}, scale {scale.shape})")
+        if qtype == "mxfp4" and not _mx_tiles(qvalue.shape, scale.shape):
+            tiles = tuple(n // s if s else 1 for n, s in zip(qvalue.shape, scale.shape))
+            raise ValueError(f"{fn}: an 'mxfp4' QArray has one float8_e8m0fnu scale per {_MX_BLOCK} values along "
+                             f"one axis and one per index along the others; got tiles {tiles} (qvalue "
+                             f"{qvalue.shape}, scale {scale.shape}): for another tiling of power-of-two scales "
+                             "give them as float32 with qtype 'float4_e2m1fn' (scale.astype(np.float32))")
         if zero_point is not None:
             zero_point = v.as_array(zero_point, "zero_point", fn)
             if zero_point.shape != scale.shape:
@@ -367,6 +232,13 @@ class QArray:
     # along it) and the one-byte values (a reshape NumPy cannot view).
 
     def _new(self, qvalue, scale, zero_point):
+        """The QArray of a view: of this qtype, but an "mxfp4" view whose
+        scales no longer run 32 deep along one axis (a slice off the block
+        bounds, a reshape that splits blocks) is the "float4_e2m1fn" QArray
+        of the same values and scales (float32: every e8m0 scale is one
+        exactly), which it then is."""
+        if self.qtype == "mxfp4" and not _mx_tiles(qvalue.shape, scale.shape):
+            return QArray(qvalue, scale.astype(np.float32), None, "float4_e2m1fn")
         return QArray(qvalue, scale, zero_point, self.qtype)
 
     def _scales(self, f):
@@ -484,19 +356,33 @@ def _merge_axis(q, run):
 # ---------------------------------------------------------------- quantize
 
 
-def _axes(axes, ndim, name, fn):
-    out = []
-    for a in axes:
-        try:
-            a = operator.index(a)
-        except TypeError:
-            raise TypeError(f"{fn}: '{name}' must hold integer axes, got {a!r}") from None
-        if not -ndim <= a < ndim:
-            raise ValueError(f"{fn}: '{name}' has axis {a}, out of range for {ndim} dimensions")
-        out.append(a % ndim)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{fn}: '{name}' repeats an axis: {tuple(axes)!r}")
-    return out
+def refuse_non_finite(x, qtype, fn, what):
+    """ValueError naming ``fn`` and ``what`` (the argument, e.g. "'x'")
+    when the float array ``x``, to be quantized to ``qtype``, holds an
+    infinity or a NaN: no qtype holds
+    one (a tile holding one would get an infinite or NaN scale and silently
+    wrong values; OCP MX v1.0 marks such an MXFP4 block with the NaN scale
+    0xFF, which raggeddot refuses). One pass, no temporary: the float64 sum
+    of float16 / bfloat16 / float32 values is finite exactly when they all
+    are (float64 sums of float32 values cannot overflow); float64 values
+    are tested one by one."""
+    if x.size == 0:
+        return
+    with np.errstate(invalid="ignore"):     # (inf + -inf: NaN, as it should)
+        if x.dtype.itemsize < 8:
+            if np.isfinite(np.sum(x, dtype=np.float64)):
+                return
+        elif np.isfinite(x).all():
+            return
+    bad = ~np.isfinite(x.astype(np.float64) if x.dtype.itemsize < 8 else x)
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    rule = (" (OCP MX v1.0 gives such a block the NaN scale 0xFF, which MXFP4 weights here may not hold)"
+            if qtype == "mxfp4" else "")
+    count = int(bad.sum())
+    raise ValueError(f"{fn}: {what} holds {count} non-finite value{'s' if count > 1 else ''} (the first, "
+                     f"{float(np.asarray(x)[where])}, at {where}), which qtype {qtype!r} cannot represent: "
+                     f"the scale of its tile would be infinite or NaN{rule}; replace them first "
+                     "(e.g. np.nan_to_num, or clip to the finite range)")
 
 
 def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_method="absmax"):
@@ -519,7 +405,11 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
                    q = clip(round(x / scale) + zero_point, qmin, qmax)
 
     A tile of zeros gets scale 1. Because of the +0.5, the int8 value -128
-    occurs (for the tile's most negative value when it is -max|x|).
+    occurs (for the tile's most negative value when it is -max|x|). An
+    infinity or NaN in ``x`` is refused (ValueError naming it): no qtype
+    holds one, and the scale of its tile would be infinite or NaN (OCP MX
+    v1.0 gives such an MXFP4 block the NaN scale, refused here as in
+    :func:`from_mxfp4`).
 
     Args:
       x: float array (float16, bfloat16, float32, float64).
@@ -548,11 +438,11 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
         raise ValueError(f"{fn}: calibration_method='minmax' needs an integer qtype, got {qtype!r}")
     if isinstance(channelwise_axes, (int, np.integer)):
         channelwise_axes = (channelwise_axes,)
-    chan = _axes(channelwise_axes, x.ndim, "channelwise_axes", fn)
+    chan = v.axes(channelwise_axes, x.ndim, "channelwise_axes", fn)
     tiled_axes = {} if tiled_axes is None else tiled_axes
     if not isinstance(tiled_axes, dict):
         raise TypeError(f"{fn}: 'tiled_axes' must be a dict {{axis: tile}}, got {type(tiled_axes).__name__}")
-    tiled = dict(zip(_axes(tiled_axes.keys(), x.ndim, "tiled_axes", fn), tiled_axes.values()))
+    tiled = dict(zip(v.axes(tiled_axes.keys(), x.ndim, "tiled_axes", fn), tiled_axes.values()))
     both = set(chan) & set(tiled)
     if both:
         raise ValueError(f"{fn}: axes {sorted(both)} are both in 'channelwise_axes' and 'tiled_axes'")
@@ -569,6 +459,7 @@ def quantize(x, qtype, *, channelwise_axes=(), tiled_axes=None, calibration_meth
             raise ValueError(f"{fn}: 'tiled_axes' tile {t} for axis {a} must be a positive divisor "
                              f"of its size {x.shape[a]}")
         tile[a] = t
+    refuse_non_finite(x, qtype, fn, "'x'")
     ct = np.dtype(np.float64) if xt == np.float64 else np.dtype(np.float32)
     sshape = tuple(n // t if t else 1 for n, t in zip(x.shape, tile))
     if qtype == "mxfp4":
@@ -650,9 +541,14 @@ def from_mxfp4(blocks, scales):
       A QArray of qtype "mxfp4" and shape ``[..., out, in]`` whose values
       are ``blocks`` (reshaped, not copied, when its last two axes are
       contiguous) and whose scales are ``scales`` viewed as
-      float8_e8m0fnu. It is ``[E, out, in]`` as transformers holds expert
-      weights: multiply it with ``transpose_rhs=True`` (gmm) or prepack it
-      with ``transpose_rhs=True``, as any ``[E, out, in]`` weights.
+      float8_e8m0fnu. For expert weights it is ``[E, out, in]``, the
+      checkpoint's layout (the 32-value blocks run along ``in``): multiply
+      it with ``transpose_rhs=True`` (gmm) or prepack it with
+      ``transpose_rhs=True``, as any ``[E, out, in]`` weights. transformers'
+      gpt-oss experts module holds the dequantized weights transposed,
+      ``gate_up_proj [E, in, out]`` = ``[E, d, 2f]`` and ``down_proj
+      [E, f, d]``; ``raggeddot.torch.hold_mxfp4`` takes this ``[E, out,
+      in]`` QArray for either kind of module.
     """
     fn = "from_mxfp4"
     if ml_dtypes is None:

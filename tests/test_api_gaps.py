@@ -6,18 +6,13 @@
   the gathers, and vjp/jvp of the ops. Each is converted once and gives
   exactly the result of the native arrays, in native byte order; the
   inputs are not modified.
-- ``precision`` given as jax's ``DotAlgorithmPreset`` or ``DotAlgorithm``
-  (real jax objects): accepted when the CPU's accumulation is at least as
-  precise as the one asked for, refused with a ValueError naming the
-  algorithm otherwise; ``Precision`` values and pairs still accepted; and
-  none of it imports jax.
+- ``precision`` given as jax's ``DotAlgorithmPreset`` names: checked
+  without importing jax (their meanings: tests/test_precision.py).
 """
 import functools
 import subprocess
 import sys
 
-import jax
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -204,154 +199,8 @@ def test_vjp_and_jvp_of_swapped_primals(rng):
 
 
 # ---------------------------------------------------------------------------
-# precision: jax's DotAlgorithmPreset and DotAlgorithm
+# precision (the values and their meanings: tests/test_precision.py)
 # ---------------------------------------------------------------------------
-# The CPU accumulates in float32, or float64 when an input or the output is
-# float64. An algorithm is accepted when that is at least as precise as the
-# accumulation it asks for (ANY, float16, bfloat16, float32; float64 only
-# with float64 data), refused with a ValueError naming it otherwise.
-
-jnp = jax.numpy
-PRESETS = list(jax.lax.DotAlgorithmPreset)
-F64_ACCUMULATING = {"F64_F64_F64"}
-
-
-def small_problem(rng, dtype):
-    lhs = rng.standard_normal((9, 4)).astype(dtype)
-    rhs = rng.standard_normal((2, 4, 3)).astype(dtype)
-    return lhs, rhs, np.array([5, 3])
-
-
-def test_every_preset_of_this_jax_is_known():
-    """The presets listed here are the ones jax has: none is refused as unknown."""
-    names = {p.name for p in PRESETS}
-    assert {"DEFAULT", "F32_F32_F32", "BF16_BF16_F32", "BF16_BF16_F32_X3", "BF16_BF16_F32_X6",
-            "BF16_BF16_F32_X9", "TF32_TF32_F32", "TF32_TF32_F32_X3", "F16_F16_F32", "F16_F16_F16",
-            "BF16_BF16_BF16", "F64_F64_F64", "ANY_F8_ANY_F8_F32", "ANY_F8_ANY_F8_F32_FAST_ACCUM",
-            "ANY_F8_ANY_F8_ANY", "ANY_F8_ANY_F8_ANY_FAST_ACCUM"} <= names
-
-
-@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
-def test_presets_with_float32_accumulation(rng, dtype, preset):
-    lhs, rhs, gs = small_problem(rng, dtype)
-    base = raggeddot.ragged_dot(lhs, rhs, gs)
-    if preset.name in F64_ACCUMULATING:
-        with pytest.raises(ValueError, match=f"ragged_dot: precision=DotAlgorithmPreset.{preset.name} "
-                                             "asks for float64 accumulation.*accumulates in float32"):
-            raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
-        with pytest.raises(ValueError, match=preset.name):
-            raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name)      # by name, as jax takes it
-    elif preset.name == "BF16_BF16_F32":   # jax's meaning: operands rounded to bfloat16, float32 sums
-        if dtype == np.float16:
-            with pytest.raises(TypeError, match="BF16_BF16_F32 multiplies bfloat16-rounded operands: 'lhs' and 'rhs' must be float32 or bfloat16 arrays, got a float16 'lhs'"):
-                raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
-            return
-        bf16 = ml_dtypes.bfloat16
-        want = raggeddot.ragged_dot(lhs.astype(bf16), rhs.astype(bf16), gs, preferred_element_type=np.float32)
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), want)
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name), want)
-    else:
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), base)
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset.name), base)
-
-
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
-def test_presets_with_float64_accumulation(rng, preset):
-    """Every preset is honoured when the call accumulates in float64, but
-    BF16_BF16_F32, which asks for bfloat16 operands summed in float32."""
-    lhs, rhs, gs = small_problem(rng, np.float64)
-    if preset.name == "BF16_BF16_F32":
-        with pytest.raises(TypeError, match="BF16_BF16_F32 multiplies bfloat16-rounded operands"):
-            raggeddot.ragged_dot(lhs, rhs, gs, precision=preset)
-        return
-    base = raggeddot.ragged_dot(lhs, rhs, gs)
-    np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=preset), base)
-    lhs32, rhs32 = lhs.astype(np.float32), rhs.astype(np.float32)   # a float64 output suffices
-    np.testing.assert_array_equal(
-        raggeddot.ragged_dot(lhs32, rhs32, gs, precision=preset, preferred_element_type=np.float64),
-        raggeddot.ragged_dot(lhs32, rhs32, gs, preferred_element_type=np.float64))
-
-
-ALGORITHMS = [   # (lhs, rhs, accumulation) precision types, accepted with float32 data?
-    ((np.float32, np.float32, np.float32), True),
-    ((jnp.bfloat16, jnp.bfloat16, np.float32), True),
-    ((np.float16, np.float16, np.float16), True),
-    ((jnp.bfloat16, jnp.bfloat16, jnp.bfloat16), True),
-    ((jnp.float8_e4m3fn, jnp.float8_e4m3fn, np.float32), True),
-    ((np.float32, np.float32, None), True),
-    ((np.float32, np.float32, np.float64), False),
-    ((np.float64, np.float64, np.float64), False),
-]
-
-
-@pytest.mark.parametrize("types,accepted", ALGORITHMS, ids=lambda t: str(t))
-def test_dot_algorithm(rng, types, accepted):
-    algorithm = jax.lax.DotAlgorithm(*types)
-    assert isinstance(algorithm, tuple) and len(algorithm) != 2     # a NamedTuple, not a pair
-    lhs, rhs, gs = small_problem(rng, np.float32)
-    base = raggeddot.ragged_dot(lhs, rhs, gs)
-    if accepted and types[:2] == (jnp.bfloat16, jnp.bfloat16) and types[2] == np.float32:
-        # jax's BF16_BF16_F32 algorithm: the operands rounded to bfloat16, float32 sums
-        bf16 = ml_dtypes.bfloat16
-        want = raggeddot.ragged_dot(lhs.astype(bf16), rhs.astype(bf16), gs, preferred_element_type=np.float32)
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm), want)
-        with pytest.raises(TypeError, match="multiplies bfloat16-rounded operands"):
-            raggeddot.ragged_dot(lhs.astype(np.float64), rhs.astype(np.float64), gs, precision=algorithm)
-        return
-    if accepted:
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm), base)
-    else:
-        with pytest.raises(ValueError, match=r"ragged_dot: precision=DotAlgorithm\(lhs_precision_type="
-                                             r".*accumulation_type=float64\) asks for float64 accumulation"):
-            raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm)
-    # with float64 data every one of these is honoured
-    l64, r64 = lhs.astype(np.float64), rhs.astype(np.float64)
-    np.testing.assert_array_equal(raggeddot.ragged_dot(l64, r64, gs, precision=algorithm),
-                                  raggeddot.ragged_dot(l64, r64, gs))
-
-
-def test_dot_algorithm_with_integer_accumulation_is_refused(rng):
-    lhs, rhs, gs = small_problem(rng, np.float64)
-    algorithm = jax.lax.DotAlgorithm(np.int8, np.int8, np.int32)
-    with pytest.raises(ValueError, match=r"precision=DotAlgorithm\(.*accumulation_type=int32\) accumulates in int32"):
-        raggeddot.ragged_dot(lhs, rhs, gs, precision=algorithm)
-
-
-def test_ragged_dot_general_and_vjp_take_algorithms(rng):
-    lhs, rhs, gs = small_problem(rng, np.float32)
-    dn = DN((([1], [1]), ([], [])), [0], [0])
-    base = raggeddot.ragged_dot_general(lhs, rhs, gs, dn)
-    P = jax.lax.DotAlgorithmPreset
-    for p in (P.BF16_BF16_F32_X6, P.F16_F16_F16, jax.lax.DotAlgorithm(np.float32, np.float32, np.float32)):
-        np.testing.assert_array_equal(raggeddot.ragged_dot_general(lhs, rhs, gs, dn, precision=p), base)
-    with pytest.raises(ValueError, match="ragged_dot_general: precision=DotAlgorithmPreset.F64_F64_F64"):
-        raggeddot.ragged_dot_general(lhs, rhs, gs, dn, precision=P.F64_F64_F64)
-    ct = rng.standard_normal(base.shape).astype(np.float32)
-    want = raggeddot.vjp(raggeddot.ragged_dot, lhs, rhs, gs)[1](ct)
-    got = raggeddot.vjp(functools.partial(raggeddot.ragged_dot, precision=P.TF32_TF32_F32), lhs, rhs, gs)[1](ct)
-    for a, b in zip(got[:2], want[:2]):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_precision_values_and_pairs_are_still_accepted(rng):
-    lhs, rhs, gs = small_problem(rng, np.float32)
-    base = raggeddot.ragged_dot(lhs, rhs, gs)
-    P = jax.lax.Precision
-    for p in (None, P.DEFAULT, P.HIGH, P.HIGHEST, "default", "high", "highest", "bfloat16", "float32",
-              "tensorfloat32", "fastest", (P.HIGH, P.HIGHEST), [P.DEFAULT, P.DEFAULT], ("highest", "default")):
-        np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, rhs, gs, precision=p), base, err_msg=repr(p))
-
-
-@pytest.mark.parametrize("bad", ["fast", (jax.lax.Precision.HIGH,), ("high", "high", "high"),
-                                 (jax.lax.DotAlgorithmPreset.F32_F32_F32,) * 2, 3, "f32_f32_f32"],
-                         ids=repr)
-def test_other_precisions_are_refused(rng, bad):
-    """As jax refuses them: a wrong string, a sequence not of two Precision values, a number."""
-    lhs, rhs, gs = small_problem(rng, np.float32)
-    with pytest.raises(ValueError, match="ragged_dot: .*precision"):
-        raggeddot.ragged_dot(lhs, rhs, gs, precision=bad)
-
 
 def test_precision_checks_do_not_import_jax():
     code = ("import sys, numpy as np, raggeddot\n"

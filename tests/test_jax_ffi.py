@@ -349,7 +349,8 @@ def test_bfloat16_takes_the_fast_kernels_and_highest_the_exact_products(rng):
     gs = np.array([10, 0, 25])
     xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
     xn, wn = np.asarray(xb), np.asarray(wb)
-    with runtime.configured(kernel="amx-twin"):
+    with runtime.configured(kernel="amx-twin"), jax.default_matmul_precision("default"):
+        # (precision=None reads jax's default matmul precision, "highest" in this suite)
         fast = np.asarray(jax.jit(lambda a, b: rj.ragged_dot(a, b, gs, preferred_element_type=jnp.float32))(xb, wb))
         want = raggeddot.ragged_dot(xn, wn, gs, preferred_element_type=np.float32)
         exact = np.asarray(jax.jit(lambda a, b: rj.ragged_dot(a, b, gs, precision=jax.lax.Precision.HIGHEST,

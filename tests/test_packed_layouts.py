@@ -186,7 +186,6 @@ def test_layouts_and_their_memory(rng):
         raggeddot.ragged_dot(rng.standard_normal((8, 64), dtype=np.float32).astype(BF16), p, np.array([3, 5]))
         assert list(p.layouts) == ["float32-bfloat16w", "bfloat16-dot"]
         assert p.layouts["bfloat16-dot"] == p.nbytes          # k even: the same bytes
-    assert "layouts" in repr(p) or True
 
 
 def test_compute_dtype_mismatch_names_function_argument_and_fix(rng):

@@ -151,15 +151,16 @@ def test_empty_groups_and_empty_weights(rng):
 def test_memory_is_one_byte_a_weight_plus_scales(rng):
     """int8 weights: the panels hold k * ceil(n / NR) * NR bytes a group, the
     scales after each panel add 4 bytes a column per KC block (per tile
-    within a block with subchannel scales), and nothing depends on the
-    QArray afterwards."""
+    within a block with subchannel scales), nbytes counts those and the copy
+    of the scales kept for unpack(), and nothing depends on the QArray
+    afterwards."""
     g, k, n = 3, 512, 256
     w = rng.standard_normal((g, k, n)).astype(np.float32)
     q = quant.quantize(w, "int8", channelwise_axes=(0, 2))
     packed = raggeddot.prepack(q)
     nr, kc = packed.nr, packed.kc
     blocks = -(-k // kc)
-    assert packed.nbytes == g * (k * n + blocks * (n // nr) * (16 + 4 * nr))
+    assert packed.nbytes == g * (k * n + blocks * (n // nr) * (16 + 4 * nr)) + q.scale.nbytes
     assert packed.nbytes < w.nbytes / 3.9
     lhs = rng.standard_normal((24, k)).astype(np.float32)
     gs = np.array([8, 8, 8])
@@ -241,5 +242,5 @@ def test_errors_name_what_is_wrong(rng):
     for kernel in KERNELS:
         with runtime.configured(kernel=kernel):
             if raggeddot.prepack(q).nr != packed.nr:
-                with pytest.raises(ValueError, match="prepack them again"):
+                with pytest.raises(ValueError, match=r"^ragged_dot: 'rhs' was prepacked for the .* kernels.*prepack the weights again"):
                     raggeddot.ragged_dot(lhs, packed, gs)

@@ -12,7 +12,7 @@ import pytest
 
 import raggeddot
 
-from helpers import BFLOAT16, assert_unchanged, snapshot
+from helpers import assert_unchanged, snapshot
 
 
 def _args(m=10, k=4, n=3, g=2, dtype=np.float32, sizes=None):
@@ -191,15 +191,6 @@ def test_preferred_element_type_not_float(pet):
     lhs, rhs, gs = _args()
     with raises(TypeError, "preferred_element_type"):
         raggeddot.ragged_dot(lhs, rhs, gs, preferred_element_type=pet)
-
-
-def test_float16_with_bfloat16():
-    if BFLOAT16 is None:
-        pytest.skip("bfloat16 needs ml_dtypes")
-    lhs, rhs, gs = _args()
-    for a, b in ((np.float16, BFLOAT16), (BFLOAT16, np.float16)):
-        with raises(TypeError):
-            raggeddot.ragged_dot(lhs.astype(a), rhs.astype(b), gs)
 
 
 # ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _operand
 from .. import _validate as v
-from .._prepack import PackedRhs, meet
+from .._prepack import PackedRhs, check, quantizes_in_kernel
 from .. import quant as qz
 from .experts import GATE_UP, Experts, split_gate_up
 from .route import Router
@@ -305,11 +305,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
     def weight(a):   # QArrays as they are, half weights read in place
         return a if isinstance(a, qz.QArray) else gw.operand(a, ct, gw.PACKED)
 
-    if packed:   # laid out once by prepack, read where they lie (each product takes the
-        for a, name in named:   # layout for its lhs: _prepack.meet)
-            if ct != (np.float64 if a.ctype == "float64" else np.float32):
-                meet(a, None, ct, fn, name)
-    else:
+    if not packed:
         w0, wo = weight(w0), weight(wo)
     if fused:
         w0, w1 = split_gate_up(w0, 2 if weights_layout == "edf" else 1, gate_up)
@@ -319,6 +315,18 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     if activation_qtype is not None:
         activation_qtype = _activation_qtype(activation_qtype, fn)
+    if packed:   # laid out once by prepack, read where they lie (each product takes the layout
+        # for its lhs, _prepack.meet): checked now, before anything runs, for the rows they
+        # meet: 16-bit where the layer keeps its hidden activations so, else of the compute
+        # dtype, quantized per row with activation_qtype (by the kernels where they can)
+        hidden = out_dtype if ct == np.float32 and out_dtype.itemsize == 2 and x.dtype == out_dtype else ct
+        for a, name in named:
+            w = arrays[name]
+            rows, in_kernel = np.zeros((1, w.shape[1]), hidden), False
+            if activation_qtype is not None:
+                in_kernel = activation_qtype == "int8" and quantizes_in_kernel(rows, w)
+                rows = rows if in_kernel else qz.quantize(rows, activation_qtype, channelwise_axes=(0,))
+            check(w, rows, ct, fn, name, quantize_lhs=in_kernel)
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
                       alpha=alpha, gate_up=gate_up if fused else None, act_qtype=activation_qtype)
     capacity = capacity_of(T, top_k, E, capacity_factor)

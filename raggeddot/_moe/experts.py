@@ -48,7 +48,7 @@ import numpy as np
 from .. import _gateway as gw
 from .. import _validate as v
 from .._prepack import PackedRhs, meet, quantizes_in_kernel
-from ..quant import QArray, quantize
+from ..quant import QArray, quantize, refuse_non_finite
 from ..runtime import get_num_threads
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "Gathered", "fuses", "split_gate_up", "forward",
@@ -199,7 +199,7 @@ def _rows(x, w, bounds, out, accumulate=False):
     deferred = isinstance(x, _Deferred)
     lhs = x.rows if deferred else x
     if isinstance(w, PackedRhs):
-        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", quantize_lhs=deferred)
+        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
         if isinstance(w, PackedRhs):
             return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
     return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
@@ -223,6 +223,8 @@ def _quantized_rows(rows, qtype, *weights):
     can quantize them while packing for every product with ``weights``."""
     if qtype is None:
         return None
+    refuse_non_finite(rows, qtype, "moe_block", "the experts' input rows (x, or the activations of the "
+                      "gate and up products), quantized per row for activation_qtype,")
     if weights and all(_in_kernel(rows, w, qtype) for w in weights):
         return _Deferred(rows, qtype)
     return quantize(rows, qtype, channelwise_axes=(0,))
@@ -305,7 +307,7 @@ def _fused(lhs, w0, w1):
     if not (lhs.dtype.isnative and gw._packing_reads(lhs.dtype, ct)):
         return None
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
-        (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block") for w in (w0, w1))
+        (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block", "w0/w1") for w in (w0, w1))
         same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and x0 is lhs and x1 is lhs and \
             p0.ctype == p1.ctype != "int8-dot" and p0.shape == p1.shape and \
             (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \

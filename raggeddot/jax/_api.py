@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _megablox
+from .. import _precision
 from .. import _validate as v
 from .._ragged_dot_general import _dimension_numbers
 from ._prims import contract_p, rows_p
@@ -92,19 +93,31 @@ def _offset(group_offset, g, local, fn, local_doc="rhs.shape[0]"):
 
 
 def _types(lhs, rhs, preferred_element_type, precision, fn):
-    out_dtype = v.output_dtype(preferred_element_type, v.promote(lhs.dtype, rhs.dtype, fn), fn)
+    """``(out_dtype, compute dtype, algo)``: the result's dtype as jax.lax
+    gives it, the dtype the custom call writes, and what ``precision`` asks
+    (``raggeddot._precision.resolve``; None reads jax's
+    ``jax_default_matmul_precision``, as jax.lax does)."""
+    out_dtype = v.output_dtype(preferred_element_type, v.promote(lhs.dtype, rhs.dtype), fn)
     cdt = _compute(lhs.dtype, rhs.dtype, out_dtype)
-    v.check_precision(precision, np.float64 if cdt == np.float64 else np.float32, fn)
-    return out_dtype, cdt
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision
+    ct = np.dtype(np.float64 if cdt == np.float64 else np.float32)
+    algo = _precision.resolve(precision, lhs.dtype, rhs.dtype, ct, fn)
+    return out_dtype, cdt, algo
 
 
-def _exact(precision, lhs, rhs):
-    """Operands for ``precision``: HIGHEST (``v.asks_highest``) on two bfloat16
-    operands widens them to float32 first, so that the kernels multiply them
-    exactly (otherwise bfloat16 products take the fastest kernels this CPU
-    has: AMX tiles, vdpbf16ps where it outruns the float32 FMAs)."""
-    if v.asks_highest(precision) and lhs.dtype == jnp.bfloat16 and rhs.dtype == jnp.bfloat16:
+def _for_algorithm(algo, lhs, rhs):
+    """The operands the custom call multiplies for ``algo``: "exact" on two
+    bfloat16 operands widens them to float32 first, so that the kernels
+    multiply them exactly (otherwise bfloat16 products take the fastest
+    kernels this CPU has: AMX tiles, vdpbf16ps where it outruns the float32
+    FMAs); "bf16" rounds float32 operands to bfloat16 (nearest even, jax's
+    rounding), whose products the fastest bfloat16 kernels then sum in
+    float32."""
+    if algo == "exact" and lhs.dtype == jnp.bfloat16 and rhs.dtype == jnp.bfloat16:
         return lhs.astype(jnp.float32), rhs.astype(jnp.float32)
+    if algo == "bf16":
+        return tuple(a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for a in (lhs, rhs))
     return lhs, rhs
 
 
@@ -122,10 +135,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         ``[group_offset, group_offset + g)`` of ``len(group_sizes)``.
       group_sizes: ``[G]`` integers (a runtime operand: under ``jax.jit`` a
         negative entry or a sum past m raises when the call runs).
-      precision: as jax's (every precision accumulates in float32, float64
-        for a float64 input or output); on two bfloat16 operands the default
-        takes the fastest kernels (AMX tiles where the CPU has them), HIGHEST
-        the exact products (the operands widened to float32 first).
+      precision: as jax's, with its meanings as ``raggeddot.ragged_dot``
+        gives them (None: jax's ``jax_default_matmul_precision``); on two
+        bfloat16 operands the default takes the fastest kernels (AMX tiles
+        where the CPU has them), HIGHEST the exact products (the operands
+        widened to float32 first); BF16_BF16_F32 rounds float32 operands to
+        bfloat16 first. A value refused raises when the call is traced.
       preferred_element_type: the output dtype; default the promoted dtype.
       group_offset: megablox's expert sharding, an int or an integer array
         (e.g. from ``jax.lax.axis_index`` under ``shard_map``).
@@ -139,8 +154,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     if rhs.shape[1] != k:
         raise ValueError(f"{fn}: contracting dimensions differ: 'lhs' has k={k} (shape {lhs.shape}) "
                          f"but 'rhs' has k={rhs.shape[1]} (shape {rhs.shape})")
-    out_dtype, cdt = _types(lhs, rhs, preferred_element_type, precision, fn)
-    lhs, rhs = _exact(precision, lhs, rhs)
+    out_dtype, cdt, algo = _types(lhs, rhs, preferred_element_type, precision, fn)
+    lhs, rhs = _for_algorithm(algo, lhs, rhs)
     gs = _group_sizes(group_sizes, fn, (), m, "lhs.shape[0]")
     if gs.shape[0] != 1:
         raise ValueError(f"{fn}: 'group_sizes' must be 1-D [g], got shape {jnp.shape(group_sizes)}")
@@ -266,8 +281,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     dn = _dimension_numbers(ragged_dot_dimension_numbers)
     lhs = _operand(lhs, "lhs", fn)
     rhs = _operand(rhs, "rhs", fn)
-    out_dtype, cdt = _types(lhs, rhs, preferred_element_type, precision, fn)
-    lhs, rhs = _exact(precision, lhs, rhs)
+    out_dtype, cdt, algo = _types(lhs, rhs, preferred_element_type, precision, fn)
+    lhs, rhs = _for_algorithm(algo, lhs, rhs)
     ls, rs = lhs.shape, rhs.shape
     lb, rb, lc, rc, lf, rf, r, groups = v.ragged_dimensions(dn, ls, rs, fn)
     bsz = _prod(ls, lb)

@@ -39,8 +39,8 @@ def _result_dtype(lhs, rhs, preferred_element_type):
 
     For float32/float64 inputs JAX's rule is ``np.result_type(lhs, rhs)``.  For
     other mixes it differs from NumPy (int32 x float32 -> float32, int32 x
-    uint32 -> int32) and two different dtypes of equal rank (float16 x
-    bfloat16) are a TypeError.
+    uint32 -> int32, float16 x bfloat16 -> bfloat16, the wider exponent
+    range) and two different dtypes of equal rank are a TypeError.
     """
     if preferred_element_type is not None:
         return np.dtype(preferred_element_type)

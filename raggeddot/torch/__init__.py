@@ -34,8 +34,9 @@ explicitly.
 from ._matmul import gmm, ragged_dot, ragged_dot_general, ragged_dot_general_backward, tgmm
 from ._moe_ops import (ACTIVATIONS, LAYOUTS, gated_activation, gated_activation_backward, ragged_gather,
                        ragged_gather_backward, ragged_gather_reduce, ragged_gather_reduce_backward)
-from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, hold_mxfp4,
-                       load_mxfp4_experts, quantize_experts_mxfp4, register_transformers, set_weight_cache)
+from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, register_transformers,
+                       set_weight_cache)
+from ._mxfp4 import hold_mxfp4, load_mxfp4_checkpoint, load_mxfp4_experts, quantize_experts_mxfp4
 
 __all__ = [
     "ragged_dot",
@@ -53,6 +54,7 @@ __all__ = [
     "hold_mxfp4",
     "quantize_experts_mxfp4",
     "load_mxfp4_experts",
+    "load_mxfp4_checkpoint",
     "EXPERTS_IMPLEMENTATION",
     "ACTIVATIONS",
     "LAYOUTS",

@@ -24,7 +24,8 @@ _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _TO_NP = {torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
           torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TO_TORCH = {v: k for k, v in _TO_NP.items()}
-_RANK = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+# jax.lax's order of float result types: by largest exponent, then mantissa bits
+_RANK = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 
 
 def np_dtype(dt):
@@ -103,10 +104,8 @@ def compute_dtype(*dts):
 
 def result_dtype(preferred, a, b, fn):
     """The result dtype of a ragged_dot: ``preferred``, else the promoted type
-    of the operands (the wider float wins; float16 with bfloat16 is a
-    TypeError, as jax's rule)."""
-    if a != b and _RANK[a] == _RANK[b]:
-        raise TypeError(f"raggeddot.torch.{fn}: 'lhs' is {a} and 'rhs' is {b}: no common type; cast one")
+    of the operands as jax.lax promotes them (the wider float wins; float16
+    with bfloat16 gives bfloat16, the larger range)."""
     if preferred is not None:
         if preferred not in FLOATS:
             raise TypeError(f"raggeddot.torch.{fn}: 'preferred_element_type' must be a float dtype, "

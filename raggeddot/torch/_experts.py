@@ -43,16 +43,18 @@ Inference (no gradient asked for, outside a torch.compile trace) reads the
 weights from a prepacked copy (``raggeddot.prepack``: laid out once in the
 micro-kernel's panel order, so a decode step streams each weight once instead
 of packing it again, transposed, on every call). The copy is made on first
-use and kept on the parameter, keyed by its storage, shape, strides and
-version counter, so an in-place update (an optimizer step, ``load_state_dict``)
-makes a new one. It costs one more copy of the expert weights in memory:
+use (once, when several threads meet the weights at the same time) and
+kept on the parameter, keyed by its storage, shape, strides and version
+counter and the kernels selected, so an in-place update (an optimizer
+step, ``load_state_dict``) or ``runtime.set_kernel`` makes a new one. It costs one more copy of the expert weights in memory:
 ``set_weight_cache(False)`` turns it off (and drops nothing already made;
 ``clear_weight_cache(model)`` does).
 
-Expert weights may be kept in MXFP4 (:func:`hold_mxfp4`,
-:func:`quantize_experts_mxfp4`, :func:`load_mxfp4_experts` from a gpt-oss
-checkpoint's ``*_blocks`` / ``*_scales``): prepacked at 4.25 bits a weight
-and multiplied by the 4-bit micro-kernels, for inference.
+Expert weights may be kept in MXFP4 (``_mxfp4``: ``hold_mxfp4``,
+``quantize_experts_mxfp4``, ``load_mxfp4_experts`` and
+``load_mxfp4_checkpoint`` from a gpt-oss checkpoint's ``*_blocks`` /
+``*_scales``): prepacked at 4.25 bits a weight and multiplied by the 4-bit
+micro-kernels, for inference.
 
 Known gates run in C (:func:`gated_activation`): the default
 ``act_fn(gate) * up`` for SiLU, GELU (erf), tanh GELU and ReLU, with gate
@@ -61,6 +63,7 @@ and up concatenated or interleaved as the module's ``is_concatenated`` says, and
 defines it, between two raggeddot products.
 """
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -70,17 +73,18 @@ import raggeddot as _rd
 from . import _convert as cv
 from ._matmul import gmm
 from ._moe_ops import gated_activation, ragged_gather, ragged_gather_reduce
+from ._mxfp4 import CACHE_ATTRS, MXFP4_ATTR
 
 __all__ = ["EXPERTS_IMPLEMENTATION", "experts_forward", "register_transformers", "set_weight_cache",
-           "clear_weight_cache", "hold_mxfp4", "quantize_experts_mxfp4", "load_mxfp4_experts"]
+           "clear_weight_cache"]
 
 #: The name the implementation is registered under.
 EXPERTS_IMPLEMENTATION = "raggeddot"
 
 _GPT_OSS = ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts")
-_CACHE_ATTR = "_raggeddot_prepacked"
-_MXFP4_ATTR = "_raggeddot_mxfp4"     # {weight name: PackedRhs} of experts kept in MXFP4
+_CACHE_ATTR = CACHE_ATTRS[0]         # (and CACHE_ATTRS[1] for the gate and up halves)
 _cache = {"enabled": True}
+_CACHE_LOCK = threading.Lock()       # held while a prepacked copy is made
 # the fused gate and up pass of inference (experts_forward); off: the
 # composition of gmm and gated_activation, the same bits
 _FUSED = {"enabled": True}
@@ -96,7 +100,7 @@ def set_weight_cache(enabled):
 def clear_weight_cache(model):
     """Drop the prepacked weight copies held by ``model``'s parameters."""
     for p in model.parameters():
-        for attr in (_CACHE_ATTR, _CACHE_ATTR + "_halves"):
+        for attr in CACHE_ATTRS:
             if hasattr(p, attr):
                 delattr(p, attr)
 
@@ -107,98 +111,22 @@ def _prepacked(weight, transpose):
     return _prepacked_views(weight, [weight], transpose, _CACHE_ATTR)[0]
 
 
-def _prepacked_views(param, views, transpose, attr=_CACHE_ATTR + "_halves"):
+def _prepacked_views(param, views, transpose, attr=CACHE_ATTRS[1]):
     """:func:`_prepacked` of ``views`` of the parameter ``param`` (the gate
     and up halves of gate_up_proj), kept on the parameter under ``attr`` (a
     view is made afresh every call), made once per version of it."""
-    key = tuple((v.data_ptr(), v._version, v.dtype, tuple(v.shape), v.stride(), transpose) for v in views)
+    key = tuple((v.data_ptr(), v._version, v.dtype, tuple(v.shape), v.stride(), transpose) for v in views) \
+        + (_rd.runtime.get_kernel(),)      # (laid out for the kernels selected: remade when they change)
     held = getattr(param, attr, None)
     if held is not None and held[0] == key:
         return held[1]
-    packed = [_rd.prepack(cv.array(v), transpose_rhs=transpose) for v in views]
-    setattr(param, attr, (key, packed))
-    return packed
-
-
-# ------------------------------------------------------- MXFP4 expert weights
-
-
-def hold_mxfp4(module, **weights):
-    """Keep expert weights of ``module`` (a transformers experts module) in
-    MXFP4 for inference: each keyword names a weight parameter
-    (``gate_up_proj``, ``down_proj``, ``up_proj``) and gives its MXFP4
-    :class:`~raggeddot.QArray` ``[E, out, in]``, the layout of a
-    checkpoint's ``*_blocks`` / ``*_scales`` (:func:`raggeddot.quant.from_mxfp4`).
-    The weights are prepacked once (4.25 bits a weight, read as they are by
-    the 4-bit micro-kernels) and the parameter is emptied (a tensor of no
-    elements), so the module holds no other copy. Forward calls with no
-    gradient asked for of the rows then multiply the MXFP4 weights, whose
-    products equal those of the dequantized weights in float32; the weights
-    are frozen (no gradient flows to them). Returns the bytes now held."""
-    held = getattr(module, _MXFP4_ATTR, None)
-    if held is None:
-        held = {}
-        setattr(module, _MXFP4_ATTR, held)
-    for name, q in weights.items():
-        param = getattr(module, name, None)
-        if not isinstance(param, torch.nn.Parameter):
-            raise ValueError(f"hold_mxfp4: the module has no weight parameter {name!r}")
-        if not isinstance(q, _rd.QArray) or q.qtype != "mxfp4" or q.ndim != 3:
-            raise TypeError(f"hold_mxfp4: '{name}' must be an [E, out, in] MXFP4 QArray, got {q!r}")
-        out_in = tuple(param.shape[1:]) if not module.is_transposed else tuple(param.shape[:0:-1])
-        if param.numel() and (q.shape[0], *q.shape[1:]) != (param.shape[0], *out_in):
-            raise ValueError(f"hold_mxfp4: '{name}' has shape {q.shape}, the module's weight is "
-                             f"[E, out, in] = {(param.shape[0], *out_in)}")
-        held[name] = _rd.prepack(q, transpose_rhs=True)
-        param.data = torch.empty(0, dtype=param.dtype)
-        param.requires_grad_(False)
-    return sum(p.nbytes for p in held.values())
-
-
-def _experts_modules(model):
-    return [(name, m) for name, m in model.named_modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
-
-
-def quantize_experts_mxfp4(model):
-    """Quantize the expert weights of every experts module of ``model`` to
-    MXFP4 (``raggeddot.quantize(w, "mxfp4")``, one scale per 32 inputs, as
-    the OCP format and gpt-oss's checkpoints hold them) and keep them that
-    way (:func:`hold_mxfp4`). Returns ``{module name: bytes held}``."""
-    held = {}
-    for name, m in _experts_modules(model):
-        weights = {}
-        for wname in ("gate_up_proj", "up_proj", "down_proj"):
-            p = getattr(m, wname, None)
-            if not isinstance(p, torch.nn.Parameter) or p.numel() == 0:
-                continue
-            w = cv.array(p.detach().float())
-            w = w.transpose(0, 2, 1) if m.is_transposed else w        # [E, out, in]
-            weights[wname] = _rd.quantize(w, "mxfp4", channelwise_axes=(0, 1), tiled_axes={2: 32})
-        held[name] = hold_mxfp4(m, **weights)
-    return held
-
-
-def load_mxfp4_experts(model, tensors):
-    """Keep the experts of ``model`` in MXFP4 straight from a checkpoint's
-    tensors: ``tensors`` maps names to tensors (a dict, or
-    ``safetensors.safe_open(path, "pt")``-like: ``keys()`` and
-    ``get_tensor(name)``); for each experts module ``P`` and weight ``W``
-    found as ``P.W_blocks`` and ``P.W_scales`` (gpt-oss's names), the weight
-    is held as :func:`raggeddot.quant.from_mxfp4` of them
-    (:func:`hold_mxfp4`). Returns the names of the weights loaded."""
-    keys = set(tensors.keys())
-    get = tensors.get_tensor if hasattr(tensors, "get_tensor") else tensors.__getitem__
-    loaded = []
-    for name, m in _experts_modules(model):
-        weights = {}
-        for wname in ("gate_up_proj", "up_proj", "down_proj"):
-            b, s = f"{name}.{wname}_blocks", f"{name}.{wname}_scales"
-            if b in keys and s in keys:
-                weights[wname] = _rd.quant.from_mxfp4(cv.array(get(b)), cv.array(get(s)))
-                loaded.append(f"{name}.{wname}")
-        if weights:
-            hold_mxfp4(m, **weights)
-    return loaded
+    with _CACHE_LOCK:      # threads meeting the weights first together: one makes the copy, the others wait
+        held = getattr(param, attr, None)
+        if held is not None and held[0] == key:
+            return held[1]
+        packed = [_rd.prepack(cv.array(v), transpose_rhs=transpose) for v in views]
+        setattr(param, attr, (key, packed))
+        return packed
 
 
 def _use_prepacked(rows, weight):
@@ -376,7 +304,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     num_experts = self.num_experts
     token_of_slot, slot_of, expert_of_slot, group_sizes = _sort_by_expert(top_k_index, num_experts)
     has_bias = getattr(self, "has_bias", False)
-    held = getattr(self, _MXFP4_ATTR, {})
+    held = getattr(self, MXFP4_ATTR, {})
     spec = fused_gate(self) if self.has_gate else None
     a = None
     # without autograd, a gate the kernels compute, plain gate_up weights and

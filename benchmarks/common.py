@@ -18,9 +18,13 @@ from raggeddot import runtime
 
 #: the instruction a bfloat16 or int8 product runs natively, by the family build_info() says
 #: serves it, and the peak_gflops isas probing it
-NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdpbf16ps", ("avx512_bf16",))},
+NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdpbf16ps", ("avx512_bf16",)),
+                       "neon-bf16": ("BFDOT", ("neon_bf16",))},
           "int8": {"amx": ("TDPBUSD", ("amx_int8",)), "avx512-vnni": ("vpdpbusd", ("avx512_vnni", "avx_vnni")),
-                   "avx-vnni": ("vpdpbusd", ("avx_vnni",))}}
+                   "avx-vnni": ("vpdpbusd", ("avx_vnni",)), "neon-i8mm": ("SUDOT", ("neon_i8mm",)),
+                   "neon-dot": ("UDOT", ("neon_dot",))}}
+#: the float32 FMA probe of each float family (peak_gflops' isa)
+FMA_ISA = {"avx512": "avx512", "avx2": "avx2", "neon": "neon"}
 
 
 def openblas(name: str, restype=ctypes.c_int):
@@ -89,8 +93,8 @@ def machine_info(extra: dict | None = None) -> dict:
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
     """Measured while the process is quiet, each probe (runtime.peak_gflops) run for ``seconds``
     at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
-    peaks: the float32 FMA peaks of avx2 and avx512 (the best of two runs); peak_isa: the one
-    of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
+    peaks: the float32 FMA peaks of avx2 and avx512, or of neon on aarch64 (the best of two
+    runs); peak_isa: the one of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
     basis}}, the yardstick of each low-precision product: bfloat16 and int8 the peak of the
     instruction of the family that serves them (build_info()['products']: AMX tiles,
     vdpbf16ps, vpdpbusd; basis 'native'), else bfloat16 the FMA peak (raggeddot widens to
@@ -100,8 +104,11 @@ def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 2
         return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
                 for t in range(1, (os.cpu_count() or 1) + 1)}
 
-    peaks = {isa: probe(isa, 2) for isa in ("avx2", "avx512")}
-    isa = "avx512" if runtime.get_kernel() == "avx512" and peaks["avx512"]["1"] else "avx2"
+    arm = "neon" in runtime.compiled_kernels()
+    peaks = {isa: probe(isa, 2) for isa in (("neon",) if arm else ("avx2", "avx512"))}
+    isa = FMA_ISA.get(runtime.get_kernel(), "neon" if arm else "avx2")
+    if not (peaks.get(isa) or {}).get("1"):
+        isa = "neon" if arm else "avx2"
     fma = {"instruction": f"{isa} FMA", "gflops": peaks[isa], "basis": "fma"}
     native = {"float16": fma}
     products = runtime.build_info()["products"]

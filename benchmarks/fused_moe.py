@@ -65,7 +65,7 @@ def torch_loop(args, x, router, ws, ct, dtype):
 def timings(args):
     import ml_dtypes
     from raggeddot import runtime
-    peak = max(runtime.peak_gflops("avx512"), runtime.peak_gflops("avx2"))
+    peak = max(runtime.peak_gflops(isa) for isa in ("avx512", "avx2", "neon"))
     for dtype in (np.float32, ml_dtypes.bfloat16):
         x, router, ws, ct = layer(args, dtype)
         kw = dict(top_k=args.top_k, norm_topk_prob=True)

@@ -165,9 +165,12 @@ def peak_gflops(isa, threads=None, seconds=0.5):
     instruction for about ``seconds``: ``'avx2'`` (256-bit float32 FMA),
     ``'avx512'`` (512-bit float32 FMA), ``'avx512_bf16'`` (``vdpbf16ps``,
     64 flops an instruction), ``'avx512_vnni'`` (512-bit ``vpdpbusd``, 128
-    int8 operations an instruction; giga-operations rather than FLOP) or
-    ``'avx_vnni'`` (256-bit ``vpdpbusd``). 0.0 when the CPU lacks it. The
-    yardstick of the benchmarks' "% of peak"."""
+    int8 operations an instruction; giga-operations rather than FLOP),
+    ``'avx_vnni'`` (256-bit ``vpdpbusd``), ``'amx_bf16'``, ``'amx_int8'``
+    (AMX tiles); on aarch64 ``'neon'`` (4-lane float32 ``fmla``),
+    ``'neon_bf16'`` (``BFDOT``, 16 flops an instruction), ``'neon_dot'``
+    (``UDOT``, 32 int8 operations) or ``'neon_i8mm'`` (``SUDOT``). 0.0 when
+    the CPU lacks it. The yardstick of the benchmarks' "% of peak"."""
     threads = get_num_threads() if threads is None else _int_at_least(threads, 1, "threads", "peak_gflops")
     return _core.fma_peak(threads, float(seconds), str(isa))
 

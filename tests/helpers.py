@@ -326,6 +326,10 @@ KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
 DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
                for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
+# the float family that automatic selection runs float32 products on here
+# (avx512, avx2, neon or ref)
+with runtime.configured(kernel="auto"):
+    FLOAT_FAMILY = runtime.build_info()["blocking"]["float32"]["kernel"]
 # the families the fused MoE passes are checked on: automatic choice, the
 # portable one, the first tile family (AMX or its twin) and the first SIMD one
 FUSED_FAMILIES = ["auto", "ref"] + DOT_KERNELS["bfloat16-tile"][:1] + [k for k in KERNELS if k != "ref"][:1]

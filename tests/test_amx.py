@@ -28,7 +28,7 @@ import pytest
 import raggeddot
 from raggeddot import QArray, reference, runtime
 
-from helpers import THREAD_COUNTS, check_close
+from helpers import FLOAT_FAMILY, THREAD_COUNTS, check_close
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -322,7 +322,8 @@ def test_int8_native_equals_twin_across_blocks(rng):
 
 def _families_for_bf16():
     names = ["auto", "amx-twin"] + (["amx"] if AMX else [])
-    return names + [f for f in ("avx512-bf16", "avx512-bf16-twin") if f in runtime.runnable_kernels()]
+    return names + [f for f in ("avx512-bf16", "avx512-bf16-twin", "neon-bf16", "neon-bf16-twin")
+                    if f in runtime.runnable_kernels()]
 
 
 @pytest.mark.parametrize("family", _families_for_bf16())
@@ -383,23 +384,24 @@ def test_highest_precision_meets_weights_prepacked_for_the_dot_kernels(rng):
 
 def test_auto_takes_the_faster_bfloat16_path_on_this_cpu():
     """With AMX the tile kernels serve bfloat16 products; without, the
-    vdpbf16ps kernels serve only where the instruction outruns the float32
-    FMAs: checked against longer, independent measurements of the two
-    instructions (a clear margin either way: 2x on AMD Zen4, 0.5x on
-    Intel's Xeons)."""
+    bfloat16 dot kernels (vdpbf16ps, BFDOT) serve only where the
+    instruction outruns the float32 FMAs: checked against longer,
+    independent measurements of the two instructions (a clear margin either
+    way: 2x on AMD Zen4, 0.5x on Intel's Xeons)."""
     with runtime.configured(kernel="auto"):
         info = runtime.build_info()
     served = info["products"]["bfloat16"]
     if AMX:
         assert served == {"compute": "bfloat16-tile", "kernel": "amx"}
         return
-    dot = runtime.peak_gflops("avx512_bf16", threads=1, seconds=0.2)
+    arm = "neon" in runtime.compiled_kernels()
+    dot = runtime.peak_gflops("neon_bf16" if arm else "avx512_bf16", threads=1, seconds=0.2)
     if dot == 0:
         assert served["compute"] == "float32"
         return
-    ratio = dot / runtime.peak_gflops("avx512", threads=1, seconds=0.2)
+    ratio = dot / runtime.peak_gflops("neon" if arm else "avx512", threads=1, seconds=0.2)
     if ratio > 1.3:
-        assert served == {"compute": "bfloat16-dot", "kernel": "avx512-bf16"}, ratio
+        assert served == {"compute": "bfloat16-dot", "kernel": "neon-bf16" if arm else "avx512-bf16"}, ratio
     elif ratio < 0.77:
         assert served["compute"] == "float32", ratio
     assert (info["bf16dot_vs_fma"] >= 1.0) == (served["compute"] == "bfloat16-dot")
@@ -411,7 +413,8 @@ def test_amx_peak_probe_and_build_info():
         assert (peak > 0) == AMX
     assert INFO["cpu"]["amx"] == AMX and (INFO["amx"]["why"] == "") == AMX
     if not AMX:
-        assert "AMX" in INFO["amx"]["why"] or "arch_prctl" in INFO["amx"]["why"]
+        why = INFO["amx"]["why"]
+        assert "AMX" in why or "arch_prctl" in why or why == "not an x86-64 build"
     with runtime.configured(kernel="amx-twin"):
         info = runtime.build_info()
         assert info["blocking"]["bfloat16-tile"]["kernel"] == "amx-twin"
@@ -498,7 +501,7 @@ def test_a_tuned_plan_may_take_the_vector_kernels_for_a_tile_class(rng):
             vec_packed = raggeddot.ragged_dot(lhs, packed, sizes, preferred_element_type=np.float32)
         finally:
             _core.plan_set(classes[0], None)
-    with runtime.configured(kernel="avx512" if "avx512" in runtime.runnable_kernels() else "avx2"):
+    with runtime.configured(kernel=FLOAT_FAMILY):
         widened = raggeddot.ragged_dot(lhs, w, sizes, preferred_element_type=np.float32)
     assert np.array_equal(_bits(vec), _bits(widened))
     assert np.array_equal(_bits(vec_packed), _bits(tiles))

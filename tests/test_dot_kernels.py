@@ -24,7 +24,7 @@ import pytest
 import raggeddot
 from raggeddot import QArray, reference, runtime
 
-from helpers import THREAD_COUNTS, check_close
+from helpers import FLOAT_FAMILY, THREAD_COUNTS, check_close
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -55,9 +55,6 @@ TWIN_OF = {"avx512-bf16": "avx512-bf16-twin", "neon-bf16": "neon-bf16-twin", "av
            "amx": "amx-twin"}
 # the families whose bfloat16 pairs take Arm's arithmetic (BFDOT)
 ARM_BF16 = ("neon-bf16", "neon-bf16-twin")
-with runtime.configured(kernel="auto"):
-    # the float family automatic selection runs float32 products on
-    FLOAT_FAMILY = runtime.build_info()["blocking"]["float32"]["kernel"]
 
 
 def _base(family):

@@ -13,7 +13,7 @@
  *   "amx_int8"   : 4 accumulator tiles of TDPBUSD (32768 ops each)
  *   "neon"       : 24 chains of fmla by element (8 flops each)
  *   "neon_bf16"  : 24 chains of BFDOT by element (16 flops each)
- *   "neon_dot"   : 24 chains of SDOT by element (32 int8 ops each)
+ *   "neon_dot"   : 24 chains of UDOT by element (32 int8 ops each)
  *   "neon_i8mm"  : 24 chains of SUDOT by element (32 ops each)
  * (0 where the CPU, or for AMX the OS, does not run the instruction.)
  */
@@ -258,15 +258,16 @@ rd_peak_neon_bf16(double seconds, long chunk)
     RD_NEON_LOOP(BSTEP, FSUM, 16.0)
 }
 
-/* SDOT / SUDOT by element: 4 lanes x 4 products x 2 ops (int32 sums wrap) */
+/* UDOT / SUDOT by element (neon-dot's, neon-i8mm's): 4 lanes x 4 products x
+ * 2 ops (int32 sums wrap) */
 #define IDECL(i) int32x4_t z##i = vdupq_n_s32(i);
 #define ISUM(i) s = vaddq_s32(s, z##i);
-#define SSTEP(i) RD_SDOT(z##i, x, y, 1);
+#define SSTEP(i) RD_UDOT(z##i, x, y, 1);
 #define USTEP(i) RD_SUDOT(z##i, x, y, 1);
 static double
 rd_peak_neon_dot(double seconds, long chunk)
 {
-    const int8x16_t x = vdupq_n_s8(3), y = vdupq_n_s8(-5);
+    const uint8x16_t x = vdupq_n_u8(3), y = vdupq_n_u8(5);
     int32x4_t s = vdupq_n_s32(0);
     CHAINS24(IDECL)
     RD_NEON_LOOP(SSTEP, ISUM, 32.0)

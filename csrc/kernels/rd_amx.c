@@ -162,7 +162,10 @@ static const rd_tilecfg_t rd_tilecfg = {
 
 static __thread int rd_amx_loaded = 0;
 
-#define RD_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw")))
+/* (the tile instructions are inline assembly, which every assembler of
+ * binutils >= 2.34 or clang takes: no compiler target for AMX, which gcc 10
+ * does not know, is needed) */
+#define RD_AMX_TARGET __attribute__((target("avx512f,avx512bw")))
 
 RD_AMX_TARGET static inline void
 rd_amx_enter(void)

@@ -19,7 +19,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define RD_AVXVNNI_TARGET __attribute__((target("avx2,fma,avxvnni")))
+/* (vpdpbusd is written as inline assembly: no compiler target for AVX-VNNI,
+ * which gcc 10 does not know, is needed) */
+#define RD_AVXVNNI_TARGET __attribute__((target("avx2,fma")))
 #define RD_AVX2_TARGET __attribute__((target("avx2,fma")))
 
 /* With its accumulator tied (as in kernels/rd_avx512_dot.c), in the VEX

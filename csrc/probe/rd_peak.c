@@ -132,7 +132,7 @@ rd_vnni512_step(__m512i acc, __m512i a, __m512i b)
     return acc;
 }
 
-__attribute__((target("avx2,avxvnni"))) static inline __m256i
+__attribute__((target("avx2"))) static inline __m256i
 rd_vnni256_step(__m256i acc, __m256i a, __m256i b)
 {
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
@@ -150,7 +150,7 @@ RD_DOT_PROBE(rd_peak_vnni512, "avx512f,avx512vnni", __m512i, _mm512_setzero_si51
 #define DECL_VNNI256(i) __m256i z##i = _mm256_set1_epi32(i);
 #define DOT_ rd_vnni256_step
 #define ADD_ _mm256_add_epi32
-RD_DOT_PROBE(rd_peak_vnni256, "avx2,avxvnni", __m256i, _mm256_setzero_si256(), DOT_, ADD_,
+RD_DOT_PROBE(rd_peak_vnni256, "avx2", __m256i, _mm256_setzero_si256(), DOT_, ADD_,
              12.0 * 64.0, DECL_VNNI256, _mm256_set1_epi8(3), _mm256_set1_epi8(-5), CHAINS12)
 #undef DOT_
 #undef ADD_
@@ -166,7 +166,7 @@ static const struct {
                       {16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0}};
 
 #define RD_AMX_PROBE(NAME, INSN, OPS)                                       \
-__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double        \
+static double                                                               \
 NAME(double seconds)                                                        \
 {                                                                           \
     static const uint8_t ones[16 * 64] __attribute__((aligned(64))) = {0};  \

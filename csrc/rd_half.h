@@ -16,6 +16,14 @@ rd_bits_to_float(uint32_t bits)
     return f;
 }
 
+static inline uint32_t
+rd_float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
 /* bfloat16 is the upper half of a float32: exact, NaN payloads kept. */
 static inline float
 rd_bf16_to_float(uint16_t h)

@@ -16,6 +16,7 @@
  */
 #include "rd_frame.h"
 #include "rd_amx.h"
+#include "rd_dot_arith.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -90,22 +91,6 @@ rd_twin_zero(rd_tile_t *t)
     memset(t, 0, sizeof *t);
 }
 
-static inline float
-rd_bf16_daz(uint16_t h)
-{
-    uint32_t u = (h & 0x7f80u) == 0 ? (uint32_t)(h & 0x8000u) << 16 : (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* 0 for a denormal float (sign kept): the flush of inputs and results */
-static inline float
-rd_ftz(float x)
-{
-    return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x;
-}
-
 /* C[16 x 16] float32 += A[16 x 16 pairs] . B[16 pair rows x 16 columns],
  * pair by pair, even element first, each step a correctly rounded fused
  * multiply-add: the product of two bfloat16 values is exact in double, and
@@ -127,7 +112,7 @@ rd_twin_dpbf16(rd_tile_t *ct, const rd_tile_t *at, const rd_tile_t *bt)
         float acc[16], a[32];
         memcpy(acc, ct->r[i], 64);
         for (int j = 0; j < 16; j++)
-            acc[j] = rd_ftz(acc[j]);
+            acc[j] = rd_f32_daz(acc[j]);
         for (int p = 0; p < 32; p++) {
             uint16_t h;
             memcpy(&h, at->r[i] + 2 * p, 2);
@@ -136,7 +121,7 @@ rd_twin_dpbf16(rd_tile_t *ct, const rd_tile_t *at, const rd_tile_t *bt)
         for (int q = 0; q < 16; q++)
             for (int e = 0; e < 2; e++)
                 for (int j = 0; j < 16; j++)
-                    acc[j] = rd_ftz((float)((double)a[2 * q + e] * (double)b[q][2 * j + e] + (double)acc[j]));
+                    acc[j] = rd_f32_daz((float)((double)a[2 * q + e] * (double)b[q][2 * j + e] + (double)acc[j]));
         memcpy(ct->r[i], acc, 64);
     }
 }

@@ -57,9 +57,6 @@ rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
     return acc;
 }
 
-#define RD_NOTHING
-#define RD_NOTHING_ROWS(ROWS)
-
 /* ------------------------------------------------------- bfloat16 pairs */
 
 /* One pair step of row i: A's pair broadcast, against both B vectors. */
@@ -71,8 +68,8 @@ rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
     }
 
 /* The float32 body of rd_avx512_body.h with pair steps: accumulators, C's
- * prefetch, the loop over kp / 2 pairs between ENTER and LEAVE, the store. */
-#define RD_BF_BODY(NAME, TARGET, R, ROWS, ENTER, LEAVE)                     \
+ * prefetch, the loop over kp / 2 pairs, the store. */
+#define RD_BF_BODY(NAME, TARGET, R, ROWS)                                   \
 TARGET static void                                                          \
 NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
      int m, int n, int accumulate)                                          \
@@ -80,7 +77,6 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
     const int32_t *a32 = (const int32_t *)(const void *)a;                  \
     const rd_int pairs = (kc + 1) / 2;                                      \
     RD_BODY_ENTER(R, ROWS)                                                  \
-    ENTER                                                                   \
     for (rd_int q = 0; q < pairs; q++) {                                    \
         const __m512i b0 = _mm512_loadu_si512((const void *)b);             \
         const __m512i b1 = _mm512_loadu_si512((const void *)(b + 2 * W));   \
@@ -88,7 +84,6 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
         a32 += 12;                                                          \
         b += 4 * W;                                                         \
     }                                                                       \
-    LEAVE(ROWS)                                                             \
     RD_BODY_LEAVE(R, ROWS)                                                  \
 }
 
@@ -103,9 +98,9 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
 #define STORE_EDGE rd_s_store_edge
 
 #define DOT rd_dpbf16_native
-RD_BF_BODY(bf_rows4, RD_BF16_TARGET, 4, ROWS4, RD_NOTHING, RD_NOTHING_ROWS)
-RD_BF_BODY(bf_rows8, RD_BF16_TARGET, 8, ROWS8, RD_NOTHING, RD_NOTHING_ROWS)
-RD_BF_BODY(bf_rows12, RD_BF16_TARGET, 12, ROWS12, RD_NOTHING, RD_NOTHING_ROWS)
+RD_BF_BODY(bf_rows4, RD_BF16_TARGET, 4, ROWS4)
+RD_BF_BODY(bf_rows8, RD_BF16_TARGET, 8, ROWS8)
+RD_BF_BODY(bf_rows12, RD_BF16_TARGET, 12, ROWS12)
 RD_KERNEL(rd_bf16dot_avx512_12x32, bf_rows4, bf_rows8, bf_rows12)
 #undef DOT
 

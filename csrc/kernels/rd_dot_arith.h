@@ -37,14 +37,6 @@
 #define RD_FLT_MIN_D 0x1p-126
 #define RD_TWO128_D 0x1p128
 
-static inline uint32_t
-rd_float_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
 /* bfloat16 bits to float32 with a denormal input read as 0 (sign kept). */
 static inline float
 rd_bf16_daz(uint16_t h)
@@ -52,7 +44,8 @@ rd_bf16_daz(uint16_t h)
     return rd_bf16_to_float((h & 0x7f80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
 }
 
-/* float32 with a denormal read as 0 (sign kept). */
+/* float32 with a denormal read as 0 (sign kept): the flush of inputs, and
+ * (applied to a rounded result) of results. */
 static inline float
 rd_f32_daz(float x)
 {

@@ -6,7 +6,7 @@ object code (the loop of its 12-row body: the one with the most arithmetic
 instructions), and asks llvm-mca for the cycles an iteration takes on the
 scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1
 (Graviton 2, Ampere Altra) and Apple M4. Each loop's bound is its count of
-the instruction that does the work (fmla, bfdot, udot, sudot) over the
+the instruction that does the work (fmla, bfmmla, usmmla, udot) over the
 number of pipes the model issues it to per cycle (measured on the model
 with a loop of independent copies of that instruction); the figure is the
 bound over the predicted cycles.
@@ -40,16 +40,15 @@ KERNELS = {
     "rd_sgemm_neon_f8w_12x8": ("sf8_rows12", "fmla"),
     "rd_sgemm_neon_f4w_12x8": ("sf4_rows12", "fmla"),
     "rd_dgemm_neon_6x8": (None, "fmla.2d"),
-    "rd_bf16dot_neon_12x8": ("bf_rows12", "bfdot"),
-    "rd_u8s8dot_neon_i8mm_12x8": ("su_rows12", "sudot"),
+    "rd_bf16mmla_neon_12x8": ("bfm_rows12", "bfmmla"),
+    "rd_u8s8mmla_neon_12x8": ("usm_rows12", "usmmla"),
     "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
 }
 MATTR = "+bf16,+i8mm,+dotprod"
 PROBE = {  # one independent instance of each instruction, for the pipes
     "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",
-    "bfdot": "bfdot v{d}.4s, v0.8h, v1.2h[0]",
-    "sdot": "sdot v{d}.4s, v0.16b, v1.4b[0]",
-    "sudot": "sudot v{d}.4s, v0.16b, v1.4b[0]",
+    "bfmmla": "bfmmla v{d}.4s, v0.8h, v1.8h",
+    "usmmla": "usmmla v{d}.4s, v0.16b, v1.16b",
     "udot": "udot v{d}.4s, v0.16b, v1.4b[0]",
     "fmla.2d": "fmla v{d}.2d, v0.2d, v1.d[0]",
 }

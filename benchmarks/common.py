@@ -19,9 +19,9 @@ from raggeddot import runtime
 #: the instruction a bfloat16 or int8 product runs natively, by the family build_info() says
 #: serves it, and the peak_gflops isas probing it
 NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdpbf16ps", ("avx512_bf16",)),
-                       "neon-bf16": ("BFDOT", ("neon_bf16",))},
+                       "neon-bf16": ("BFMMLA", ("neon_bf16",))},
           "int8": {"amx": ("TDPBUSD", ("amx_int8",)), "avx512-vnni": ("vpdpbusd", ("avx512_vnni", "avx_vnni")),
-                   "avx-vnni": ("vpdpbusd", ("avx_vnni",)), "neon-i8mm": ("SUDOT", ("neon_i8mm",)),
+                   "avx-vnni": ("vpdpbusd", ("avx_vnni",)), "neon-i8mm": ("USMMLA", ("neon_i8mm",)),
                    "neon-dot": ("UDOT", ("neon_dot",))}}
 #: the float32 FMA probe of each float family (peak_gflops' isa)
 FMA_ISA = {"avx512": "avx512", "avx2": "avx2", "neon": "neon"}

@@ -156,14 +156,15 @@ int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
 
 /* The compute type of a float32 product of two bfloat16 operands (or
  * operands read as bfloat16) with the selection in force: the tile type
- * where served (AMX), else the bfloat16 dot type where served (in
- * automatic selection only where vdpbf16ps outruns the float32 FMAs:
- * rd_bf16dot_measured), else RD_CT_F32 (the widening kernels); `exact`
- * (precision HIGHEST): RD_CT_F32 always, exact products summed in float32
- * without flushing.  Of a float32 product of two int8 operands: the tile
- * type, the int8 dot type, or RD_CT_I8I32 (the same results, bit for bit,
- * with the same KC).  Of weights prepacked in the B layout of `layout`
- * (RD_CT_BF16DP or RD_CT_U8S8): the tile type reading that layout where
+ * where served (AMX), else the MMLA type (Arm's BFMMLA), else the bfloat16
+ * dot type where served (the MMLA and dot types in automatic selection only
+ * where the instruction outruns the float32 FMAs: rd_bf16dot_measured),
+ * else RD_CT_F32 (the widening kernels); `exact` (precision HIGHEST):
+ * RD_CT_F32 always, exact products summed in float32 without flushing.  Of
+ * a float32 product of two int8 operands: the tile type, the MMLA type, the
+ * int8 dot type, or RD_CT_I8I32 (the same results, bit for bit, with the
+ * same KC).  Of weights prepacked in the B layout of `layout` (RD_CT_BF16DP
+ * or RD_CT_U8S8): the tile, else the MMLA type reading that layout where
  * served, else `layout`. */
 rd_ctype_t rd_bf16_product(int exact);
 /* The compute type of a product of compute type `base` (RD_CT_F32 or

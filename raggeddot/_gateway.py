@@ -298,8 +298,9 @@ def prepack(w, buf, ctype, kc, nr):
     _core.prepack(w, buf, ctype, int(kc), int(nr))
 
 
-# the tile types (AMX) that multiply weights laid out for a dot type
-_TILE_OF = {"bfloat16-dot": "bfloat16-tile", "int8-dot": "int8-tile"}
+# the types that multiply weights laid out for a dot type besides it: the
+# tile types (AMX) and Arm's matrix-multiply-accumulate types (MMLA)
+_READERS = {"bfloat16-dot": ("bfloat16-tile", "bfloat16-mmla"), "int8-dot": ("int8-tile", "int8-mmla")}
 
 
 def served(ctype):
@@ -307,10 +308,10 @@ def served(ctype):
     ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name). A dot type's layout is
-    also served where the tile type that reads it is (AMX)."""
+    also served where a type that reads it is (AMX tiles, Arm's MMLA)."""
     if _core.kernel_for(ctype) != "none":
         return True
-    return ctype in _TILE_OF and _core.kernel_for(_TILE_OF[ctype]) != "none"
+    return any(_core.kernel_for(reader) != "none" for reader in _READERS.get(ctype, ()))
 
 
 def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):

@@ -168,8 +168,8 @@ def peak_gflops(isa, threads=None, seconds=0.5):
     int8 operations an instruction; giga-operations rather than FLOP),
     ``'avx_vnni'`` (256-bit ``vpdpbusd``), ``'amx_bf16'``, ``'amx_int8'``
     (AMX tiles); on aarch64 ``'neon'`` (4-lane float32 ``fmla``),
-    ``'neon_bf16'`` (``BFDOT``, 16 flops an instruction), ``'neon_dot'``
-    (``UDOT``, 32 int8 operations) or ``'neon_i8mm'`` (``SUDOT``). 0.0 when
+    ``'neon_bf16'`` (``BFMMLA``, 32 flops an instruction), ``'neon_dot'``
+    (``UDOT``, 32 int8 operations) or ``'neon_i8mm'`` (``USMMLA``, 64). 0.0 when
     the CPU lacks it. The yardstick of the benchmarks' "% of peak"."""
     threads = get_num_threads() if threads is None else _int_at_least(threads, 1, "threads", "peak_gflops")
     return _core.fma_peak(threads, float(seconds), str(isa))

@@ -322,9 +322,11 @@ _TABLE = [k for k in runtime.build_info()["kernels"] if k["runnable"]]
 KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
 # the dot-product families this CPU runs, natives and twins, by compute
 # type: each serves only its own types (the float families the rest); the
-# tile families (AMX) serve the two tile types
+# tile families (AMX) serve the two tile types, Arm's MMLA families one
+# MMLA type (which reads the dot types' B panels)
 DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
-               for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile")}
+               for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile", "bfloat16-mmla",
+                          "int8-mmla")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
 # the float family that automatic selection runs float32 products on here
 # (avx512, avx2, neon or ref)

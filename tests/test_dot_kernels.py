@@ -38,15 +38,25 @@ def _serving(ctype):
     return [k["name"] for k in TABLE["kernels"] if k["runnable"] and ctype in k["types"]]
 
 
-BF16_FAMILIES = _serving("bfloat16-dot")
-# the int8 tile families (AMX) give the int8 dot types' sums and results
+# the bfloat16 pair families: dot products (vdpbf16ps) and Arm's matrix
+# multiply-accumulate (BFMMLA), which reads the same B panels
+BF16_FAMILIES = _serving("bfloat16-dot") + _serving("bfloat16-mmla")
+# the int8 tile (AMX) and MMLA (USMMLA) families give the int8 dot types'
+# sums and results
 INT8_TILE_FAMILIES = _serving("int8-tile")
-INT8_FAMILIES = _serving("int8-dot") + INT8_TILE_FAMILIES
+INT8_FAMILIES = _serving("int8-dot") + _serving("int8-mmla") + INT8_TILE_FAMILIES
+
+
+def _product(family, dtype):
+    """The compute type ``family`` runs ``dtype`` ("bfloat16", "int8")
+    products on when named."""
+    with runtime.configured(kernel=family):
+        return runtime.build_info()["products"][dtype]["compute"]
 
 
 def _i8(family):
     """The int8 compute type ``family`` serves."""
-    return "int8-tile" if family in INT8_TILE_FAMILIES else "int8-dot"
+    return _product(family, "int8")
 
 
 # the native dot families and their twins (a twin is listed by every build)
@@ -85,22 +95,24 @@ def test_the_cpu_runs_its_native_families_and_the_twins():
         assert names["amx"]["runnable"] == CPU["amx"] == (TABLE["amx"]["why"] == "")
     with runtime.configured(kernel="auto"):
         info = runtime.build_info()
-        blocking = info["blocking"]
-        bf = blocking.get("bfloat16-dot", {}).get("kernel")
-        i8 = blocking.get("int8-dot", {}).get("kernel")
+    products = {dtype: (p["compute"], p["kernel"]) for dtype, p in info["products"].items()}
+    # the native family of each product here and the compute type it runs
+    # on (Arm's families the MMLA types), the first the CPU runs
+    bf16_natives = {"avx512-bf16": "bfloat16-dot", "neon-bf16": "bfloat16-mmla"}
+    int8_natives = {"avx512-vnni": "int8-dot", "avx-vnni": "int8-dot", "neon-i8mm": "int8-mmla",
+                    "neon-dot": "int8-dot"}
+    native_bf = next((f for f in bf16_natives if f in names and names[f]["runnable"]), None)
+    native_i8 = next((f for f in int8_natives if f in names and names[f]["runnable"]), None)
     # the bfloat16 dot products serve automatically only where they outrun
     # the float32 FMAs
-    native_bf = next((f for f in ("avx512-bf16", "neon-bf16") if f in names and names[f]["runnable"]), None)
     pays = info["bf16dot_vs_fma"] >= 1.0
-    assert bf == (native_bf if native_bf and pays else None)
-    want_i8 = next((f for f in ("avx512-vnni", "avx-vnni", "neon-i8mm", "neon-dot")
-                    if f in names and names[f]["runnable"]), None)
-    assert i8 == want_i8
     amx = CPU.get("amx", False)
-    want_bf = ("bfloat16-tile", "amx") if amx else ("bfloat16-dot", bf) if bf else ("float32", info["kernel"])
-    assert (info["products"]["bfloat16"]["compute"], info["products"]["bfloat16"]["kernel"]) == want_bf
-    want = ("int8-tile", "amx") if amx else ("int8-dot", want_i8) if want_i8 else ("int8-int32", info["kernel"])
-    assert (info["products"]["int8"]["compute"], info["products"]["int8"]["kernel"]) == want
+    want_bf = (("bfloat16-tile", "amx") if amx else (bf16_natives[native_bf], native_bf) if native_bf and pays
+               else ("float32", info["kernel"]))
+    assert products["bfloat16"] == want_bf
+    want_i8 = (("int8-tile", "amx") if amx else (int8_natives[native_i8], native_i8) if native_i8
+               else ("int8-int32", info["kernel"]))
+    assert products["int8"] == want_i8
     assert info["products"]["bfloat16_highest"]["compute"] == "float32"
     # naming a float family forces the widening path: no dot-product type
     with runtime.configured(kernel="ref"):
@@ -197,7 +209,7 @@ def _bits(x):
 
 def _kc(family):
     with runtime.configured(kernel=family):
-        return runtime.build_info()["blocking"]["bfloat16-dot"]["KC"]
+        return runtime.build_info()["blocking"][_product(family, "bfloat16")]["KC"]
 
 
 SHAPES = [  # m, k, n, group sizes: odd k (pair padding), m and n around the 12 x 32 block

@@ -250,7 +250,8 @@ def pytest_generate_tests(metafunc):
     if wanted == {"dtype", "kernel"}:
         pairs = [(d, k) for d in DTYPES for k in KERNELS]
         if BFLOAT16 is not None:
-            pairs += [(BFLOAT16, k) for k in DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"]]
+            pairs += [(BFLOAT16, k) for k in DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"]
+                      + DOT_KERNELS["bfloat16-mmla"]]
         metafunc.parametrize(("dtype", "kernel"), pairs, indirect=True,
                              ids=[f"{dtype_id(d)}-{k}" for d, k in pairs])
     elif "dtype" in wanted:
@@ -489,7 +490,8 @@ def test_kernels_are_selectable_exactly_when_the_cpu_runs_them():
     or refused with RuntimeError, never silently run on a CPU without it."""
     compiled = runtime.compiled_kernels()
     assert "ref" in KERNELS and set(KERNELS) <= set(compiled)
-    dot = DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["int8-dot"] + DOT_KERNELS["bfloat16-tile"]
+    dot = (DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["int8-dot"] + DOT_KERNELS["bfloat16-tile"]
+           + DOT_KERNELS["bfloat16-mmla"] + DOT_KERNELS["int8-mmla"])
     with runtime.configured():
         for name in compiled:
             if name in dot:   # a dot-product family: selectable by name, never automatic

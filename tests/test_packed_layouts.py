@@ -20,9 +20,9 @@ from helpers import DOT_KERNELS, KERNELS
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-# the dot-product families, the automatic choice, and a float family (no dot products)
-INT8_SELECTIONS = ["auto"] + DOT_KERNELS["int8-dot"] + [KERNELS[-1]]
-BF16_SELECTIONS = ["auto"] + DOT_KERNELS["bfloat16-dot"] + [KERNELS[-1]]
+# the dot-product (and MMLA) families, the automatic choice, and a float family (no dot products)
+INT8_SELECTIONS = ["auto"] + DOT_KERNELS["int8-dot"] + DOT_KERNELS["int8-mmla"] + [KERNELS[-1]]
+BF16_SELECTIONS = ["auto"] + DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-mmla"] + [KERNELS[-1]]
 
 
 def _bits(a):

@@ -44,7 +44,8 @@ def test_same_results_as_the_plain_weights(rng, dtype, kernel):
             assert np.array_equal(raggeddot.gmm(lhs, pt, gs), raggeddot.gmm(lhs, rt, gs, transpose_rhs=True))
 
 
-@pytest.mark.parametrize("kernel", ["auto"] + DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"])
+@pytest.mark.parametrize("kernel", ["auto"] + DOT_KERNELS["bfloat16-dot"] + DOT_KERNELS["bfloat16-tile"]
+                         + DOT_KERNELS["bfloat16-mmla"])
 def test_bfloat16_weights_in_k_pairs(rng, kernel):
     """bfloat16 weights for a bfloat16 lhs are laid out in k-pairs for the
     bfloat16 dot-product or tile kernels where they serve (the widening layout

@@ -26,16 +26,16 @@ from helpers import DOT_KERNELS, KERNELS, assert_unchanged, check_close, random_
 INT = "int8-int32"   # the compute type's name in runtime.set_blocking / build_info
 
 
-@pytest.fixture(params=KERNELS + DOT_KERNELS["int8-dot"] + DOT_KERNELS["int8-tile"])
+@pytest.fixture(params=KERNELS + DOT_KERNELS["int8-dot"] + DOT_KERNELS["int8-tile"] + DOT_KERNELS["int8-mmla"])
 def kernel(request):
     """Every float family (vpmaddwd, int8-int32), every int8 dot-product
-    family (vpdpbusd, int8-dot) and tile family (TDPBUSD, int8-tile),
-    natives and twins; INT names the compute type the family serves, for
-    set_blocking."""
+    family (vpdpbusd, int8-dot), tile family (TDPBUSD, int8-tile) and MMLA
+    family (USMMLA, int8-mmla), natives and twins; INT names the compute
+    type the family serves, for set_blocking."""
     global INT
     with runtime.configured(kernel=request.param):
-        INT = "int8-dot" if request.param in DOT_KERNELS["int8-dot"] else \
-            "int8-tile" if request.param in DOT_KERNELS["int8-tile"] else "int8-int32"
+        INT = next((ct for ct in ("int8-dot", "int8-tile", "int8-mmla") if request.param in DOT_KERNELS[ct]),
+                   "int8-int32")
         try:
             yield request.param
         finally:

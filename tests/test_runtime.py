@@ -14,7 +14,7 @@ def test_build_info_describes_the_build():
     assert [k["name"] for k in info["kernels"]] == info["simd"] == runtime.compiled_kernels()
     assert info["kernel"] in runtime.runnable_kernels()
     # every float type has a kernel; a dot-product or tile type only where a family serves it
-    dot = {"bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile"}
+    dot = {"bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile", "bfloat16-mmla", "int8-mmla"}
     assert set(info["blocking"]) - dot == set(_core.PACKING_READS) - dot >= {"float32", "float64"}
     assert set(info["blocking"]) & dot == {t for t in dot if _core.kernel_for(t) != "none"}
     for b in info["blocking"].values():

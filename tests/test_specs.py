@@ -167,10 +167,10 @@ def test_runner_half_dtype_checks_raggeddot_and_its_float32_twin(tmp_path):
     res = _smoke(tmp_path, ["ragged_dot", "--spec", "tiny-m4096-g256-k64-n64", "--dtype", "bfloat16", "float16",
                             "--variants", "rd-f32", "np-loop", "rd-prepacked", "--scaling-spec", "none"])
     assert res["machine"]["read_bandwidth"]["gbs"] > 0
-    # the instruction of the family serving int8 products here (vpdpbusd on a VNNI x86, SUDOT
+    # the instruction of the family serving int8 products here (vpdpbusd on a VNNI x86, USMMLA
     # or UDOT on aarch64), "none" on a CPU with no int8 dot product
     serving = raggeddot.build_info()["products"]["int8"]["kernel"]
-    want = {"avx512-vnni": "vpdpbusd", "avx-vnni": "vpdpbusd", "amx": "TDPBUSD", "neon-i8mm": "SUDOT",
+    want = {"avx512-vnni": "vpdpbusd", "avx-vnni": "vpdpbusd", "amx": "TDPBUSD", "neon-i8mm": "USMMLA",
             "neon-dot": "UDOT"}.get(serving, "none")
     assert res["machine"]["native_peaks"]["int8"]["instruction"] == want
     assert [r["dtype"] for r in res["results"]] == ["bfloat16", "float16"]

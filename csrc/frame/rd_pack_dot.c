@@ -136,8 +136,9 @@ rd_pairs32_ok(void)
  * there).  Padding rows get 0 values, sums, scales and zero points.
  */
 /* One panel's trailer: the sums, scales and zero points of its `have`
- * rows (scales and zero points of the block's tile t), zeros past them. */
-static void
+ * rows (scales and zero points of the block's tile t), zeros past them
+ * (rd_pack_int.h). */
+void
 rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, const int32_t *sums,
                  const rd_qblock_t *qb)
 {
@@ -365,19 +366,19 @@ rd_absmax(const void *x, int bf16, rd_int n, rd_int cs)
     return rd_absmax_scalar(x, bf16, n, cs);
 }
 
+/* (unit: 4, the k-quads of RD_CT_U8S8; 8, the blocks of RD_CT_U8S8MMA's A) */
 static void
 rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_int cs,
-           int r, void *dst_, const rd_qblock_t *qb)
+           int r, void *dst_, const rd_qblock_t *qb, int unit)
 {
     uint8_t *dst = (uint8_t *)dst_;
     const float *scale = (const float *)qb->s;
-    const rd_int kq = (depth + 3) / 4 * 4;
+    const rd_int kq = (depth + unit - 1) / unit * unit;
     const rd_int t = qb->p0 / qb->tp;
     const size_t esize = bf16 ? 2 : 4;
     int8_t q[256] __attribute__((aligned(64)));
     for (rd_int i0 = 0; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
-        uint32_t *d = (uint32_t *)(void *)dst;
         char *tr = (char *)dst + (rd_int)r * kq;
         int32_t *sum = (int32_t *)(void *)tr;
         float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
@@ -387,7 +388,7 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
             const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
             int32_t acc = 0;
             /* a stretch of the row quantized, then dealt into the panel a
-             * quad (one word) at a time */
+             * block of `unit` steps at a time */
             for (rd_int p0 = 0; p0 < kq; p0 += 256) {
                 const rd_int w = kq - p0 < 256 ? kq - p0 : 256;
                 const rd_int real = depth - p0 < w ? depth - p0 : w;
@@ -396,10 +397,10 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
                     q[p] = -128;   /* padding: stored as 0 */
                 for (rd_int p = 0; p < real; p++)
                     acc += q[p];
-                for (rd_int p = 0; p < w; p += 4) {
-                    uint32_t word;
-                    memcpy(&word, q + p, 4);
-                    d[(p0 + p) / 4 * r + i] = word ^ 0x80808080u;
+                for (rd_int p = 0; p < w; p += unit) {
+                    uint8_t *d = dst + (p0 + p) * (rd_int)r + (rd_int)unit * i;
+                    for (int e = 0; e < unit; e++)
+                        d[e] = (uint8_t)(q[p + e] ^ 0x80);
                 }
             }
             sum[i] = acc;
@@ -407,8 +408,8 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
             zp[i] = 0;
         }
         for (rd_int i = have; i < r; i++) {
-            for (rd_int p = 0; p < kq / 4; p++)
-                d[p * r + i] = 0;
+            for (rd_int p = 0; p < kq; p += unit)
+                memset(dst + p * (rd_int)r + (rd_int)unit * i, 0, (size_t)unit);
             sum[i] = 0;
             sc[i] = 0.0f;
             zp[i] = 0;
@@ -421,14 +422,28 @@ void
 rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                    const rd_qblock_t *qb)
 {
-    rd_pack_q8(rows, depth, src, 0, rs, cs, r, dst, qb);
+    rd_pack_q8(rows, depth, src, 0, rs, cs, r, dst, qb, 4);
 }
 
 void
 rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                    const rd_qblock_t *qb)
 {
-    rd_pack_q8(rows, depth, src, 1, rs, cs, r, dst, qb);
+    rd_pack_q8(rows, depth, src, 1, rs, cs, r, dst, qb, 4);
+}
+
+void
+rd_pack_s_qo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 0, rs, cs, r, dst, qb, 8);
+}
+
+void
+rd_pack_b_qo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_q8(rows, depth, src, 1, rs, cs, r, dst, qb, 8);
 }
 
 /* Per-row scales of dynamic int8 quantization: s_i = max_p |x[i][p]| / 127.5
@@ -503,7 +518,7 @@ void
 rd_pack_s_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                    const rd_qblock_t *qb)
 {
-    rd_pack_q8(rows, depth, src, 0, rs, cs, 1, dst, qb);
+    rd_pack_q8(rows, depth, src, 0, rs, cs, 1, dst, qb, 4);
     rd_tile_pad_rows(rows, r, (size_t)((depth + 3) / 4 * 4 + 12), dst);
 }
 
@@ -511,6 +526,6 @@ void
 rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                    const rd_qblock_t *qb)
 {
-    rd_pack_q8(rows, depth, src, 1, rs, cs, 1, dst, qb);
+    rd_pack_q8(rows, depth, src, 1, rs, cs, 1, dst, qb, 4);
     rd_tile_pad_rows(rows, r, (size_t)((depth + 3) / 4 * 4 + 12), dst);
 }

@@ -8,6 +8,8 @@
 
 #include "rd_frame.h"
 
+#include <stdint.h>
+
 /* Each packing routine is compiled for the baseline instruction set and
  * again for AVX2 and AVX-512, and the loader binds the widest the CPU runs
  * (RD_WIDEST_CLONES): the conversions (16-bit floats widened, runs copied)
@@ -51,6 +53,25 @@ void rd_pack_s_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
                         const rd_qblock_t *qb);
 void rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
+
+/* The trailer of an int8 k-quad (or k-octet) micro-panel of `kq` steps:
+ * the sums, scales and zero points of its `have` rows (frame/rd_pack_dot.c). */
+void rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, const int32_t *sums,
+                      const rd_qblock_t *qb);
+
+/* The A operands of the MMLA types (frame/rd_pack_mmla.c): int8 + 128 in
+ * blocks of 8 steps with each micro-panel's trailer (i8_uo); float32 /
+ * bfloat16 rows quantized to int8 while packed, in those blocks (s_qo,
+ * b_qo: frame/rd_pack_dot.c); bfloat16 in blocks of 4 steps, from bfloat16
+ * (b_q4) and from float32 rounded (r_q4). */
+void rd_pack_i8_uo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_s_qo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_b_qo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                        const rd_qblock_t *qb);
+void rd_pack_b_q4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+void rd_pack_r_q4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
 
 /* 4-bit float operands (frame/rd_pack_f4.c): dequantized into float32 (s),
  * float64 (d) or bfloat16 k-pairs (p, power-of-two scales), and the 4-bit

@@ -64,7 +64,8 @@ rd_select(const rd_family_t *family)
         if (f == NULL || f->types[ct].ukr == NULL)
             f = family != NULL && rd_ctype_optional(ct) ? NULL : rd_best_for((rd_ctype_t)ct);
         /* chosen automatically, vdpbf16ps serves only where it is the faster */
-        if (family == NULL && ct == RD_CT_BF16DP && f != NULL && rd_bf16dot_measured() < 1.0)
+        if (family == NULL && (ct == RD_CT_BF16DP || ct == RD_CT_BF16MMA) && f != NULL
+            && rd_bf16dot_measured() < 1.0)
             f = NULL;
         rd_serving[ct] = f;
         if (f != NULL)
@@ -165,6 +166,8 @@ rd_bf16_product(int exact)
         return RD_CT_F32;
     if (rd_served_now(RD_CT_BF16TILE))
         return RD_CT_BF16TILE;
+    if (rd_served_now(RD_CT_BF16MMA))
+        return RD_CT_BF16MMA;
     return rd_served_now(RD_CT_BF16DP) ? RD_CT_BF16DP : RD_CT_F32;
 }
 
@@ -180,16 +183,23 @@ rd_int8_product(void)
 {
     if (rd_served_now(RD_CT_U8S8TILE))
         return RD_CT_U8S8TILE;
+    if (rd_served_now(RD_CT_U8S8MMA))
+        return RD_CT_U8S8MMA;
     return rd_served_now(RD_CT_U8S8) ? RD_CT_U8S8 : RD_CT_I8I32;
 }
 
 rd_ctype_t
 rd_layout_product(rd_ctype_t layout)
 {
-    if (layout == RD_CT_BF16DP && rd_served_now(RD_CT_BF16TILE))
-        return RD_CT_BF16TILE;
-    if (layout == RD_CT_U8S8 && rd_served_now(RD_CT_U8S8TILE))
-        return RD_CT_U8S8TILE;
+    static const rd_ctype_t readers[][3] = {   /* layout, then its readers, preferred first */
+        {RD_CT_BF16DP, RD_CT_BF16TILE, RD_CT_BF16MMA},
+        {RD_CT_U8S8, RD_CT_U8S8TILE, RD_CT_U8S8MMA},
+    };
+    for (size_t i = 0; i < sizeof readers / sizeof readers[0]; i++)
+        if (readers[i][0] == layout)
+            for (int j = 1; j < 3; j++)
+                if (rd_served_now(readers[i][j]))
+                    return readers[i][j];
     return layout;
 }
 

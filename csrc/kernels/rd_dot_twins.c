@@ -10,12 +10,11 @@
  * bit wherever the CPU has its instruction.
  *
  *   "avx512-bf16-twin"  RD_CT_BF16DP, 12 x 32, vdpbf16ps's arithmetic
- *   "neon-bf16-twin"    RD_CT_BF16DP, 12 x 8, BFDOT's (Arm BFDotAdd)
+ *   "neon-bf16-twin"    RD_CT_BF16MMA, 12 x 8, BFMMLA's (Arm BFDotAdd)
  *   "avx512-vnni-twin"  RD_CT_U8S8, 12 x 32
  *   "avx-vnni-twin"     RD_CT_U8S8, 6 x 16
- *   "neon-i8mm-twin"    RD_CT_U8S8, 12 x 8 (the int8 sums are exact, so
- *                       one twin serves both NEON int8 families' shape)
- *   "neon-dot-twin"     the same, the twin of "neon-dot"
+ *   "neon-i8mm-twin"    RD_CT_U8S8MMA, 12 x 8 (USMMLA)
+ *   "neon-dot-twin"     RD_CT_U8S8, 12 x 8 (UDOT)
  *
  * Speed is not their purpose: each lane step is scalar code.
  */
@@ -56,7 +55,34 @@ rd_vdpbf16_pair(float acc, uint16_t a_lo, uint16_t a_hi, uint16_t b_lo, uint16_t
 }
 
 RD_BF16_TWIN(rd_bf16dot_twin_12x32, 12, 32, rd_vdpbf16_pair)
-RD_BF16_TWIN(rd_bf16dot_neontwin_12x8, 12, 8, rd_bfdotadd)
+
+/* RD_CT_U8S8's epilogue of the sums S (rows ld apart): t = S - (128 + za)
+ * cb - (ra - kc za) zb, C (+)= (float)t * (sa * sb), with A's row trailer
+ * (MR rows) at ta and B's column trailer (NR columns) at tb. */
+static void
+rd_u8s8_twin_finish(const uint32_t *sum, int ld, const char *ta, int MR, const char *tb, int NR, rd_int kc,
+                    float *c, rd_int rs_c, rd_int cs_c, int m, int n, int mode)
+{
+    float out[12 * 32];
+    for (int i = 0; i < m; i++) {
+        int32_t ra, za;
+        float sa;
+        memcpy(&ra, ta + 4 * i, 4);
+        memcpy(&sa, ta + 4 * (MR + i), 4);
+        memcpy(&za, ta + 4 * (2 * MR + i), 4);
+        const uint32_t u = 128u + (uint32_t)za, v = (uint32_t)ra - (uint32_t)kc * (uint32_t)za;
+        for (int j = 0; j < n; j++) {
+            int32_t cb, zb;
+            float sb;
+            memcpy(&cb, tb + 4 * j, 4);
+            memcpy(&sb, tb + 4 * (NR + j), 4);
+            memcpy(&zb, tb + 4 * (2 * NR + j), 4);
+            const uint32_t t = sum[i * ld + j] - u * (uint32_t)cb - v * (uint32_t)zb;
+            out[i * NR + j] = (float)(int32_t)t * (sa * sb);
+        }
+    }
+    rd_s_store_edge(out, NR, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
+}
 
 /* int8 k-quads (RD_CT_U8S8): A + 128 as unsigned bytes at
  * a[(p/4)*4*MR + 4i + p%4] with the row trailer (int32 ra, float sa, int32
@@ -72,7 +98,6 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
     const int8_t *b = (const int8_t *)b_;                                   \
     const rd_int kq = (kc + 3) / 4 * 4;                                     \
     uint32_t sum[MR][NR];                                                   \
-    float out[MR][NR];                                                      \
     memset(sum, 0, sizeof sum);                                             \
     for (rd_int p = 0; p < kq; p += 4) {                                    \
         const uint8_t *ap = a + p * (MR);                                   \
@@ -82,29 +107,56 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
                 for (int t = 0; t < 4; t++)                                 \
                     sum[i][j] += (uint32_t)((int32_t)ap[4 * i + t] * (int32_t)bp[4 * j + t]); \
     }                                                                       \
-    const char *ta = (const char *)a_ + (MR) * kq, *tb = (const char *)b_ + (NR) * kq; \
-    int32_t ra[MR], za[MR], cb[NR], zb[NR];                                 \
-    float sa[MR], sb[NR];                                                   \
-    memcpy(ra, ta, sizeof ra);                                              \
-    memcpy(sa, ta + 4 * (MR), sizeof sa);                                   \
-    memcpy(za, ta + 8 * (MR), sizeof za);                                   \
-    memcpy(cb, tb, sizeof cb);                                              \
-    memcpy(sb, tb + 4 * (NR), sizeof sb);                                   \
-    memcpy(zb, tb + 8 * (NR), sizeof zb);                                   \
-    for (int i = 0; i < m; i++) {                                           \
-        const uint32_t u = 128u + (uint32_t)za[i];                          \
-        const uint32_t v = (uint32_t)ra[i] - (uint32_t)kc * (uint32_t)za[i]; \
-        for (int j = 0; j < n; j++) {                                       \
-            const uint32_t t = sum[i][j] - u * (uint32_t)cb[j] - v * (uint32_t)zb[j]; \
-            out[i][j] = (float)(int32_t)t * (sa[i] * sb[j]);                \
-        }                                                                   \
-    }                                                                       \
-    rd_s_store_edge(&out[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
+    rd_u8s8_twin_finish(&sum[0][0], NR, (const char *)a_ + (MR) * kq, MR, (const char *)b_ + (NR) * kq, NR, kc, \
+                        (float *)c, rs_c, cs_c, m, n, mode);                \
 }
 
 RD_U8S8_TWIN(rd_u8s8dot_twin_12x32, 12, 32)
 RD_U8S8_TWIN(rd_u8s8dot_twin_6x16, 6, 16)
 RD_U8S8_TWIN(rd_u8s8dot_twin_12x8, 12, 8)
+
+/* The MMLA types (rd_kernel.h): A in blocks of UNIT steps, B the dot
+ * types' panels; the bfloat16 pairs in order by BFDotAdd (BFMMLA's bits),
+ * the int8 sums and epilogue RD_CT_U8S8's. */
+static void
+rd_bf16mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
+                      int m, int n, int mode)
+{
+    enum { MR = 12, NR = 8 };
+    const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;
+    const rd_int pairs = (kc + 1) / 2;
+    float acc[MR][NR];
+    memset(acc, 0, sizeof acc);
+    for (rd_int q = 0; q < pairs; q++) {
+        const rd_int p = 2 * q;   /* A[i][p] at a[(p/4)*4*MR + 4i + p%4] */
+        const uint16_t *ap = a + (p / 4) * 4 * MR + p % 4, *bp = b + q * 2 * NR;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                acc[i][j] = rd_bfdotadd(acc[i][j], ap[4 * i], ap[4 * i + 1], bp[2 * j], bp[2 * j + 1]);
+    }
+    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
+}
+
+static void
+rd_u8s8mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
+                      int m, int n, int mode)
+{
+    enum { MR = 12, NR = 8 };
+    const uint8_t *a = (const uint8_t *)a_;
+    const int8_t *b = (const int8_t *)b_;
+    const rd_int kq = (kc + 3) / 4 * 4, k8 = (kc + 7) / 8 * 8;
+    uint32_t sum[MR][NR];
+    memset(sum, 0, sizeof sum);
+    for (rd_int p = 0; p < kq; p++) {
+        const uint8_t *ap = a + (p / 8) * 8 * MR + p % 8;
+        const int8_t *bp = b + (p / 4) * 4 * NR + p % 4;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                sum[i][j] += (uint32_t)((int32_t)ap[8 * i] * (int32_t)bp[4 * j]);
+    }
+    rd_u8s8_twin_finish(&sum[0][0], NR, (const char *)a_ + MR * k8, MR, (const char *)b_ + NR * kq, NR, kc,
+                        (float *)c, rs_c, cs_c, m, n, mode);
+}
 
 static int
 rd_twin_runnable(void)
@@ -117,13 +169,13 @@ const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}
 
 RD_TWIN_FAMILY(rd_family_avx512_bf16_twin, "avx512-bf16-twin", RD_CT_BF16DP,
                RD_BF16_DESC(rd_bf16dot_twin_12x32))
-RD_TWIN_FAMILY(rd_family_neon_bf16_twin, "neon-bf16-twin", RD_CT_BF16DP,
-               RD_NEON_BF16_DESC(rd_bf16dot_neontwin_12x8))
+RD_TWIN_FAMILY(rd_family_neon_bf16_twin, "neon-bf16-twin", RD_CT_BF16MMA,
+               RD_NEON_BF16_DESC(rd_bf16mmla_twin_12x8))
 RD_TWIN_FAMILY(rd_family_avx512_vnni_twin, "avx512-vnni-twin", RD_CT_U8S8,
                RD_VNNI_DESC(rd_u8s8dot_twin_12x32))
 RD_TWIN_FAMILY(rd_family_avx_vnni_twin, "avx-vnni-twin", RD_CT_U8S8,
                RD_AVXVNNI_DESC(rd_u8s8dot_twin_6x16))
-RD_TWIN_FAMILY(rd_family_neon_i8mm_twin, "neon-i8mm-twin", RD_CT_U8S8,
-               RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8))
+RD_TWIN_FAMILY(rd_family_neon_i8mm_twin, "neon-i8mm-twin", RD_CT_U8S8MMA,
+               RD_NEON_I8_DESC(rd_u8s8mmla_twin_12x8))
 RD_TWIN_FAMILY(rd_family_neon_dot_twin, "neon-dot-twin", RD_CT_U8S8,
                RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8))

@@ -1,30 +1,33 @@
 /*
- * NEON dot-product micro-kernels, for aarch64 cores that have the
- * instruction (chosen at run time by their feature bits, cpu/rd_cpu.h):
+ * NEON dot-product and matrix-multiply micro-kernels, for aarch64 cores
+ * that have the instruction (chosen at run time by their feature bits,
+ * cpu/rd_cpu.h):
  *
- *   rd_bf16dot_neon_12x8 (family "neon-bf16", FEAT_BF16: Graviton 3/4,
- *       Neoverse V1/V2/N2, Grace, Apple M2 and later): bfloat16 k-pairs
- *       into float32 by BFDOT (by element), RD_CT_BF16DP's layout with the
- *       Arm arithmetic (kernels/rd_dot_arith.h: each pair's two products
- *       summed and added to the accumulator, every operation rounded to
- *       odd, denormals flushed)
- *   rd_u8s8dot_neon_i8mm_12x8 (family "neon-i8mm", FEAT_I8MM): int8 k-quads
- *       into int32 by SUDOT (by element), RD_CT_U8S8: B's signed bytes
- *       times A's unsigned ones (+128), exactly vpdpbusd's sums
+ *   rd_bf16mmla_neon_12x8 (family "neon-bf16", FEAT_BF16: Graviton 3/4,
+ *       Neoverse V1/V2/N2, Grace, Apple M2 and later): bfloat16 by BFMMLA,
+ *       RD_CT_BF16MMA: two rows by two columns of 4 steps an instruction,
+ *       B's bfloat16 k-pairs (RD_CT_BF16DP's layout) read as they are
+ *       packed, with the Arm arithmetic (kernels/rd_dot_arith.h: each
+ *       pair's two products summed and added to the accumulator, every
+ *       operation rounded to odd, denormals flushed; BFMMLA adds a row's
+ *       two pairs in order, so its bits are BFDOT's)
+ *   rd_u8s8mmla_neon_12x8 (family "neon-i8mm", FEAT_I8MM): int8 by USMMLA,
+ *       RD_CT_U8S8MMA: A + 128 unsigned times B signed, two rows by two
+ *       columns of 8 steps an instruction, B's k-quads and trailers
+ *       (RD_CT_U8S8's) read as they are packed: vpdpbusd's sums, bit for bit
  *   rd_u8s8dot_neon_dot_12x8 (family "neon-dot", FEAT_DotProd: Graviton 2,
- *       Neoverse N1, Apple M1): the same by UDOT, unsigned times unsigned:
- *       B's bytes shifted by 128 too (xor 0x80: two instructions a step
- *       on B's two vectors, where turning A's three back to signed for
- *       SDOT would take three), and the epilogue takes 128 times A's sums
- *       (A + 128 over the block: ra + 128 kc) back out
+ *       Neoverse N1, Apple M1): RD_CT_U8S8 by UDOT (by element), unsigned
+ *       times unsigned: B's bytes shifted by 128 too (xor 0x80: two
+ *       instructions a step on B's two vectors, where turning A's three
+ *       back to signed for SDOT would take three), and the epilogue takes
+ *       128 times A's sums (A + 128 over the block: ra + 128 kc) back out
  *
  * Each has a twin in plain C with the same block and blocking
  * (kernels/rd_dot_twins.c), runnable everywhere; the tests hold native and
  * twin bit for bit (under QEMU where no ARM core is at hand).
  *
  * The register block is the float32 kernel's (kernels/rd_neon_body.h):
- * 12 rows x 8 columns, 24 accumulators; per step (a pair or a quad of the
- * contraction) 5 loads and 24 dot products by element.
+ * 12 rows x 8 columns, 24 accumulators.
  *
  * The instructions are emitted by encoding (.inst), with the registers the
  * compiler chose decoded by an assembler macro (rd_vnum), so that every
@@ -39,37 +42,7 @@
 #include "rd_neon_body.h"
 #include "rd_neon_insn.h"
 
-/* ------------------------------------------------------- bfloat16 pairs */
-
-#define BDECL(i, A, L) float32x4_t c##i##0 = vdupq_n_f32(0.0f), c##i##1 = vdupq_n_f32(0.0f);
-#define BDOT(i, A, L)                                                       \
-    RD_BFDOT(c##i##0, b0, A, L);                                            \
-    RD_BFDOT(c##i##1, b1, A, L);
-#define BLOAD(reg, k) const uint16x8_t reg = vld1q_u16(a + 8 * (k));
-
-/* A: 12 rows of pairs (24 halves) a step, B: 8 columns of pairs. */
-#define RD_NB_BODY(NAME, R, ROWS, LOADS)                                    \
-static void                                                                 \
-NAME(rd_int kc, const uint16_t *a, const uint16_t *b, float *c, rd_int rs_c, \
-     rd_int cs_c, int m, int n, int mode)                                   \
-{                                                                           \
-    const rd_int pairs = (kc + 1) / 2;                                      \
-    ROWS(BDECL)                                                             \
-    for (rd_int q = 0; q < pairs; q++) {                                    \
-        const uint16x8_t b0 = vld1q_u16(b), b1 = vld1q_u16(b + 8);          \
-        LOADS(BLOAD)                                                        \
-        ROWS(BDOT)                                                          \
-        a += 24;                                                            \
-        b += 16;                                                            \
-    }                                                                       \
-    RD_NEON_LEAVE(R, ROWS)                                                  \
-}
-RD_NB_BODY(bf_rows4, 4, NROWS4, NLOAD_A4)
-RD_NB_BODY(bf_rows8, 8, NROWS8, NLOAD_A8)
-RD_NB_BODY(bf_rows12, 12, NROWS12, NLOAD_A12)
-RD_NEON_KERNEL(rd_bf16dot_neon_12x8, uint16_t, uint16_t, bf_rows4, bf_rows8, bf_rows12)
-
-/* ----------------------------------------------------------- int8 quads */
+/* --------------------------------------------------- int8 quads (UDOT) */
 
 #define IDECL(i, A, L) int32x4_t c##i##0 = vdupq_n_s32(0), c##i##1 = vdupq_n_s32(0);
 #define IDOT(i, A, L)                                                       \
@@ -107,6 +80,25 @@ RD_NEON_KERNEL(rd_bf16dot_neon_12x8, uint16_t, uint16_t, bf_rows4, bf_rows8, bf_
     vst1q_f32(buf + (i) * 8, f##i##0);                                      \
     vst1q_f32(buf + (i) * 8 + 4, f##i##1);
 
+/* The rows' int32 sums (c##i##0, c##i##1) to float32 into C, with B's
+ * column trailer at tb and A's row trailer (ra, sa, za). */
+#define RD_NI_FINISH(R, ROWS)                                               \
+    const int32x4_t cb0 = vld1q_s32((const int32_t *)(const void *)tb);     \
+    const int32x4_t cb1 = vld1q_s32((const int32_t *)(const void *)(tb + 16)); \
+    const float32x4_t sb0 = vld1q_f32((const float *)(const void *)(tb + 32)); \
+    const float32x4_t sb1 = vld1q_f32((const float *)(const void *)(tb + 48)); \
+    const int32x4_t zb0 = vld1q_s32((const int32_t *)(const void *)(tb + 64)); \
+    const int32x4_t zb1 = vld1q_s32((const int32_t *)(const void *)(tb + 80)); \
+    const int zero_b = vmaxvq_u32(vreinterpretq_u32_s32(vorrq_s32(zb0, zb1))) != 0; \
+    ROWS(IFINISH)                                                           \
+    if (m == (R) && n == 8 && cs_c == 1) {                                  \
+        ROWS(IPUT)                                                          \
+        return;                                                             \
+    }                                                                       \
+    float buf[(R) * 8];                                                     \
+    ROWS(ISPILL)                                                            \
+    rd_s_store_edge(buf, 8, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
+
 /* A: 12 rows of quads (48 bytes, the trailer after 12 kq), B: 8 columns
  * of quads (32 bytes, the trailer after 8 kq). */
 #define RD_NI_BODY(NAME, R, ROWS, LOADS)                                    \
@@ -127,35 +119,8 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
         a += 48;                                                            \
         b += 32;                                                            \
     }                                                                       \
-    const int32x4_t cb0 = vld1q_s32((const int32_t *)(const void *)tb);     \
-    const int32x4_t cb1 = vld1q_s32((const int32_t *)(const void *)(tb + 16)); \
-    const float32x4_t sb0 = vld1q_f32((const float *)(const void *)(tb + 32)); \
-    const float32x4_t sb1 = vld1q_f32((const float *)(const void *)(tb + 48)); \
-    const int32x4_t zb0 = vld1q_s32((const int32_t *)(const void *)(tb + 64)); \
-    const int32x4_t zb1 = vld1q_s32((const int32_t *)(const void *)(tb + 80)); \
-    const int zero_b = vmaxvq_u32(vreinterpretq_u32_s32(vorrq_s32(zb0, zb1))) != 0; \
-    ROWS(IFINISH)                                                           \
-    if (m == (R) && n == 8 && cs_c == 1) {                                  \
-        ROWS(IPUT)                                                          \
-        return;                                                             \
-    }                                                                       \
-    float buf[(R) * 8];                                                     \
-    ROWS(ISPILL)                                                            \
-    rd_s_store_edge(buf, 8, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
+    RD_NI_FINISH(R, ROWS)                                                   \
 }
-
-/* SUDOT: B signed (the vector) times A unsigned (the element), the sums of
- * A + 128 */
-#define DOT RD_SUDOT
-#define ADJUST_B(x) (x)
-#define BSHIFT 0u
-RD_NI_BODY(su_rows4, 4, NROWS4, NLOAD_A4)
-RD_NI_BODY(su_rows8, 8, NROWS8, NLOAD_A8)
-RD_NI_BODY(su_rows12, 12, NROWS12, NLOAD_A12)
-RD_NEON_KERNEL(rd_u8s8dot_neon_i8mm_12x8, uint8_t, int8_t, su_rows4, su_rows8, su_rows12)
-#undef DOT
-#undef ADJUST_B
-#undef BSHIFT
 
 /* UDOT: unsigned times unsigned, B + 128 (xor 0x80) */
 #define DOT RD_UDOT
@@ -167,6 +132,156 @@ RD_NI_BODY(ss_rows12, 12, NROWS12, NLOAD_A12)
 RD_NEON_KERNEL(rd_u8s8dot_neon_dot_12x8, uint8_t, int8_t, ss_rows4, ss_rows8, ss_rows12)
 #undef DOT
 #undef ADJUST_B
+#undef BSHIFT
+
+/* --------------------------------------------------- MMLA (2 x 2 blocks)
+ *
+ * USMMLA and BFMMLA multiply two rows of A by two columns of B into a 2 x 2
+ * block of C per register: 24 accumulators hold the 12 x 8 block as 6 row
+ * pairs x 4 column pairs.  A is packed for them (blocks of 8 int8 / 4
+ * bfloat16 steps, each row's values of a block contiguous: one load gives a
+ * row pair's operand); B is the dot types' panel (int8 quads, bfloat16
+ * pairs), whose two consecutive steps a zip joins into a column pair's
+ * operand (column j's first step, its second, column j+1's first, its
+ * second, as 32-bit elements): 4 zips beside 24 MMLA a step.  A panel whose
+ * B steps are odd in number ends with a step whose second half is zeros
+ * (its products, and A's zero padding, add nothing: BFMMLA adds a pair of
+ * zero products exactly).  The 2 x 2 blocks are unzipped into rows at the
+ * end. */
+#define MPAIRS4(X) X(0, 0, 1) X(1, 2, 3)
+#define MPAIRS8(X) MPAIRS4(X) X(2, 4, 5) X(3, 6, 7)
+#define MPAIRS12(X) MPAIRS8(X) X(4, 8, 9) X(5, 10, 11)
+#define MDECL(t, r0, r1) ACC m##t##0 = ZERO, m##t##1 = ZERO, m##t##2 = ZERO, m##t##3 = ZERO;
+/* (the barrier keeps each row pair's load beside its products: a compiler
+ * that hoists all six loads above them runs out of registers and spills
+ * accumulators) */
+#define MSTEP(t, r0, r1)                                                    \
+    {                                                                       \
+        __asm__ volatile("" ::: "memory");                                  \
+        const AV at = LOAD_A(a + (t) * A_PAIR);                             \
+        MMLA(m##t##0, at, bj0);                                             \
+        MMLA(m##t##1, at, bj1);                                             \
+        MMLA(m##t##2, at, bj2);                                             \
+        MMLA(m##t##3, at, bj3);                                             \
+    }
+/* rows r0 = 2t and r1 = 2t + 1 of the block, columns 0-3 and 4-7 */
+#define MUNZIP(t, r0, r1)                                                   \
+    ACC c##r0##0 = UNZIP(vzip1q_u64, m##t##0, m##t##1), c##r0##1 = UNZIP(vzip1q_u64, m##t##2, m##t##3); \
+    ACC c##r1##0 = UNZIP(vzip2q_u64, m##t##0, m##t##1), c##r1##1 = UNZIP(vzip2q_u64, m##t##2, m##t##3);
+/* the column pairs of two consecutive steps of B (bq: the first step's
+ * columns 0-3 and 4-7, br the second's) */
+#define MJOIN(bq0, bq1, br0, br1)                                           \
+    const BV bj0 = JOIN(vzip1q_u32, bq0, br0), bj1 = JOIN(vzip2q_u32, bq0, br0); \
+    const BV bj2 = JOIN(vzip1q_u32, bq1, br1), bj3 = JOIN(vzip2q_u32, bq1, br1);
+
+/* The product loop: `steps` steps of B (of B_STEP elements), two a pass. */
+#define RD_MMLA_LOOP(PAIRS)                                                 \
+    PAIRS(MDECL)                                                            \
+    rd_int st = 0;                                                          \
+    for (; st + 2 <= steps; st += 2) {                                      \
+        const BV bq0 = LOAD_B(b), bq1 = LOAD_B(b + B_STEP / 2);             \
+        const BV br0 = LOAD_B(b + B_STEP), br1 = LOAD_B(b + B_STEP + B_STEP / 2); \
+        MJOIN(bq0, bq1, br0, br1)                                           \
+        PAIRS(MSTEP)                                                        \
+        a += 12 * A_UNIT;                                                   \
+        b += 2 * B_STEP;                                                    \
+    }                                                                       \
+    if (st < steps) {                                                       \
+        const BV bq0 = LOAD_B(b), bq1 = LOAD_B(b + B_STEP / 2), zero = B_ZERO; \
+        MJOIN(bq0, bq1, zero, zero)                                         \
+        PAIRS(MSTEP)                                                        \
+    }                                                                       \
+    PAIRS(MUNZIP)
+
+/* bfloat16: B pairs (8 halves a column quad, B_STEP 16 halves a step), A
+ * blocks of 4 steps (A_UNIT 4 halves a row, a row pair 8 halves) */
+#define ACC float32x4_t
+#define ZERO vdupq_n_f32(0.0f)
+#define AV uint16x8_t
+#define BV uint16x8_t
+#define LOAD_A(p) vld1q_u16(p)
+#define LOAD_B(p) vld1q_u16(p)
+#define B_ZERO vdupq_n_u16(0)
+#define A_PAIR 8
+#define A_UNIT 4
+#define B_STEP 16
+#define MMLA RD_BFMMLA
+#define UNZIP(z, x, y) vreinterpretq_f32_u64(z(vreinterpretq_u64_f32(x), vreinterpretq_u64_f32(y)))
+#define JOIN(z, x, y) vreinterpretq_u16_u32(z(vreinterpretq_u32_u16(x), vreinterpretq_u32_u16(y)))
+#define RD_NBM_BODY(NAME, R, ROWS, PAIRS)                                   \
+static void                                                                 \
+NAME(rd_int kc, const uint16_t *a, const uint16_t *b, float *c, rd_int rs_c, \
+     rd_int cs_c, int m, int n, int mode)                                   \
+{                                                                           \
+    const rd_int steps = (kc + 1) / 2;   /* pairs of B */                   \
+    RD_MMLA_LOOP(PAIRS)                                                     \
+    RD_NEON_LEAVE(R, ROWS)                                                  \
+}
+RD_NBM_BODY(bfm_rows4, 4, NROWS4, MPAIRS4)
+RD_NBM_BODY(bfm_rows8, 8, NROWS8, MPAIRS8)
+RD_NBM_BODY(bfm_rows12, 12, NROWS12, MPAIRS12)
+RD_NEON_KERNEL(rd_bf16mmla_neon_12x8, uint16_t, uint16_t, bfm_rows4, bfm_rows8, bfm_rows12)
+#undef ACC
+#undef ZERO
+#undef AV
+#undef BV
+#undef LOAD_A
+#undef LOAD_B
+#undef B_ZERO
+#undef A_PAIR
+#undef A_UNIT
+#undef B_STEP
+#undef MMLA
+#undef UNZIP
+#undef JOIN
+
+/* int8: B quads (32 bytes a step), A blocks of 8 steps (A + 128, a row
+ * pair 16 bytes), then RD_CT_U8S8's trailers and epilogue (IFINISH) */
+#define ACC int32x4_t
+#define ZERO vdupq_n_s32(0)
+#define AV uint8x16_t
+#define BV int8x16_t
+#define LOAD_A(p) vld1q_u8(p)
+#define LOAD_B(p) vld1q_s8(p)
+#define B_ZERO vdupq_n_s8(0)
+#define A_PAIR 16
+#define A_UNIT 8
+#define B_STEP 32
+#define MMLA RD_USMMLA
+#define UNZIP(z, x, y) vreinterpretq_s32_u64(z(vreinterpretq_u64_s32(x), vreinterpretq_u64_s32(y)))
+#define JOIN(z, x, y) vreinterpretq_s8_u32(z(vreinterpretq_u32_s8(x), vreinterpretq_u32_s8(y)))
+#define BSHIFT 0u
+#define RD_NIM_BODY(NAME, R, ROWS, PAIRS)                                   \
+static void                                                                 \
+NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
+     rd_int cs_c, int m, int n, int mode)                                   \
+{                                                                           \
+    const rd_int kq = (kc + 3) / 4 * 4, k8 = (kc + 7) / 8 * 8;              \
+    const rd_int steps = kq / 4;   /* quads of B */                         \
+    const char *ta = (const char *)a + 12 * k8, *tb = (const char *)b + 8 * kq; \
+    const int32_t *ra = (const int32_t *)(const void *)ta;                  \
+    const float *sa = (const float *)(const void *)(ta + 48);               \
+    const int32_t *za = (const int32_t *)(const void *)(ta + 96);           \
+    RD_MMLA_LOOP(PAIRS)                                                     \
+    RD_NI_FINISH(R, ROWS)                                                   \
+}
+RD_NIM_BODY(usm_rows4, 4, NROWS4, MPAIRS4)
+RD_NIM_BODY(usm_rows8, 8, NROWS8, MPAIRS8)
+RD_NIM_BODY(usm_rows12, 12, NROWS12, MPAIRS12)
+RD_NEON_KERNEL(rd_u8s8mmla_neon_12x8, uint8_t, int8_t, usm_rows4, usm_rows8, usm_rows12)
+#undef ACC
+#undef ZERO
+#undef AV
+#undef BV
+#undef LOAD_A
+#undef LOAD_B
+#undef B_ZERO
+#undef A_PAIR
+#undef A_UNIT
+#undef B_STEP
+#undef MMLA
+#undef UNZIP
+#undef JOIN
 #undef BSHIFT
 
 /* ------------------------------------------------------------- families */
@@ -191,11 +306,11 @@ rd_neon_dot_runnable(void)
 
 const rd_family_t rd_family_neon_bf16 = {
     "neon-bf16", rd_neon_bf16_runnable,
-    {[RD_CT_BF16DP] = RD_NEON_BF16_DESC(rd_bf16dot_neon_12x8)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_BF16MMA] = RD_NEON_BF16_DESC(rd_bf16mmla_neon_12x8)}, 0, {{NULL, 0, 0}},
 };
 const rd_family_t rd_family_neon_i8mm = {
     "neon-i8mm", rd_neon_i8mm_runnable,
-    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_neon_i8mm_12x8)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}},
 };
 const rd_family_t rd_family_neon_dot = {
     "neon-dot", rd_neon_dot_runnable,

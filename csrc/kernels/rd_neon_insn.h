@@ -34,4 +34,17 @@ __asm__(".macro rd_vnum sym, reg\n"
 #define RD_UDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x6f80e000, acc, vn, vm, idx)
 #define RD_SUDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f00f000, acc, vn, vm, idx)
 
+/* acc (a 2 x 2 block of 32-bit values) += vn (two rows of 8 bytes or 4
+ * halves) times the transpose of vm (two columns): USMMLA (unsigned vn,
+ * signed vm, int32) and BFMMLA (bfloat16, float32): Rm<<16 | Rn<<5 | Rd
+ * on BASE. */
+#define RD_MMLA(BASE, acc, vn, vm)                                          \
+    __asm__("rd_vnum rd_d, %0\n\t"                                          \
+            "rd_vnum rd_n, %1\n\t"                                          \
+            "rd_vnum rd_m, %2\n\t"                                          \
+            ".inst " #BASE " | (rd_m << 16) | (rd_n << 5) | rd_d"           \
+            : "+w"(acc) : "w"(vn), "w"(vm))
+#define RD_USMMLA(acc, vn, vm) RD_MMLA(0x4e80ac00, acc, vn, vm)
+#define RD_BFMMLA(acc, vn, vm) RD_MMLA(0x6e40ec00, acc, vn, vm)
+
 #endif /* RD_NEON_INSN_H */

@@ -12,9 +12,9 @@
  *   "amx_bf16"   : 4 accumulator tiles of TDPBF16PS (16384 flops each)
  *   "amx_int8"   : 4 accumulator tiles of TDPBUSD (32768 ops each)
  *   "neon"       : 24 chains of fmla by element (8 flops each)
- *   "neon_bf16"  : 24 chains of BFDOT by element (16 flops each)
+ *   "neon_bf16"  : 24 chains of BFMMLA (2 x 2 x 4 products: 32 flops each)
  *   "neon_dot"   : 24 chains of UDOT by element (32 int8 ops each)
- *   "neon_i8mm"  : 24 chains of SUDOT by element (32 ops each)
+ *   "neon_i8mm"  : 24 chains of USMMLA (2 x 2 x 8 products: 64 ops each)
  * (0 where the CPU, or for AMX the OS, does not run the instruction.)
  */
 #include "rd_frame.h"
@@ -247,23 +247,23 @@ rd_peak_neon(double seconds, long chunk)
     RD_NEON_LOOP(FSTEP, FSUM, 8.0)
 }
 
-/* BFDOT by element: 4 lanes x 2 products x 2 flops */
-#define BSTEP(i) RD_BFDOT(z##i, x, y, 1);
+/* BFMMLA (the neon-bf16 kernel's): 2 x 2 x 4 products, 32 flops */
+#define BSTEP(i) RD_BFMMLA(z##i, x, y);
 static double
 rd_peak_neon_bf16(double seconds, long chunk)
 {
     const uint16x8_t x = vdupq_n_u16(0x3f00), y = vdupq_n_u16(0x3e80);   /* 0.5, 0.25 */
     float32x4_t s = vdupq_n_f32(0.0f);
     CHAINS24(FDECL)
-    RD_NEON_LOOP(BSTEP, FSUM, 16.0)
+    RD_NEON_LOOP(BSTEP, FSUM, 32.0)
 }
 
-/* UDOT / SUDOT by element (neon-dot's, neon-i8mm's): 4 lanes x 4 products x
- * 2 ops (int32 sums wrap) */
+/* UDOT by element (neon-dot's): 4 lanes x 4 products x 2 ops; USMMLA
+ * (neon-i8mm's): 2 x 2 x 8 products, 64 ops (int32 sums wrap) */
 #define IDECL(i) int32x4_t z##i = vdupq_n_s32(i);
 #define ISUM(i) s = vaddq_s32(s, z##i);
 #define SSTEP(i) RD_UDOT(z##i, x, y, 1);
-#define USTEP(i) RD_SUDOT(z##i, x, y, 1);
+#define USTEP(i) RD_USMMLA(z##i, y, x);
 static double
 rd_peak_neon_dot(double seconds, long chunk)
 {
@@ -280,10 +280,10 @@ rd_peak_neon_i8mm(double seconds, long chunk)
     const uint8x16_t y = vdupq_n_u8(5);
     int32x4_t s = vdupq_n_s32(0);
     CHAINS24(IDECL)
-    RD_NEON_LOOP(USTEP, ISUM, 32.0)
+    RD_NEON_LOOP(USTEP, ISUM, 64.0)
 }
 
-/* BFDOT's rate over fmla's, in flops (one thread, a fraction of a
+/* BFMMLA's rate over fmla's, in flops (one thread, a fraction of a
  * millisecond of each, best of three rounds); 0 without FEAT_BF16.  The
  * runtime's automatic choice of the bfloat16 dot-product kernels follows
  * it, as on x86. */

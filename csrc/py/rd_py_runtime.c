@@ -448,8 +448,8 @@ PyDoc_STRVAR(fma_peak_doc,
 "Sustained throughput of `threads` threads, each running independent chains\n"
 "of one instruction for about `seconds`: isa='avx2' (256-bit float32 FMA),\n"
 "'avx512' (512-bit float32 FMA), 'avx512_bf16', 'avx512_vnni', 'avx_vnni',\n"
-"'amx_bf16', 'amx_int8', 'neon' (fmla), 'neon_bf16' (BFDOT), 'neon_dot' (UDOT)\n"
-"or 'neon_i8mm' (SUDOT).  0.0 when the CPU lacks that instruction set.");
+"'amx_bf16', 'amx_int8', 'neon' (fmla), 'neon_bf16' (BFMMLA), 'neon_dot' (UDOT)\n"
+"or 'neon_i8mm' (USMMLA).  0.0 when the CPU lacks that instruction set.");
 
 static PyObject *
 rd_py_fma_peak(PyObject *self, PyObject *args)

@@ -164,8 +164,8 @@ int rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc);
  * a float32 product of two int8 operands: the tile type, the MMLA type, the
  * int8 dot type, or RD_CT_I8I32 (the same results, bit for bit, with the
  * same KC).  Of weights prepacked in the B layout of `layout` (RD_CT_BF16DP
- * or RD_CT_U8S8): the tile, else the MMLA type reading that layout where
- * served, else `layout`. */
+ * or RD_CT_U8S8; the MMLA types have layouts of their own): the tile type
+ * reading that layout where served, else `layout`. */
 rd_ctype_t rd_bf16_product(int exact);
 /* The compute type of a product of compute type `base` (RD_CT_F32 or
  * RD_CT_F64, from the output) of operands of storage dtypes a and b, not

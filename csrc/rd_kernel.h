@@ -152,13 +152,10 @@ typedef enum {
     /* Matrix-multiply-accumulate types (Arm's FEAT_I8MM / FEAT_BF16
      * MMLA instructions: a 2 x 8 (int8) or 2 x 4 (bfloat16) block of A
      * times the transpose of a 2 x 8 / 2 x 4 block of B into a 2 x 2 block
-     * of C per 128-bit register).  B is packed as the dot types above pack
-     * it (int8 k-quads with their trailer; bfloat16 k-pairs), so weights
-     * prepacked for one are read by the other, and the kernel joins two
-     * steps of B's panel per instruction in registers; A is packed in
-     * blocks of 8 (int8) or 4 (bfloat16) steps of the contraction, each row
-     * of a block contiguous, its depth padded with zeros to a multiple of
-     * that (a_k_unit).
+     * of C per 128-bit register).  A and B are packed in blocks of 8
+     * (int8) or 4 (bfloat16) steps of the contraction (k_unit), each row
+     * (column) of a block contiguous, so that one 16-byte load is the
+     * operand of an instruction: two rows of A, or two columns of B.
      *
      * U8S8MMA: int8 x int8 (USMMLA: A + 128 unsigned times B signed), the
      * trailers, sums and epilogue of RD_CT_U8S8, and so its results bit for
@@ -178,8 +175,6 @@ typedef struct {
                                packed micro-panel (0: none) */
     int b_nibbles;          /* 1: B panels hold two values a byte (b_size 1
                                then counts two elements) */
-    int a_k_unit;           /* the packed contraction of A is padded to a
-                               multiple of this (0: k_unit) */
 } rd_ctype_desc_t;
 
 /* The longest contraction an RD_CT_I8I32 micro-kernel sums in int32: pair
@@ -285,17 +280,17 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   int32 ra, float sa, int32 za of the row; b as RD_CT_U8S8's.  The sums
  *   S and the epilogue are RD_CT_U8S8's.
  *
- * RD_CT_U8S8MMA (k_unit 4, a_k_unit 8, scale_size 12): with k8 = kc
- *   rounded up to a multiple of 8,
+ * RD_CT_U8S8MMA (k_unit 8, scale_size 12): with k8 = kc rounded up to a
+ *   multiple of 8,
  *   a : uint8 A[i][p] + 128 at a[(p/8)*8*MR + 8*i + p%8] (padding bytes 0),
  *       then at byte MR*k8 the row trailer of RD_CT_U8S8 (ra, sa, za);
- *   b : RD_CT_U8S8's (k-quads, kq = kc rounded up to 4, then cb, sb, zb);
+ *   b : int8 B[p][j] at b[(p/8)*8*NR + 8*j + p%8] (padding 0), then at byte
+ *       NR*k8 the column trailer of RD_CT_U8S8 (cb, sb, zb);
  *   the sums S and the epilogue are RD_CT_U8S8's.
  *
- * RD_CT_BF16MMA (k_unit 2, a_k_unit 4): with k4 = kc rounded up to a
- *   multiple of 4,
+ * RD_CT_BF16MMA (k_unit 4): with k4 = kc rounded up to a multiple of 4,
  *   a : bfloat16 A[i][p] = a[(p/4)*4*MR + 4*i + p%4] (padding 0),
- *   b : RD_CT_BF16DP's (k-pairs),
+ *   b : bfloat16 B[p][j] = b[(p/4)*4*NR + 4*j + p%4] (padding 0),
  *   per pair q in order: acc = BFDotAdd(acc, pair q of A's row, of B's
  *   column) (kernels/rd_dot_arith.h), then C (+)= acc.
  */
@@ -390,13 +385,20 @@ rd_ctype_optional(int ct)
            || ct == RD_CT_U8S8MMA || ct == RD_CT_BF16MMA;
 }
 
-/* The type whose B panels a dot-product type reads (the tile and MMLA
- * types read those of the vector dot types), else ct itself. */
+/* The type whose B panels a dot-product type reads (the tile types read
+ * those of the vector dot types), else ct itself. */
 static inline int
 rd_ctype_layout(int ct)
 {
-    return ct == RD_CT_BF16TILE || ct == RD_CT_BF16MMA ? RD_CT_BF16DP
-           : ct == RD_CT_U8S8TILE || ct == RD_CT_U8S8MMA ? RD_CT_U8S8 : ct;
+    return ct == RD_CT_BF16TILE ? RD_CT_BF16DP : ct == RD_CT_U8S8TILE ? RD_CT_U8S8 : ct;
+}
+
+/* Whether compute type ct multiplies int8 values into exact int32 sums with
+ * RD_CT_U8S8's trailers (B laid out for the int8 dot or MMLA products). */
+static inline int
+rd_ctype_int8_dot(int ct)
+{
+    return rd_ctype_layout(ct) == RD_CT_U8S8 || ct == RD_CT_U8S8MMA;
 }
 
 /* The families compiled in, most preferred first, NULL-terminated

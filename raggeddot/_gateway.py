@@ -268,11 +268,11 @@ def quantizes_in_kernel(lhs, rhs, qtype):
     if qtype not in ("int8", np.int8) or not isinstance(lhs, np.ndarray) or lhs.dtype.name not in (
             "float32", "bfloat16"):
         return False
-    if getattr(rhs, "ctype", None) == "int8-dot":
+    if getattr(rhs, "ctype", None) in ("int8-dot", "int8-mmla"):
         return True
     if not (isinstance(rhs, QArray) and rhs.qtype in ("int8", "int4") and rhs.dtype == _FLOAT32):
         return False
-    return integral_zero_points(rhs.zero_point) and served("int8-dot")
+    return integral_zero_points(rhs.zero_point) and (served("int8-dot") or served("int8-mmla"))
 
 
 def integral_zero_points(zp):
@@ -299,8 +299,8 @@ def prepack(w, buf, ctype, kc, nr):
 
 
 # the types that multiply weights laid out for a dot type besides it: the
-# tile types (AMX) and Arm's matrix-multiply-accumulate types (MMLA)
-_READERS = {"bfloat16-dot": ("bfloat16-tile", "bfloat16-mmla"), "int8-dot": ("int8-tile", "int8-mmla")}
+# tile types (AMX)
+_READERS = {"bfloat16-dot": ("bfloat16-tile",), "int8-dot": ("int8-tile",)}
 
 
 def served(ctype):
@@ -308,7 +308,7 @@ def served(ctype):
     ``_core.PACKING_READS``, e.g. "bfloat16-dot") with the kernel selection
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name). A dot type's layout is
-    also served where a type that reads it is (AMX tiles, Arm's MMLA)."""
+    also served where the tile type that reads it is (AMX)."""
     if _core.kernel_for(ctype) != "none":
         return True
     return any(_core.kernel_for(reader) != "none" for reader in _READERS.get(ctype, ()))

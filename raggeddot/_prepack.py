@@ -17,12 +17,31 @@ __all__ = ["PackedRhs", "prepack", "meet", "check", "quantizes_in_kernel"]
 _LAYOUT = {"float32": "float32", "float64": "float64",
            "bfloat16": "float32-bfloat16w", "float16": "float32-float16w"}
 # bfloat16 weights to be multiplied by a bfloat16 lhs, where the bfloat16
-# dot-product kernels (vdpbf16ps) serve: k-pairs, as those kernels read B.
+# dot-product kernels (vdpbf16ps) serve: k-pairs, as those kernels read B;
+# where Arm's BFMMLA kernels serve, their blocks of 4 steps.
 _BF16_DOT = "bfloat16-dot"
+_BF16_MMLA = "bfloat16-mmla"
 # int8 weights for an int8 lhs, where the int8 dot-product kernels (vpdpbusd)
 # serve: k-quads, each panel followed by its columns' sums, scales and zero
-# points, block after block cut at the scale tiles along k.
+# points, block after block cut at the scale tiles along k; where Arm's
+# USMMLA kernels serve, blocks of 8 steps with the same trailers.
 _INT8_DOT = "int8-dot"
+_INT8_MMLA = "int8-mmla"
+_INT8_LAYOUTS = (_INT8_DOT, _INT8_MMLA)
+# the steps of a block of the contraction in each of those layouts
+_UNIT = {_BF16_DOT: 2, _BF16_MMLA: 4, _INT8_DOT: 4, _INT8_MMLA: 8}
+
+
+def _bf16_layout():
+    """The layout of bfloat16 weights for a bfloat16 lhs with the kernels
+    selected now (None: no bfloat16 dot products are served)."""
+    return next((ct for ct in (_BF16_MMLA, _BF16_DOT) if gw.served(ct)), None)
+
+
+def _int8_layout():
+    """The layout of int8 weights for an int8 lhs with the kernels selected
+    now (None: no int8 dot products are served)."""
+    return next((ct for ct in (_INT8_MMLA, _INT8_DOT) if gw.served(ct)), None)
 # Quantized weights (a QArray): one byte a value in the panels, widened and
 # dequantized by the micro-kernel, (q - zero_point) * scale per column, in
 # float32 (int4 values are held in int8).
@@ -181,7 +200,7 @@ class PackedRhs(v.Prepacked):
         and qtype (not its dequantized value)."""
         if self.qtype is not None:
             return self._unpack_quantized()
-        if self.ctype == _BF16_DOT:
+        if self.ctype in (_BF16_DOT, _BF16_MMLA):
             return self._unpack_pairs()
         g, k, n = self.shape
         nr, kc = self.nr, self.kc
@@ -205,18 +224,19 @@ class PackedRhs(v.Prepacked):
         return out
 
     def _unpack_pairs(self):
-        """unpack of the k-pair layout: per KC block of depth d (kp = d
-        rounded up to even), panels of [kp / 2, NR, 2] bfloat16 values."""
+        """unpack of the k-pair layout (and of the blocks of 4 steps of the
+        MMLA one): per KC block of depth d (kp = d rounded up to the unit u),
+        panels of [kp / u, NR, u] bfloat16 values."""
         g, k, n = self.shape
-        nr, kc = self.nr, self.kc
+        nr, kc, u = self.nr, self.kc, _UNIT[self.ctype]
         panels = -(-n // nr)
         flat = self._buf.view(np.uint8).view(self.dtype).reshape(g, -1)
         out = np.empty((g, k, n), dtype=self.dtype)
         start = 0
         for pc in range(0, k, kc):
             depth = min(kc, k - pc)
-            kp = depth + depth % 2
-            block = flat[:, start:start + panels * kp * nr].reshape(g, panels, kp // 2, nr, 2)
+            kp = -(-depth // u) * u
+            block = flat[:, start:start + panels * kp * nr].reshape(g, panels, kp // u, nr, u)
             block = block.transpose(0, 2, 4, 1, 3).reshape(g, kp, panels * nr)
             out[:, pc:pc + depth, :] = block[:, :depth, :n]
             start += panels * kp * nr
@@ -232,12 +252,13 @@ class PackedRhs(v.Prepacked):
         values = np.empty((g, k, n), dtype=np.uint8)
         start, pc = 0, 0
         while pc < k:
-            if self.ctype == _INT8_DOT:   # quads [kq / 4, NR, 4], then 12 bytes a column
+            if self.ctype in _INT8_LAYOUTS:   # [kq / u, NR, u] (u: 4, or 8), then 12 bytes a column
+                u = _UNIT[self.ctype]
                 depth = min(kc, k - pc, self._qtile - pc % self._qtile)
-                kq = -(-depth // 4) * 4
+                kq = -(-depth // u) * u
                 step = nr * kq + 12 * nr
                 block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * kq]
-                block = block.reshape(g, panels, kq // 4, nr, 4).transpose(0, 2, 4, 1, 3).reshape(g, kq, -1)
+                block = block.reshape(g, panels, kq // u, nr, u).transpose(0, 2, 4, 1, 3).reshape(g, kq, -1)
             else:
                 depth = min(kc, k - pc)
                 step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None)
@@ -383,8 +404,8 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     g, k, n = w.shape
     ctype = _LAYOUT[dt.name]
-    if dt.name == "bfloat16" and lhs.name == "bfloat16" and gw.served(_BF16_DOT):
-        ctype = _BF16_DOT
+    if dt.name == "bfloat16" and lhs.name == "bfloat16" and _bf16_layout():
+        ctype = _bf16_layout()
     per_group, nr, kc, kernel = gw.prepack_layout(ctype, dt.name, k, n)
     buf = _aligned(g * per_group)
     if buf.size:
@@ -416,8 +437,8 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
         w = _as_float8(w)       # float scales: the same values one byte a weight
     ctype = _QLAYOUT[w.qtype]
     if lhs == np.int8 and ctype == "float32-int8w" \
-            and gw.served(_INT8_DOT) and gw.integral_zero_points(w.zero_point):
-        ctype = _INT8_DOT
+            and _int8_layout() and gw.integral_zero_points(w.zero_point):
+        ctype = _int8_layout()
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
     zp = w.zero_point is not None
@@ -487,7 +508,7 @@ def _lhs_dtype(lhs_dtype, weights, fn, qtype=None):
 def _int8_exact(packed):
     """Whether the weights hold int8 values with integral zero points in
     [-128, 127] (or none): those the int8 dot-product layout holds."""
-    return packed.ctype == _INT8_DOT or (
+    return packed.ctype in _INT8_LAYOUTS or (
         packed.qtype in ("int8", "int4") and gw.integral_zero_points(packed._zero_point))
 
 
@@ -502,7 +523,7 @@ def quantizes_in_kernel(rows, packed):
     int8 per row by the kernels while they pack them (as for the plain
     QArray weights: int8 values, the int8 dot products served)."""
     return isinstance(rows, np.ndarray) and rows.dtype.name in ("float32", "bfloat16") \
-        and _int8_exact(packed) and gw.served(_INT8_DOT)
+        and _int8_exact(packed) and _int8_layout() is not None
 
 
 def _wanted(packed, lhs, quantize_lhs, exact=False):
@@ -514,11 +535,11 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
         if packed.dtype.name == "bfloat16":
             bf16 = isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" and not quantize_lhs \
                 and not exact
-            return _BF16_DOT if bf16 and gw.served(_BF16_DOT) else _LAYOUT["bfloat16"]
+            return (_bf16_layout() if bf16 else None) or _LAYOUT["bfloat16"]
         return packed.ctype
     if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
         per_row = quantize_lhs or lhs.scale.shape[-1] == 1      # one scale along k
-        return _INT8_DOT if per_row and gw.served(_INT8_DOT) else None
+        return _int8_layout() if per_row else None
     if packed.qtype in ("float4_e2m1fn", "mxfp4"):
         return packed.ctype     # its 4-bit (or float8) layout takes every float lhs
     return _QLAYOUT[packed.qtype]
@@ -544,7 +565,7 @@ def check(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
     ctype = _wanted(packed, lhs, quantize_lhs, exact)
     if ctype == packed.ctype:
         again = (f"prepack the weights again under these kernels (raggeddot.prepack('{arg}'.unpack()"
-                 f"{', lhs_dtype=np.int8' if ctype == _INT8_DOT else ''})), or select the {packed.kernel} "
+                 f"{', lhs_dtype=np.int8' if ctype in _INT8_LAYOUTS else ''})), or select the {packed.kernel} "
                  "kernels they were laid out for (raggeddot.runtime.set_kernel)")
         try:
             nr, kernel = gw.prepack_layout(ctype, packed._storage.name, 0, 0)[1::2]
@@ -573,7 +594,7 @@ def meet(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
     bfloat16 weights then take the widening layout)."""
     ctype = check(packed, lhs, ct, fn, arg, quantize_lhs, exact)
     weights = packed if ctype == packed.ctype else packed._layout(ctype)
-    if isinstance(lhs, QArray) and isinstance(weights, PackedRhs) and weights.ctype != _INT8_DOT:
+    if isinstance(lhs, QArray) and isinstance(weights, PackedRhs) and weights.ctype not in _INT8_LAYOUTS:
         lhs = _dequantized(lhs, ct)
     return lhs, weights
 
@@ -591,7 +612,7 @@ def _layout_of(packed, ctype):
     w = packed.unpack()
     if ctype is None:
         return w
-    lhs_dtype = {_INT8_DOT: np.int8, "float32-bfloat16w": np.float32}.get(ctype)
+    lhs_dtype = {_INT8_DOT: np.int8, _INT8_MMLA: np.int8, "float32-bfloat16w": np.float32}.get(ctype)
     made = prepack(w, lhs_dtype=lhs_dtype)
     if made.ctype != ctype:     # (the selection changed under the caller)
         raise RuntimeError(f"prepack laid weights out for {made.ctype}, not {ctype}")

@@ -332,6 +332,25 @@ THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
 # (avx512, avx2, neon or ref)
 with runtime.configured(kernel="auto"):
     FLOAT_FAMILY = runtime.build_info()["blocking"]["float32"]["kernel"]
+
+
+def bf16_layout():
+    """The layout prepack gives bfloat16 weights for a bfloat16 lhs with the
+    kernel selection in force: "bfloat16-dot" (k-pairs: vdpbf16ps, and the
+    AMX tiles that read them), "bfloat16-mmla" (Arm's BFMMLA), or None
+    (the widening layout: no bfloat16 dot products are served)."""
+    compute = runtime.build_info()["products"]["bfloat16"]["compute"]
+    return {"bfloat16-tile": "bfloat16-dot", "float32": None}.get(compute, compute)
+
+
+def int8_layout():
+    """The layout prepack gives int8 QArray weights for an int8 lhs with the
+    kernel selection in force: "int8-dot" (k-quads: vpdpbusd, the AMX tiles
+    that read them, Arm's UDOT), "int8-mmla" (Arm's USMMLA), or None."""
+    compute = runtime.build_info()["products"]["int8"]["compute"]
+    return {"int8-tile": "int8-dot", "int8-int32": None}.get(compute, compute)
+
+
 # the families the fused MoE passes are checked on: automatic choice, the
 # portable one, the first tile family (AMX or its twin) and the first SIMD one
 FUSED_FAMILIES = ["auto", "ref"] + DOT_KERNELS["bfloat16-tile"][:1] + [k for k in KERNELS if k != "ref"][:1]

@@ -1,5 +1,5 @@
-"""The dot-product kernels: bfloat16 pairs (vdpbf16ps on x86, BFDOT on
-Arm) and int8 quads (vpdpbusd, SUDOT, SDOT), native and emulated twins.
+"""The dot-product kernels: bfloat16 pairs (vdpbf16ps on x86, BFMMLA on
+Arm) and int8 (vpdpbusd, USMMLA, UDOT), native and emulated twins.
 
 Every family that serves a dot-product type on this CPU is run: the twins
 everywhere (plain C, on every architecture), the native families where the
@@ -9,7 +9,7 @@ The independent oracles:
 - bfloat16: a NumPy model of each instruction's arithmetic, blocked as the
   driver blocks the contraction (KC). vdpbf16ps: per pair the odd element's
   product added first, then the even one's, each addition rounded to
-  float32 (products of bfloat16 values are exact in float32). Arm's BFDOT:
+  float32 (products of bfloat16 values are exact in float32). Arm's BFDOT and BFMMLA:
   per pair the two products summed, then added to the accumulator, each sum
   rounded to odd (truncated, the last bit set when inexact). On
   normal-range data the models are exact, so every family must equal its
@@ -63,7 +63,7 @@ def _i8(family):
 TWIN_OF = {"avx512-bf16": "avx512-bf16-twin", "neon-bf16": "neon-bf16-twin", "avx512-vnni": "avx512-vnni-twin",
            "avx-vnni": "avx-vnni-twin", "neon-i8mm": "neon-i8mm-twin", "neon-dot": "neon-dot-twin",
            "amx": "amx-twin"}
-# the families whose bfloat16 pairs take Arm's arithmetic (BFDOT)
+# the families whose bfloat16 pairs take Arm's arithmetic (BFDOT, BFMMLA)
 ARM_BF16 = ("neon-bf16", "neon-bf16-twin")
 
 
@@ -168,7 +168,7 @@ def _add_odd(x, y):
 
 
 def _bfdot_model(a, b, kc):
-    """``a [m, k] @ b [k, n]`` (bfloat16 values) as Arm's BFDOT computes it:
+    """``a [m, k] @ b [k, n]`` (bfloat16 values) as Arm's BFMMLA computes it:
     each KC block summed from zero pair by pair, each pair's two products
     (exact) summed and added to the accumulator with rounding to odd, then
     added to the result (the first block stored)."""
@@ -264,7 +264,7 @@ def test_bf16_tgmm_transposed_strided_and_16bit_outputs(rng, family):
 
 
 def test_bf16_native_equals_twin_on_denormals_and_extremes(rng):
-    """Where the CPU has a bfloat16 dot instruction (vdpbf16ps, BFDOT): its
+    """Where the CPU has a bfloat16 dot instruction (vdpbf16ps, BFMMLA): its
     results and its twin's are equal bit for bit on data full of denormals,
     tiny and huge values (the flushing, overflow and NaN cases the models
     above leave out)."""
@@ -471,9 +471,10 @@ def test_int8_results_do_not_depend_on_threads(rng, family):
 
 @pytest.mark.parametrize("family", INT8_FAMILIES)
 def test_int8_weights_prepacked_in_k_quads(rng, family):
-    """prepack(q, lhs_dtype=np.int8): k-quads with column sums, blocks cut at
-    the scale tiles along k; the same bits as the QArray call, unpack()
-    gives the values back, and a float lhs gets the QArray call's bits too."""
+    """prepack(q, lhs_dtype=np.int8): k-quads (blocks of 8 steps for the
+    MMLA families) with column sums, blocks cut at the scale tiles along k;
+    the same bits as the QArray call, unpack() gives the values back, and a
+    float lhs gets the QArray call's bits too."""
     with runtime.configured(kernel=family):
         for m, k, n, g, bk, zp in [(300, 70, 50, 16, 0, False), (64, 1, 33, 8, 0, True),
                                    (200, 600, 100, 7, 100, True), (40, 1025, 33, 3, 25, False)]:
@@ -484,7 +485,8 @@ def test_int8_weights_prepacked_in_k_quads(rng, family):
                        rng.integers(-128, 128, (m, 1)).astype(np.float32) if zp else None)
             sizes = rng.multinomial(m, np.full(g, 1 / g))
             packed = raggeddot.prepack(w, lhs_dtype=np.int8)
-            assert packed.ctype == "int8-dot" and packed.kernel == family
+            assert packed.ctype == ("int8-mmla" if _i8(family) == "int8-mmla" else "int8-dot")
+            assert packed.kernel == family
             unpacked = packed.unpack()
             assert np.array_equal(unpacked.qvalue, w.qvalue) and np.array_equal(unpacked.scale, w.scale)
             got = raggeddot.ragged_dot(x, packed, sizes, preferred_element_type=np.float32)

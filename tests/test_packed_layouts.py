@@ -15,7 +15,7 @@ import raggeddot
 from raggeddot import QArray, runtime
 from raggeddot import _gateway as gw
 
-from helpers import DOT_KERNELS, KERNELS
+from helpers import DOT_KERNELS, KERNELS, bf16_layout, int8_layout
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -77,17 +77,17 @@ def test_int8_weights_prepacked_by_default_meet_int8_activations(rng, kernel, mo
     x, router, ws = _layer(rng)
     q = [raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in ws]
     with runtime.configured(kernel=kernel):
-        dot = gw.served("int8-dot")
+        dot = int8_layout()
         packed = [raggeddot.prepack(a) for a in q]
         assert all(p.ctype == "float32-int8w" for p in packed)
         spy = _Spy(monkeypatch)
         _vjp_equal((x, router), packed, q, top_k=2, activation_qtype="int8")
         if dot:   # the int8 layout, made once and kept
-            assert spy.ctypes and set(spy.ctypes) == {"int8-dot"}
-            assert all("int8-dot" in p.layouts for p in packed)
-            kept = [p.layouts["int8-dot"] for p in packed]
+            assert spy.ctypes and set(spy.ctypes) == {dot}
+            assert all(dot in p.layouts for p in packed)
+            kept = [p.layouts[dot] for p in packed]
             raggeddot.moe_block(x, router, *packed, top_k=2, activation_qtype="int8")
-            assert [p.layouts["int8-dot"] for p in packed] == kept
+            assert [p.layouts[dot] for p in packed] == kept
         else:     # no int8 layout runs here: the QArray's own product, never a float one
             assert "float32-int8w" not in spy.ctypes
         # the same for ragged_dot with an int8 QArray lhs
@@ -150,7 +150,7 @@ def test_bfloat16_weights_meet_float32_tokens_and_router(rng, kernel, monkeypatc
         spy = _Spy(monkeypatch)
         for xx, rr in ((x, router), (x.astype(BF16), router), (x, router.astype(BF16))):
             _vjp_equal((xx, rr), packed, bf, top_k=2)
-        assert "bfloat16-dot" not in spy.ctypes
+        assert not {"bfloat16-dot", "bfloat16-mmla"} & set(spy.ctypes)
         gs = np.array([10, 0, 20, 7, 0])
         _same(raggeddot.ragged_dot(x, packed[0], gs), raggeddot.ragged_dot(x, bf[0], gs))
         # all bfloat16: the dot-product layout where it serves (prepack's own)
@@ -173,7 +173,7 @@ def test_widening_layout_meets_bfloat16_lhs(rng, kernel):
         _same(raggeddot.ragged_dot(lhs, p, gs), raggeddot.ragged_dot(lhs, w, gs))
         _same(raggeddot.gmm(lhs, p, gs, preferred_element_type=np.float32),
               raggeddot.gmm(lhs, w, gs, preferred_element_type=np.float32))
-        assert set(p.layouts) <= {"float32-bfloat16w", "bfloat16-dot"}
+        assert set(p.layouts) <= {"float32-bfloat16w", "bfloat16-dot", "bfloat16-mmla"}
 
 
 def test_layouts_and_their_memory(rng):
@@ -182,10 +182,11 @@ def test_layouts_and_their_memory(rng):
     w = rng.standard_normal((2, 64, 40), dtype=np.float32).astype(BF16)
     p = raggeddot.prepack(w, lhs_dtype=np.float32)
     assert list(p.layouts) == ["float32-bfloat16w"] and p.layouts["float32-bfloat16w"] == p.nbytes
-    if gw.served("bfloat16-dot"):
+    layout = bf16_layout()
+    if layout is not None:
         raggeddot.ragged_dot(rng.standard_normal((8, 64), dtype=np.float32).astype(BF16), p, np.array([3, 5]))
-        assert list(p.layouts) == ["float32-bfloat16w", "bfloat16-dot"]
-        assert p.layouts["bfloat16-dot"] == p.nbytes          # k even: the same bytes
+        assert list(p.layouts) == ["float32-bfloat16w", layout]
+        assert p.layouts[layout] == p.nbytes          # k a multiple of 4: the same bytes
 
 
 def test_compute_dtype_mismatch_names_function_argument_and_fix(rng):

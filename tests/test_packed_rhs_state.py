@@ -109,7 +109,7 @@ def test_nbytes_is_what_is_held(rng, kind):
         assert packed.nbytes - packed._buf.nbytes == extra
     lhs = rng.standard_normal((8, 256)).astype(np.float32)
     if kind == "bfloat16":   # a float32 lhs on k-pair weights, or a bfloat16 one on widening weights
-        lhs = lhs if packed.ctype == "bfloat16-dot" else lhs.astype(BF16)
+        lhs = lhs if packed.ctype in ("bfloat16-dot", "bfloat16-mmla") else lhs.astype(BF16)
     elif kind.startswith("int8"):    # an int8 lhs: the int8 layout, or the QArray kept unpacked
         lhs = raggeddot.quantize(lhs, "int8", channelwise_axes=(0,))
     else:

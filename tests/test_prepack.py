@@ -8,7 +8,7 @@ import raggeddot
 from raggeddot import RaggedDotDimensionNumbers as DN
 from raggeddot import runtime
 
-from helpers import DOT_KERNELS, DTYPES, KERNELS, dtype_id, random_group_sizes
+from helpers import DOT_KERNELS, DTYPES, KERNELS, bf16_layout, dtype_id, random_group_sizes
 
 SHAPES = [  # m, k, n, g: k across several KC blocks, n partial panels, empty groups
     (300, 70, 50, 16), (64, 1, 33, 8), (500, 600, 100, 7), (40, 300, 1, 3), (9, 257, 64, 1)]
@@ -55,17 +55,19 @@ def test_bfloat16_weights_in_k_pairs(rng, kernel):
     import ml_dtypes
     bf16 = np.dtype(ml_dtypes.bfloat16)
     with runtime.configured(kernel=kernel):
-        # the k-pair layout where vdpbf16ps or AMX tiles serve bfloat16 products
-        dot = runtime.build_info()["products"]["bfloat16"]["compute"] != "float32"
+        # the k-pair layout where vdpbf16ps or AMX tiles serve bfloat16 products,
+        # Arm's blocks of 4 steps where BFMMLA does
+        layout = bf16_layout()
+        unit = {"bfloat16-dot": 2, "bfloat16-mmla": 4}.get(layout, 1)
         for m, k, n, g in SHAPES + [(40, 1025, 33, 3)]:
             lhs, rhs, gs = _case(rng, bf16, m, k, n, g)
             packed = raggeddot.prepack(rhs)
-            assert packed.ctype == ("bfloat16-dot" if dot else "float32-bfloat16w")
+            assert packed.ctype == (layout or "float32-bfloat16w")
             assert np.array_equal(packed.unpack(), rhs)
             want = raggeddot.ragged_dot(lhs, rhs, gs)
             assert np.array_equal(raggeddot.ragged_dot(lhs, packed, gs).view(np.uint16), want.view(np.uint16))
             assert packed.nbytes == g * -(-n // packed.nr) * packed.nr * 2 * sum(
-                min(packed.kc, k - p) + dot * (min(packed.kc, k - p) % 2) for p in range(0, k, packed.kc))
+                -(-min(packed.kc, k - p) // unit) * unit for p in range(0, k, packed.kc))
             lhs32 = lhs.astype(np.float32)
             # a float32 lhs: the widening layout, made once and kept (prepack's rule)
             assert np.array_equal(raggeddot.ragged_dot(lhs32, packed, gs), raggeddot.ragged_dot(lhs32, rhs, gs))

@@ -10,34 +10,33 @@
 
 const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
     /*             name       packed A        packed B        output          k_unit (scale_size 0) */
-    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1, 0, 0, 0},
-    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1, 0, 0, 0},
-    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1, 0, 0, 0},
-    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1, 0, 0, 0},
+    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1, 0, 0},
+    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1, 0, 0},
+    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
+    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
     /* int16 k-pairs, each micro-panel followed by one float scale a row */
-    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float), 0, 0},
+    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float), 0},
     /* one-byte B panels of prepacked quantized weights, each micro-panel
      * followed by its rd_qtrailer_t and scales (not counted here: the
      * trailer's size depends on the block, see rd_prepack) */
-    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1, 0, 0, 0},
-    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1, 0, 0, 0},
+    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
+    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
     /* bfloat16 k-pairs (vdpbf16ps) */
-    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2, 0, 0, 0},
+    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2, 0, 0},
     /* int8 k-quads (vpdpbusd), each micro-panel followed by an int32 sum,
      * a float scale and an int32 zero point a row */
-    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12, 0, 0},
+    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12, 0},
     /* AMX tiles: A row after row (int8: each row followed by its sum, scale
      * and zero point), B as the two types above */
-    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2, 0, 0, 0},
-    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12, 0, 0},
+    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2, 0, 0},
+    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12, 0},
     /* 4-bit B panels (two values a byte), each micro-panel followed by its
      * rd_qtrailer_t and one e8m0 exponent a column per scale run */
-    [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1, 0},
-    /* Arm's MMLA types: B as the dot types' (quads, pairs), A in blocks of
-     * 8 int8 / 4 bfloat16 steps (int8: each micro-panel followed by the
-     * row trailer) */
-    [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 4, 12, 0, 8},
-    [RD_CT_BF16MMA] = {"bfloat16-mmla", 2, 2, sizeof(float), 2, 0, 0, 4},
+    [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
+    /* Arm's MMLA types: blocks of 8 int8 / 4 bfloat16 steps (int8: each
+     * micro-panel followed by the trailers of int8-dot) */
+    [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 8, 12, 0},
+    [RD_CT_BF16MMA] = {"bfloat16-mmla", 2, 2, sizeof(float), 4, 0, 0},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {

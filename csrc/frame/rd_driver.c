@@ -59,8 +59,7 @@ typedef struct {
     size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
     size_t scale_size;              /* bytes a row of scales after each micro-panel */
     size_t q_size;                  /* bytes of an element of the operands' scales */
-    int k_unit;                     /* packed depths: B's, and (a_unit) A's */
-    int a_unit;
+    int k_unit;
 } rd_call_t;
 
 /* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)
@@ -244,7 +243,6 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 }
             }
             rd_int kp = rd_round_up(kc, cl->k_unit);   /* packed depth */
-            const rd_int kpa = rd_round_up(kc, cl->a_unit);   /* (of A) */
             int mode = accumulate || pc > 0 ? RD_ADD
                        : stream && kc == K ? RD_STREAM : RD_STORE;
             /* B's panel is packed as its transpose: nc rows of depth kc;
@@ -283,7 +281,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                         char *cj = cs[q] + (ic * c_rs + (jc + jr) * c_cs) * (rd_int)cz;
                         for (rd_int ir = 0; ir < mc; ir += MR) {
                             int mr = (int)(mc - ir < MR ? mc - ir : MR);
-                            const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kpa);
+                            const char *ap = apack + rd_panel_bytes(cl, cl->a_size, ir, kp);
                             char *cij = cj + ir * c_rs * (rd_int)cz;
                             if (streamed)
                                 cl->plan->s.ukr(kc, ap, bp, bs[q]->rs, cij, c_rs, c_cs, mr, nr, mode);
@@ -430,12 +428,12 @@ rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
-    const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit), kpa_max = rd_round_up(kd->kc, cl->a_unit);
+    const rd_int kp_max = rd_round_up(kd->kc, cl->k_unit);
     const rd_int mc_max = rd_round_up(tl->tm > 0 && tl->tm < kd->mc ? tl->tm : kd->mc, kd->mr);
-    *a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kpa_max);
+    *a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kp_max);
     *b_bytes = cl->plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
     if (stage != NULL)
-        *stage = (size_t)mc_max * (size_t)kpa_max * cl->a_src;
+        *stage = (size_t)mc_max * (size_t)kp_max * cl->a_src;
 }
 
 /* Run every tile of the list: the team tiles by all threads together, one
@@ -522,7 +520,6 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
     /* the operands' scales are double for a float64 product, float otherwise */
     cl->q_size = plan->ct == RD_CT_F64 ? sizeof(double) : sizeof(float);
     cl->k_unit = ct->k_unit;
-    cl->a_unit = ct->a_k_unit > 0 ? ct->a_k_unit : ct->k_unit;
     /* panels that carry scales need them on both sides (prepacked B carries
      * them in its layout) */
     if (cl->scale_size && (lhs->q.s == NULL || (rhs->q.s == NULL && rhs->panels == 0)))

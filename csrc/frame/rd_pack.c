@@ -265,8 +265,8 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F32_AS_BF16] = {rd_pack_r_t_pack, rd_pack_r_p_pack},
     },
     [RD_CT_BF16MMA] = {
-        [RD_BF16] = {rd_pack_b_q4_pack, rd_pack_b_p_pack},
-        [RD_F32_AS_BF16] = {rd_pack_r_q4_pack, rd_pack_r_p_pack},
+        [RD_BF16] = {rd_pack_b_q4_pack, rd_pack_b_q4_pack},
+        [RD_F32_AS_BF16] = {rd_pack_r_q4_pack, rd_pack_r_q4_pack},
     },
     [RD_CT_F32_F4W] = {
         [RD_F32] = {rd_pack_s_s_pack, NULL},
@@ -320,7 +320,7 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F4E2M1] = {NULL, rd_pack_f4_p_qpack},
     },
     [RD_CT_BF16MMA] = {
-        [RD_F4E2M1] = {NULL, rd_pack_f4_p_qpack},
+        [RD_F4E2M1] = {NULL, rd_pack_f4_q4_qpack},
     },
     [RD_CT_I8I32] = {
         [RD_I8] = {rd_pack_i8_i16_qpack, rd_pack_i8_i16_qpack},
@@ -337,7 +337,7 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_BF16] = {rd_pack_b_qt_qpack, NULL},
     },
     [RD_CT_U8S8MMA] = {
-        [RD_I8] = {rd_pack_i8_uo_qpack, rd_pack_i8_s8_qpack},
+        [RD_I8] = {rd_pack_i8_uo_qpack, rd_pack_i8_so_qpack},
         [RD_F32] = {rd_pack_s_qo_qpack, NULL},
         [RD_BF16] = {rd_pack_b_qo_qpack, NULL},
     },

@@ -60,40 +60,52 @@ rd_pack_f4_d_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int
 }
 
 /*
- * bfloat16 k-pairs (RD_CT_BF16DP's layout, which the tile type reads too):
+ * bfloat16 in blocks of `unit` steps: k-pairs (unit 2, RD_CT_BF16DP's
+ * layout, which the tile type reads too) or quads (4, RD_CT_BF16MMA's):
  * X[i][p] = value * s of its tile, computed in float32 (exact: a value of
  * at most 2 significant bits times a power of two) and rounded to bfloat16
  * (exact as well, unless the scale over- or underflows: then the value the
- * dequantized bfloat16 array holds), at dst[(p/2)*2r + 2i + p%2], depth
- * padded to even and rows past `rows` with zeros.  Zero points are not
- * taken (the callers never pass them).
+ * dequantized bfloat16 array holds), at dst[(p/unit)*unit*r + unit*i +
+ * p%unit], depth padded to a multiple of unit and rows past `rows` with
+ * zeros.  Zero points are not taken (the callers never pass them).
  */
-void
-rd_pack_f4_p_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_,
-                   const rd_qblock_t *qb)
+static void
+rd_pack_f4_units(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_,
+                 const rd_qblock_t *qb, int unit)
 {
     const float *scale = (const float *)qb->s;
-    const rd_int kp = (depth + 1) / 2 * 2;
+    const rd_int kp = (depth + unit - 1) / unit * unit;
     uint16_t *restrict dst = (uint16_t *)dst_;
     for (rd_int i0 = 0; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
+        memset(dst, 0, (size_t)r * (size_t)kp * sizeof(uint16_t));
         for (rd_int i = 0; i < have; i++) {
             const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
             const float *s = scale + (qb->i0 + i0 + i) / qb->tr * qb->rs;
-            uint16_t *col = dst + 2 * i;
+            uint16_t *col = dst + (rd_int)unit * i;
             for (rd_int p = 0; p < depth; p++) {
                 const float sc = s[(qb->p0 + p) / qb->tp * qb->ps];
                 const float v = rd_e2m1_values[rd_f4_code(x + (uintptr_t)(p * cs))] * sc;
-                col[p / 2 * 2 * r + p % 2] = rd_float_to_bf16(v);
+                col[p / unit * unit * r + p % unit] = rd_float_to_bf16(v);
             }
-            if (depth % 2)
-                col[depth / 2 * 2 * r + 1] = 0;
         }
-        for (rd_int i = have; i < r; i++)
-            for (rd_int p = 0; p < kp; p++)
-                dst[p / 2 * 2 * r + 2 * i + p % 2] = 0;
         dst += (rd_int)r * kp;
     }
+}
+
+void
+rd_pack_f4_p_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                   const rd_qblock_t *qb)
+{
+    rd_pack_f4_units(rows, depth, src, rs, cs, r, dst, qb, 2);
+}
+
+/* (the blocks of 4 steps of RD_CT_BF16MMA) */
+void
+rd_pack_f4_q4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_f4_units(rows, depth, src, rs, cs, r, dst, qb, 4);
 }
 
 /*

@@ -59,12 +59,17 @@ void rd_pack_b_qt_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
 void rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, const int32_t *sums,
                       const rd_qblock_t *qb);
 
-/* The A operands of the MMLA types (frame/rd_pack_mmla.c): int8 + 128 in
- * blocks of 8 steps with each micro-panel's trailer (i8_uo); float32 /
- * bfloat16 rows quantized to int8 while packed, in those blocks (s_qo,
- * b_qo: frame/rd_pack_dot.c); bfloat16 in blocks of 4 steps, from bfloat16
- * (b_q4) and from float32 rounded (r_q4). */
+/* The operands of the MMLA types (frame/rd_pack_mmla.c): int8 in blocks
+ * of 8 steps with each micro-panel's trailer, + 128 (A: i8_uo) or as they
+ * are (B: i8_so); float32 / bfloat16 rows quantized to int8 while packed,
+ * in those blocks (s_qo, b_qo: frame/rd_pack_dot.c); bfloat16 in blocks of
+ * 4 steps, from bfloat16 (b_q4) and from float32 rounded (r_q4), and 4-bit
+ * weights dequantized (f4_q4: frame/rd_pack_f4.c). */
 void rd_pack_i8_uo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_i8_so_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_f4_q4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                          const rd_qblock_t *qb);
 void rd_pack_s_qo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);

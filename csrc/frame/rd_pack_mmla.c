@@ -1,12 +1,12 @@
 /*
- * The A operands of Arm's matrix-multiply-accumulate types (rd_kernel.h:
- * RD_CT_U8S8MMA, RD_CT_BF16MMA): blocks of `unit` steps of the contraction
- * (8 int8, 4 bfloat16), each row's values of a block contiguous, so that
- * one 16-byte load holds the 2 x 8 (or 2 x 4) block of two rows that an
- * MMLA instruction multiplies.  X[i][p] of an r-row micro-panel at
+ * The operands of Arm's matrix-multiply-accumulate types (rd_kernel.h:
+ * RD_CT_U8S8MMA, RD_CT_BF16MMA), A and B alike (B packed as its
+ * transpose): blocks of `unit` steps of the contraction (8 int8, 4
+ * bfloat16), each row's values of a block contiguous, so that one 16-byte
+ * load holds the 2 x 8 (or 2 x 4) block of two rows that an MMLA
+ * instruction multiplies.  X[i][p] of an r-row micro-panel at
  * panel[(p/unit)*unit*r + unit*i + p%unit]; the depth padded with zeros to a
- * multiple of unit; rows past `rows` zero.  B panels are the dot types'
- * (frame/rd_pack_dot.c).
+ * multiple of unit; rows past `rows` zero.
  */
 #include "rd_pack_int.h"
 #include "rd_half.h"
@@ -14,12 +14,13 @@
 #include <stdint.h>
 #include <string.h>
 
-/* int8 values + 128 (as RD_CT_U8S8's A) in blocks of 8, each micro-panel
- * followed by the row trailer of RD_CT_U8S8 (sums, scales, zero points of
- * the block's scale tile); padding bytes 0. */
-void
-rd_pack_i8_uo_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, int r, void *dst_,
-                    const rd_qblock_t *qb)
+/* int8 values in blocks of 8, plus `flip` (0x80: + 128, A's bytes, read
+ * unsigned; 0: B's), each micro-panel followed by the trailer of
+ * RD_CT_U8S8 (sums, scales, zero points of the block's scale tile);
+ * padding bytes 0. */
+static void
+rd_pack_i8_octets(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs, int r, void *dst_,
+                  const rd_qblock_t *qb, uint8_t flip)
 {
     const int8_t *src = (const int8_t *)src_;
     uint8_t *dst = (uint8_t *)dst_;
@@ -35,13 +36,27 @@ rd_pack_i8_uo_qpack(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_i
             for (rd_int p = 0; p < depth; p++) {
                 const int8_t v = x[p * cs];
                 acc += v;
-                d[(p / 8) * 8 * r + p % 8] = (uint8_t)(v ^ 0x80);
+                d[(p / 8) * 8 * r + p % 8] = (uint8_t)((uint8_t)v ^ flip);
             }
             sums[i] = acc;
         }
         rd_quads_trailer(dst, k8, r, have, i0, sums, qb);
         dst += (rd_int)r * k8 + 12 * (rd_int)r;
     }
+}
+
+void
+rd_pack_i8_uo_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_i8_octets(rows, depth, src, rs, cs, r, dst, qb, 0x80);
+}
+
+void
+rd_pack_i8_so_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_i8_octets(rows, depth, src, rs, cs, r, dst, qb, 0);
 }
 
 /* bfloat16 values in blocks of 4: RD_CVT(src value) gives the bfloat16

@@ -23,12 +23,12 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 }
 
 /* Whether compute type ct lays out quantized weights (with trailers, or
- * for RD_CT_U8S8 and the tile type that reads its layout with a row of
- * sums and scales a column). */
+ * for the int8 dot and MMLA types and the tile type that reads their
+ * layout with a row of sums and scales a column). */
 static int
 rd_quantized_panels(rd_ctype_t ct)
 {
-    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_F32_F4W || rd_ctype_layout(ct) == RD_CT_U8S8;
+    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_F32_F4W || rd_ctype_int8_dot(ct);
 }
 
 /* The routine that packs the weights of storage dtype `dtype` into the
@@ -37,7 +37,7 @@ rd_quantized_panels(rd_ctype_t ct)
 static int
 rd_prepack_reads(rd_ctype_t ct, rd_dtype_t dtype)
 {
-    return rd_ctype_layout(ct) == RD_CT_U8S8 ? rd_qpacker(ct, dtype, 1) != NULL : rd_packer(ct, dtype, 1) != NULL;
+    return rd_ctype_int8_dot(ct) ? rd_qpacker(ct, dtype, 1) != NULL : rd_packer(ct, dtype, 1) != NULL;
 }
 
 size_t
@@ -100,7 +100,7 @@ int
 rd_prepack(const rd_plan_t *plan, rd_int ng, rd_int k, rd_int n, const rd_in_t *rhs, void *dst)
 {
     rd_pack_t pack = rd_packer(plan->ct, rhs->dtype, 1);
-    rd_qpack_t qpack = rd_ctype_layout(plan->ct) == RD_CT_U8S8 ? rd_qpacker(plan->ct, rhs->dtype, 1) : NULL;
+    rd_qpack_t qpack = rd_ctype_int8_dot(plan->ct) ? rd_qpacker(plan->ct, rhs->dtype, 1) : NULL;
     const int quantized = rd_quantized_panels(plan->ct);
     if ((pack == NULL && qpack == NULL) || (rhs->q.s != NULL) != quantized)
         return -2;

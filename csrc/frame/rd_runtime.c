@@ -191,15 +191,10 @@ rd_int8_product(void)
 rd_ctype_t
 rd_layout_product(rd_ctype_t layout)
 {
-    static const rd_ctype_t readers[][3] = {   /* layout, then its readers, preferred first */
-        {RD_CT_BF16DP, RD_CT_BF16TILE, RD_CT_BF16MMA},
-        {RD_CT_U8S8, RD_CT_U8S8TILE, RD_CT_U8S8MMA},
-    };
-    for (size_t i = 0; i < sizeof readers / sizeof readers[0]; i++)
-        if (readers[i][0] == layout)
-            for (int j = 1; j < 3; j++)
-                if (rd_served_now(readers[i][j]))
-                    return readers[i][j];
+    if (layout == RD_CT_BF16DP && rd_served_now(RD_CT_BF16TILE))
+        return RD_CT_BF16TILE;
+    if (layout == RD_CT_U8S8 && rd_served_now(RD_CT_U8S8TILE))
+        return RD_CT_U8S8TILE;
     return layout;
 }
 

@@ -115,8 +115,8 @@ RD_U8S8_TWIN(rd_u8s8dot_twin_12x32, 12, 32)
 RD_U8S8_TWIN(rd_u8s8dot_twin_6x16, 6, 16)
 RD_U8S8_TWIN(rd_u8s8dot_twin_12x8, 12, 8)
 
-/* The MMLA types (rd_kernel.h): A in blocks of UNIT steps, B the dot
- * types' panels; the bfloat16 pairs in order by BFDotAdd (BFMMLA's bits),
+/* The MMLA types (rd_kernel.h): A and B in blocks of 4 (bfloat16) or 8
+ * (int8) steps; the bfloat16 pairs in order by BFDotAdd (BFMMLA's bits),
  * the int8 sums and epilogue RD_CT_U8S8's. */
 static void
 rd_bf16mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
@@ -128,11 +128,11 @@ rd_bf16mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int
     float acc[MR][NR];
     memset(acc, 0, sizeof acc);
     for (rd_int q = 0; q < pairs; q++) {
-        const rd_int p = 2 * q;   /* A[i][p] at a[(p/4)*4*MR + 4i + p%4] */
-        const uint16_t *ap = a + (p / 4) * 4 * MR + p % 4, *bp = b + q * 2 * NR;
+        const rd_int p = 2 * q;   /* X[i][p] at x[(p/4)*4*R + 4i + p%4] */
+        const uint16_t *ap = a + (p / 4) * 4 * MR + p % 4, *bp = b + (p / 4) * 4 * NR + p % 4;
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++)
-                acc[i][j] = rd_bfdotadd(acc[i][j], ap[4 * i], ap[4 * i + 1], bp[2 * j], bp[2 * j + 1]);
+                acc[i][j] = rd_bfdotadd(acc[i][j], ap[4 * i], ap[4 * i + 1], bp[4 * j], bp[4 * j + 1]);
     }
     rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
 }
@@ -144,17 +144,17 @@ rd_u8s8mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int
     enum { MR = 12, NR = 8 };
     const uint8_t *a = (const uint8_t *)a_;
     const int8_t *b = (const int8_t *)b_;
-    const rd_int kq = (kc + 3) / 4 * 4, k8 = (kc + 7) / 8 * 8;
+    const rd_int k8 = (kc + 7) / 8 * 8;
     uint32_t sum[MR][NR];
     memset(sum, 0, sizeof sum);
-    for (rd_int p = 0; p < kq; p++) {
+    for (rd_int p = 0; p < k8; p++) {
         const uint8_t *ap = a + (p / 8) * 8 * MR + p % 8;
-        const int8_t *bp = b + (p / 4) * 4 * NR + p % 4;
+        const int8_t *bp = b + (p / 8) * 8 * NR + p % 8;
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++)
-                sum[i][j] += (uint32_t)((int32_t)ap[8 * i] * (int32_t)bp[4 * j]);
+                sum[i][j] += (uint32_t)((int32_t)ap[8 * i] * (int32_t)bp[8 * j]);
     }
-    rd_u8s8_twin_finish(&sum[0][0], NR, (const char *)a_ + MR * k8, MR, (const char *)b_ + NR * kq, NR, kc,
+    rd_u8s8_twin_finish(&sum[0][0], NR, (const char *)a_ + MR * k8, MR, (const char *)b_ + NR * k8, NR, kc,
                         (float *)c, rs_c, cs_c, m, n, mode);
 }
 

@@ -6,15 +6,14 @@
  *   rd_bf16mmla_neon_12x8 (family "neon-bf16", FEAT_BF16: Graviton 3/4,
  *       Neoverse V1/V2/N2, Grace, Apple M2 and later): bfloat16 by BFMMLA,
  *       RD_CT_BF16MMA: two rows by two columns of 4 steps an instruction,
- *       B's bfloat16 k-pairs (RD_CT_BF16DP's layout) read as they are
- *       packed, with the Arm arithmetic (kernels/rd_dot_arith.h: each
- *       pair's two products summed and added to the accumulator, every
- *       operation rounded to odd, denormals flushed; BFMMLA adds a row's
- *       two pairs in order, so its bits are BFDOT's)
+ *       with the Arm arithmetic (kernels/rd_dot_arith.h: each pair's two
+ *       products summed and added to the accumulator, every operation
+ *       rounded to odd, denormals flushed; BFMMLA adds a row's two pairs in
+ *       order, so its bits are BFDOT's)
  *   rd_u8s8mmla_neon_12x8 (family "neon-i8mm", FEAT_I8MM): int8 by USMMLA,
  *       RD_CT_U8S8MMA: A + 128 unsigned times B signed, two rows by two
- *       columns of 8 steps an instruction, B's k-quads and trailers
- *       (RD_CT_U8S8's) read as they are packed: vpdpbusd's sums, bit for bit
+ *       columns of 8 steps an instruction, RD_CT_U8S8's trailers: vpdpbusd's
+ *       sums, bit for bit
  *   rd_u8s8dot_neon_dot_12x8 (family "neon-dot", FEAT_DotProd: Graviton 2,
  *       Neoverse N1, Apple M1): RD_CT_U8S8 by UDOT (by element), unsigned
  *       times unsigned: B's bytes shifted by 128 too (xor 0x80: two
@@ -138,16 +137,11 @@ RD_NEON_KERNEL(rd_u8s8dot_neon_dot_12x8, uint8_t, int8_t, ss_rows4, ss_rows8, ss
  *
  * USMMLA and BFMMLA multiply two rows of A by two columns of B into a 2 x 2
  * block of C per register: 24 accumulators hold the 12 x 8 block as 6 row
- * pairs x 4 column pairs.  A is packed for them (blocks of 8 int8 / 4
- * bfloat16 steps, each row's values of a block contiguous: one load gives a
- * row pair's operand); B is the dot types' panel (int8 quads, bfloat16
- * pairs), whose two consecutive steps a zip joins into a column pair's
- * operand (column j's first step, its second, column j+1's first, its
- * second, as 32-bit elements): 4 zips beside 24 MMLA a step.  A panel whose
- * B steps are odd in number ends with a step whose second half is zeros
- * (its products, and A's zero padding, add nothing: BFMMLA adds a pair of
- * zero products exactly).  The 2 x 2 blocks are unzipped into rows at the
- * end. */
+ * pairs x 4 column pairs.  Both operands are packed in blocks of 8 int8 /
+ * 4 bfloat16 steps, each row's (column's) values of a block contiguous, so
+ * one 16-byte load is a row pair's (column pair's) operand: per step 6
+ * loads of A, 4 of B, 24 MMLA.  The 2 x 2 blocks are unzipped into rows at
+ * the end. */
 #define MPAIRS4(X) X(0, 0, 1) X(1, 2, 3)
 #define MPAIRS8(X) MPAIRS4(X) X(2, 4, 5) X(3, 6, 7)
 #define MPAIRS12(X) MPAIRS8(X) X(4, 8, 9) X(5, 10, 11)
@@ -168,52 +162,36 @@ RD_NEON_KERNEL(rd_u8s8dot_neon_dot_12x8, uint8_t, int8_t, ss_rows4, ss_rows8, ss
 #define MUNZIP(t, r0, r1)                                                   \
     ACC c##r0##0 = UNZIP(vzip1q_u64, m##t##0, m##t##1), c##r0##1 = UNZIP(vzip1q_u64, m##t##2, m##t##3); \
     ACC c##r1##0 = UNZIP(vzip2q_u64, m##t##0, m##t##1), c##r1##1 = UNZIP(vzip2q_u64, m##t##2, m##t##3);
-/* the column pairs of two consecutive steps of B (bq: the first step's
- * columns 0-3 and 4-7, br the second's) */
-#define MJOIN(bq0, bq1, br0, br1)                                           \
-    const BV bj0 = JOIN(vzip1q_u32, bq0, br0), bj1 = JOIN(vzip2q_u32, bq0, br0); \
-    const BV bj2 = JOIN(vzip1q_u32, bq1, br1), bj3 = JOIN(vzip2q_u32, bq1, br1);
 
-/* The product loop: `steps` steps of B (of B_STEP elements), two a pass. */
+/* The product loop: `steps` blocks of the contraction, A_PAIR elements a
+ * row pair (and a column pair of B). */
 #define RD_MMLA_LOOP(PAIRS)                                                 \
     PAIRS(MDECL)                                                            \
-    rd_int st = 0;                                                          \
-    for (; st + 2 <= steps; st += 2) {                                      \
-        const BV bq0 = LOAD_B(b), bq1 = LOAD_B(b + B_STEP / 2);             \
-        const BV br0 = LOAD_B(b + B_STEP), br1 = LOAD_B(b + B_STEP + B_STEP / 2); \
-        MJOIN(bq0, bq1, br0, br1)                                           \
+    for (rd_int st = 0; st < steps; st++) {                                 \
+        const BV bj0 = LOAD_B(b), bj1 = LOAD_B(b + A_PAIR);                 \
+        const BV bj2 = LOAD_B(b + 2 * A_PAIR), bj3 = LOAD_B(b + 3 * A_PAIR); \
         PAIRS(MSTEP)                                                        \
-        a += 12 * A_UNIT;                                                   \
-        b += 2 * B_STEP;                                                    \
-    }                                                                       \
-    if (st < steps) {                                                       \
-        const BV bq0 = LOAD_B(b), bq1 = LOAD_B(b + B_STEP / 2), zero = B_ZERO; \
-        MJOIN(bq0, bq1, zero, zero)                                         \
-        PAIRS(MSTEP)                                                        \
+        a += 6 * A_PAIR;                                                    \
+        b += 4 * A_PAIR;                                                    \
     }                                                                       \
     PAIRS(MUNZIP)
 
-/* bfloat16: B pairs (8 halves a column quad, B_STEP 16 halves a step), A
- * blocks of 4 steps (A_UNIT 4 halves a row, a row pair 8 halves) */
+/* bfloat16: blocks of 4 steps (a row pair, a column pair: 8 halves) */
 #define ACC float32x4_t
 #define ZERO vdupq_n_f32(0.0f)
 #define AV uint16x8_t
 #define BV uint16x8_t
 #define LOAD_A(p) vld1q_u16(p)
 #define LOAD_B(p) vld1q_u16(p)
-#define B_ZERO vdupq_n_u16(0)
 #define A_PAIR 8
-#define A_UNIT 4
-#define B_STEP 16
 #define MMLA RD_BFMMLA
 #define UNZIP(z, x, y) vreinterpretq_f32_u64(z(vreinterpretq_u64_f32(x), vreinterpretq_u64_f32(y)))
-#define JOIN(z, x, y) vreinterpretq_u16_u32(z(vreinterpretq_u32_u16(x), vreinterpretq_u32_u16(y)))
 #define RD_NBM_BODY(NAME, R, ROWS, PAIRS)                                   \
 static void                                                                 \
 NAME(rd_int kc, const uint16_t *a, const uint16_t *b, float *c, rd_int rs_c, \
      rd_int cs_c, int m, int n, int mode)                                   \
 {                                                                           \
-    const rd_int steps = (kc + 1) / 2;   /* pairs of B */                   \
+    const rd_int steps = (kc + 3) / 4;   /* blocks of 4 steps */            \
     RD_MMLA_LOOP(PAIRS)                                                     \
     RD_NEON_LEAVE(R, ROWS)                                                  \
 }
@@ -227,38 +205,29 @@ RD_NEON_KERNEL(rd_bf16mmla_neon_12x8, uint16_t, uint16_t, bfm_rows4, bfm_rows8, 
 #undef BV
 #undef LOAD_A
 #undef LOAD_B
-#undef B_ZERO
 #undef A_PAIR
-#undef A_UNIT
-#undef B_STEP
 #undef MMLA
 #undef UNZIP
-#undef JOIN
 
-/* int8: B quads (32 bytes a step), A blocks of 8 steps (A + 128, a row
- * pair 16 bytes), then RD_CT_U8S8's trailers and epilogue (IFINISH) */
+/* int8: blocks of 8 steps (A + 128: a row pair 16 bytes; B: a column pair
+ * 16 bytes), then RD_CT_U8S8's trailers and epilogue (IFINISH) */
 #define ACC int32x4_t
 #define ZERO vdupq_n_s32(0)
 #define AV uint8x16_t
 #define BV int8x16_t
 #define LOAD_A(p) vld1q_u8(p)
 #define LOAD_B(p) vld1q_s8(p)
-#define B_ZERO vdupq_n_s8(0)
 #define A_PAIR 16
-#define A_UNIT 8
-#define B_STEP 32
 #define MMLA RD_USMMLA
 #define UNZIP(z, x, y) vreinterpretq_s32_u64(z(vreinterpretq_u64_s32(x), vreinterpretq_u64_s32(y)))
-#define JOIN(z, x, y) vreinterpretq_s8_u32(z(vreinterpretq_u32_s8(x), vreinterpretq_u32_s8(y)))
 #define BSHIFT 0u
 #define RD_NIM_BODY(NAME, R, ROWS, PAIRS)                                   \
 static void                                                                 \
 NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
      rd_int cs_c, int m, int n, int mode)                                   \
 {                                                                           \
-    const rd_int kq = (kc + 3) / 4 * 4, k8 = (kc + 7) / 8 * 8;              \
-    const rd_int steps = kq / 4;   /* quads of B */                         \
-    const char *ta = (const char *)a + 12 * k8, *tb = (const char *)b + 8 * kq; \
+    const rd_int k8 = (kc + 7) / 8 * 8, steps = k8 / 8;                    \
+    const char *ta = (const char *)a + 12 * k8, *tb = (const char *)b + 8 * k8; \
     const int32_t *ra = (const int32_t *)(const void *)ta;                  \
     const float *sa = (const float *)(const void *)(ta + 48);               \
     const int32_t *za = (const int32_t *)(const void *)(ta + 96);           \
@@ -275,13 +244,9 @@ RD_NEON_KERNEL(rd_u8s8mmla_neon_12x8, uint8_t, int8_t, usm_rows4, usm_rows8, usm
 #undef BV
 #undef LOAD_A
 #undef LOAD_B
-#undef B_ZERO
 #undef A_PAIR
-#undef A_UNIT
-#undef B_STEP
 #undef MMLA
 #undef UNZIP
-#undef JOIN
 #undef BSHIFT
 
 /* ------------------------------------------------------------- families */

@@ -1,6 +1,6 @@
 /*
- * The NEON dot-product instructions by encoding (BFDOT, SDOT, SUDOT by
- * element; UDOT), for the kernels (kernels/rd_neon_dot.c) and the peak probes
+ * The NEON instructions of extensions by encoding (UDOT by element, USMMLA,
+ * BFMMLA), for the kernels (kernels/rd_neon_dot.c) and the peak probes
  * (probe/rd_peak.c): every assembler takes .inst, whatever extensions it
  * knows (clang 14's rejects these mnemonics under any .arch directive);
  * the registers the compiler chose are decoded by an assembler macro.
@@ -18,10 +18,11 @@ __asm__(".macro rd_vnum sym, reg\n"
         ".endr\n"
         ".endm\n");
 
-/* acc (4 lanes of 32 bits) op= vn . element idx of vm (4 bytes or 2
- * halves by lane): BFDOT, SDOT, SUDOT, UDOT (vector, by element), whose
- * encodings differ only in BASE: Q=1 | BASE | H<<11 | L<<21 | M<<20 |
- * Rm<<16 | Rn<<5 | Rd, with the index H:L and the register Vm = M:Rm. */
+/* acc (4 lanes of 32 bits) += vn . element idx of vm (4 bytes by lane):
+ * UDOT (vector, by element, FEAT_DotProd), the encoding Q=1 | BASE |
+ * H<<11 | L<<21 | M<<20 | Rm<<16 | Rn<<5 | Rd, with the index H:L and the
+ * register Vm = M:Rm (BFDOT, SDOT and SUDOT by element differ only in
+ * BASE). */
 #define RD_DOT_BY_ELEMENT(BASE, acc, vn, vm, idx)                           \
     __asm__("rd_vnum rd_d, %0\n\t"                                          \
             "rd_vnum rd_n, %1\n\t"                                          \
@@ -29,10 +30,7 @@ __asm__(".macro rd_vnum sym, reg\n"
             ".inst " #BASE " | ((" #idx " >> 1) << 11) | ((" #idx " & 1) << 21)" \
             " | ((rd_m >> 4) << 20) | ((rd_m & 15) << 16) | (rd_n << 5) | rd_d" \
             : "+w"(acc) : "w"(vn), "w"(vm))
-#define RD_BFDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f40f000, acc, vn, vm, idx)
-#define RD_SDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f80e000, acc, vn, vm, idx)
 #define RD_UDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x6f80e000, acc, vn, vm, idx)
-#define RD_SUDOT(acc, vn, vm, idx) RD_DOT_BY_ELEMENT(0x4f00f000, acc, vn, vm, idx)
 
 /* acc (a 2 x 2 block of 32-bit values) += vn (two rows of 8 bytes or 4
  * halves) times the transpose of vm (two columns): USMMLA (unsigned vn,

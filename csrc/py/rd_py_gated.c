@@ -106,7 +106,7 @@ rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *
             rd_arg_array(pair ? ob1 : ob0, pair ? n1 : n0, 1, NPY_UINT8, RD_CONTIG, &buf1) != 0)
             return -1;
         const size_t per = rd_prepack_bytes(&w->plan, (rd_dtype_t)pdt, pk, pn, pqtile, pqzp);
-        if (rd_ctype_layout(w->plan.ct) == RD_CT_U8S8 || (per == 0 && pk > 0 && pn > 0) ||
+        if (rd_ctype_int8_dot(w->plan.ct) || (per == 0 && pk > 0 && pn > 0) ||
             (size_t)buf0.dim[0] != per * (size_t)pg || (size_t)buf1.dim[0] != per * (size_t)pg ||
             (pg > 0 && per > 0 && (((uintptr_t)buf0.data | (uintptr_t)buf1.data) & 63) != 0)) {
             PyErr_Format(PyExc_ValueError, "prepacked '%s' must be %s of float products of one shape, "

@@ -527,9 +527,9 @@ rd_py_prepack(PyObject *self, PyObject *args)
                         "in [2^-127, 2^127] and no zero points");
         return NULL;
     }
-    if (rd_ctype_layout(plan.ct) == RD_CT_U8S8 && !rd_int8_exact(orhs, &rhs)) {
-        PyErr_SetString(PyExc_ValueError, "int8-dot weights hold int8 values with zero points absent or "
-                        "integers in [-128, 127]");
+    if (rd_ctype_int8_dot(plan.ct) && !rd_int8_exact(orhs, &rhs)) {
+        PyErr_SetString(PyExc_ValueError, "int8-dot and int8-mmla weights hold int8 values with zero points "
+                        "absent or integers in [-128, 127]");
         return NULL;
     }
     if (((uintptr_t)dst.data & 63) != 0) {
@@ -587,11 +587,11 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
         return NULL;
     /* int8-dot weights take an int8 quantized lhs (or a float one quantized
      * per row while packed), the others a float one */
-    if (quantize_lhs && rd_ctype_layout(plan.ct) != RD_CT_U8S8) {
+    if (quantize_lhs && !rd_ctype_int8_dot(plan.ct)) {
         PyErr_SetString(PyExc_TypeError, "only weights prepacked for int8 dot products quantize 'lhs'");
         return NULL;
     }
-    const int qlhs = rd_ctype_layout(plan.ct) == RD_CT_U8S8 && !quantize_lhs;
+    const int qlhs = rd_ctype_int8_dot(plan.ct) && !quantize_lhs;
     if ((qlhs ? rd_arg_operand(olhs, "lhs", 2, plan.ct, 0, &lhs, &lq)
               : rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs)) != 0 ||
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||

@@ -309,7 +309,7 @@ def _fused(lhs, w0, w1):
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
         (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block", "w0/w1") for w in (w0, w1))
         same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and x0 is lhs and x1 is lhs and \
-            p0.ctype == p1.ctype != "int8-dot" and p0.shape == p1.shape and \
+            p0.ctype == p1.ctype not in ("int8-dot", "int8-mmla") and p0.shape == p1.shape and \
             (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
             (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
         return (p0, p1) if same else None

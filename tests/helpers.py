@@ -334,21 +334,17 @@ with runtime.configured(kernel="auto"):
     FLOAT_FAMILY = runtime.build_info()["blocking"]["float32"]["kernel"]
 
 
-def bf16_layout():
-    """The layout prepack gives bfloat16 weights for a bfloat16 lhs with the
-    kernel selection in force: "bfloat16-dot" (k-pairs: vdpbf16ps, and the
-    AMX tiles that read them), "bfloat16-mmla" (Arm's BFMMLA), or None
-    (the widening layout: no bfloat16 dot products are served)."""
-    compute = runtime.build_info()["products"]["bfloat16"]["compute"]
-    return {"bfloat16-tile": "bfloat16-dot", "float32": None}.get(compute, compute)
-
-
-def int8_layout():
-    """The layout prepack gives int8 QArray weights for an int8 lhs with the
-    kernel selection in force: "int8-dot" (k-quads: vpdpbusd, the AMX tiles
-    that read them, Arm's UDOT), "int8-mmla" (Arm's USMMLA), or None."""
-    compute = runtime.build_info()["products"]["int8"]["compute"]
-    return {"int8-tile": "int8-dot", "int8-int32": None}.get(compute, compute)
+def dot_layout(dtype):
+    """The layout prepack gives weights of ``dtype`` ("bfloat16", or "int8"
+    for int8 QArrays) for an lhs of that dtype with the kernel selection in
+    force: the dot kernels' ("bfloat16-dot" k-pairs, "int8-dot" k-quads:
+    vdpbf16ps, vpdpbusd, Arm's UDOT, and the AMX tiles that read them),
+    Arm's MMLA kernels' ("bfloat16-mmla", "int8-mmla"), or None (no dot
+    products of that dtype are served: the widening layout, or the QArray)."""
+    compute = runtime.build_info()["products"][dtype]["compute"]
+    if compute.endswith("-tile"):
+        return dtype + "-dot"
+    return compute if compute.startswith(dtype + "-") and compute != "int8-int32" else None
 
 
 # the families the fused MoE passes are checked on: automatic choice, the

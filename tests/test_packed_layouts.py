@@ -15,7 +15,7 @@ import raggeddot
 from raggeddot import QArray, runtime
 from raggeddot import _gateway as gw
 
-from helpers import DOT_KERNELS, KERNELS, bf16_layout, int8_layout
+from helpers import DOT_KERNELS, KERNELS, dot_layout
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -77,7 +77,7 @@ def test_int8_weights_prepacked_by_default_meet_int8_activations(rng, kernel, mo
     x, router, ws = _layer(rng)
     q = [raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in ws]
     with runtime.configured(kernel=kernel):
-        dot = int8_layout()
+        dot = dot_layout("int8")
         packed = [raggeddot.prepack(a) for a in q]
         assert all(p.ctype == "float32-int8w" for p in packed)
         spy = _Spy(monkeypatch)
@@ -182,7 +182,7 @@ def test_layouts_and_their_memory(rng):
     w = rng.standard_normal((2, 64, 40), dtype=np.float32).astype(BF16)
     p = raggeddot.prepack(w, lhs_dtype=np.float32)
     assert list(p.layouts) == ["float32-bfloat16w"] and p.layouts["float32-bfloat16w"] == p.nbytes
-    layout = bf16_layout()
+    layout = dot_layout("bfloat16")
     if layout is not None:
         raggeddot.ragged_dot(rng.standard_normal((8, 64), dtype=np.float32).astype(BF16), p, np.array([3, 5]))
         assert list(p.layouts) == ["float32-bfloat16w", layout]

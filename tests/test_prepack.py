@@ -8,7 +8,7 @@ import raggeddot
 from raggeddot import RaggedDotDimensionNumbers as DN
 from raggeddot import runtime
 
-from helpers import DOT_KERNELS, DTYPES, KERNELS, bf16_layout, dtype_id, random_group_sizes
+from helpers import DOT_KERNELS, DTYPES, KERNELS, dot_layout, dtype_id, random_group_sizes
 
 SHAPES = [  # m, k, n, g: k across several KC blocks, n partial panels, empty groups
     (300, 70, 50, 16), (64, 1, 33, 8), (500, 600, 100, 7), (40, 300, 1, 3), (9, 257, 64, 1)]
@@ -57,7 +57,7 @@ def test_bfloat16_weights_in_k_pairs(rng, kernel):
     with runtime.configured(kernel=kernel):
         # the k-pair layout where vdpbf16ps or AMX tiles serve bfloat16 products,
         # Arm's blocks of 4 steps where BFMMLA does
-        layout = bf16_layout()
+        layout = dot_layout("bfloat16")
         unit = {"bfloat16-dot": 2, "bfloat16-mmla": 4}.get(layout, 1)
         for m, k, n, g in SHAPES + [(40, 1025, 33, 3)]:
             lhs, rhs, gs = _case(rng, bf16, m, k, n, g)

@@ -43,7 +43,6 @@
 
 #ifdef RD_HAVE_X86_KERNELS
 
-#include <cpuid.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -81,19 +80,14 @@ rd_amx_request(void)
 static void
 rd_amx_probe(void)
 {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0, NULL) < 7) {
-        snprintf(rd_amx_why, sizeof rd_amx_why, "the CPU has no AMX (cpuid leaf 7 absent)");
-        return;
-    }
-    __cpuid_count(7, 0, a, b, c, d);
-    const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1, int8 = (d >> 25) & 1;
+    const rd_cpu_t *cpu = rd_cpu();
+    const int tile = cpu->amx_tile, bf16 = cpu->amx_bf16, int8 = cpu->amx_int8;
     if (!tile || !bf16 || !int8) {
         snprintf(rd_amx_why, sizeof rd_amx_why, "the CPU has no AMX (cpuid: AMX-TILE %d, AMX-BF16 %d, AMX-INT8 %d)",
                  tile, bf16, int8);
         return;
     }
-    if (!rd_cpu()->avx512bw) {
+    if (!cpu->avx512bw) {
         snprintf(rd_amx_why, sizeof rd_amx_why, "the CPU has AMX but not AVX-512F/BW");
         return;
     }

@@ -45,8 +45,8 @@
 
 #define IDECL(i, A, L) int32x4_t c##i##0 = vdupq_n_s32(0), c##i##1 = vdupq_n_s32(0);
 #define IDOT(i, A, L)                                                       \
-    DOT(c##i##0, b0, A, L);                                                 \
-    DOT(c##i##1, b1, A, L);
+    RD_UDOT(c##i##0, b0, A, L);                                             \
+    RD_UDOT(c##i##1, b1, A, L);
 #define ILOAD(reg, k) const uint8x16_t reg = vld1q_u8(a + 16 * (k));
 /* Row i's int32 sums to float32 (rd_kernel.h, RD_CT_U8S8): t = S - u cb -
  * v zb with u = 128 + za and v = ra - kc za, wrapping, then
@@ -98,8 +98,10 @@
     ROWS(ISPILL)                                                            \
     rd_s_store_edge(buf, 8, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
 
-/* A: 12 rows of quads (48 bytes, the trailer after 12 kq), B: 8 columns
- * of quads (32 bytes, the trailer after 8 kq). */
+/* UDOT, unsigned times unsigned: A + 128 as packed, B + 128 (xor 0x80).
+ * A: 12 rows of quads (48 bytes, the trailer after 12 kq), B: 8 columns of
+ * quads (32 bytes, the trailer after 8 kq). */
+#define RD_UXOR(x) veorq_u8(vld1q_u8((const uint8_t *)(const void *)(x)), vdupq_n_u8(0x80))
 #define RD_NI_BODY(NAME, R, ROWS, LOADS)                                    \
 static void                                                                 \
 NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
@@ -112,7 +114,7 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
     const int32_t *za = (const int32_t *)(const void *)(ta + 96);           \
     ROWS(IDECL)                                                             \
     for (rd_int q = 0; q < kq; q += 4) {                                    \
-        const int8x16_t b0 = ADJUST_B(vld1q_s8(b)), b1 = ADJUST_B(vld1q_s8(b + 16)); \
+        const uint8x16_t b0 = RD_UXOR(b), b1 = RD_UXOR(b + 16);             \
         LOADS(ILOAD)                                                        \
         ROWS(IDOT)                                                          \
         a += 48;                                                            \
@@ -121,16 +123,11 @@ NAME(rd_int kc, const uint8_t *a, const int8_t *b, float *c, rd_int rs_c,   \
     RD_NI_FINISH(R, ROWS)                                                   \
 }
 
-/* UDOT: unsigned times unsigned, B + 128 (xor 0x80) */
-#define DOT RD_UDOT
-#define ADJUST_B(x) vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_s8(x), vdupq_n_u8(0x80)))
 #define BSHIFT 128u
 RD_NI_BODY(ss_rows4, 4, NROWS4, NLOAD_A4)
 RD_NI_BODY(ss_rows8, 8, NROWS8, NLOAD_A8)
 RD_NI_BODY(ss_rows12, 12, NROWS12, NLOAD_A12)
 RD_NEON_KERNEL(rd_u8s8dot_neon_dot_12x8, uint8_t, int8_t, ss_rows4, ss_rows8, ss_rows12)
-#undef DOT
-#undef ADJUST_B
 #undef BSHIFT
 
 /* --------------------------------------------------- MMLA (2 x 2 blocks)

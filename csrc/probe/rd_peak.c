@@ -32,6 +32,25 @@ rd_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+#if defined(RD_HAVE_X86_KERNELS) || defined(RD_HAVE_ARM_KERNELS)
+/* The rate of the bfloat16 dot instruction (probe `dot`) over that of the
+ * float32 FMAs (`fma`), in flops: one thread, `chunk` iterations of each (a
+ * fraction of a millisecond), best of three rounds after the vector unit
+ * is awake.  rd_bf16dot_vs_fma of each architecture. */
+static double
+rd_dot_over_fma(double (*fma)(double, long), double (*dot)(double, long), long chunk)
+{
+    double f_best = 0.0, d_best = 0.0;
+    (void)fma(0.0, chunk);
+    for (int round = 0; round < 3; round++) {
+        const double f = fma(0.0, chunk), d = dot(0.0, chunk);
+        f_best = f > f_best ? f : f_best;
+        d_best = d > d_best ? d : d_best;
+    }
+    return f_best > 0.0 ? d_best / f_best : 0.0;
+}
+#endif
+
 #ifdef RD_HAVE_X86_KERNELS
 #include <immintrin.h>
 
@@ -195,16 +214,7 @@ RD_AMX_PROBE(rd_peak_amx_int8, "tdpbusd", 32768.0)
 double
 rd_bf16dot_vs_fma(void)
 {
-    if (!rd_cpu()->avx512_bf16)
-        return 0.0;
-    double fma = 0.0, dot = 0.0;
-    (void)rd_peak_avx512(0.0, 1L << 13);   /* the vector unit awake first */
-    for (int round = 0; round < 3; round++) {
-        const double f = rd_peak_avx512(0.0, 1L << 13), d = rd_peak_bf16(0.0, 1L << 13);
-        fma = f > fma ? f : fma;
-        dot = d > dot ? d : dot;
-    }
-    return fma > 0.0 ? dot / fma : 0.0;
+    return rd_cpu()->avx512_bf16 ? rd_dot_over_fma(rd_peak_avx512, rd_peak_bf16, 1L << 13) : 0.0;
 }
 #elif defined(RD_HAVE_ARM_KERNELS)
 #include <arm_neon.h>
@@ -290,16 +300,7 @@ rd_peak_neon_i8mm(double seconds, long chunk)
 double
 rd_bf16dot_vs_fma(void)
 {
-    if (!rd_cpu()->bf16)
-        return 0.0;
-    double fma = 0.0, dot = 0.0;
-    (void)rd_peak_neon(0.0, 1L << 12);
-    for (int round = 0; round < 3; round++) {
-        const double f = rd_peak_neon(0.0, 1L << 12), d = rd_peak_neon_bf16(0.0, 1L << 12);
-        fma = f > fma ? f : fma;
-        dot = d > dot ? d : dot;
-    }
-    return fma > 0.0 ? dot / fma : 0.0;
+    return rd_cpu()->bf16 ? rd_dot_over_fma(rd_peak_neon, rd_peak_neon_bf16, 1L << 12) : 0.0;
 }
 #else
 double
@@ -309,47 +310,53 @@ rd_bf16dot_vs_fma(void)
 }
 #endif /* RD_HAVE_X86_KERNELS */
 
+/* The names rd_peak_gflops takes, in the order of the enum */
+static const char *const rd_isa_names[] = {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "avx_vnni",
+                                           "amx_bf16", "amx_int8", "neon", "neon_bf16", "neon_dot",
+                                           "neon_i8mm"};
+enum { RD_AVX2, RD_AVX512, RD_AVX512_BF16, RD_AVX512_VNNI, RD_AVX_VNNI, RD_AMX_BF16, RD_AMX_INT8,
+       RD_NEON, RD_NEON_BF16, RD_NEON_DOT, RD_NEON_I8MM, RD_ISA_COUNT };
+
 double
 rd_peak_gflops(const char *isa, double seconds)
 {
-    int avx2 = strcmp(isa, "avx2") == 0, avx512 = strcmp(isa, "avx512") == 0;
-    int bf16 = strcmp(isa, "avx512_bf16") == 0, vnni512 = strcmp(isa, "avx512_vnni") == 0;
-    int vnni256 = strcmp(isa, "avx_vnni") == 0;
-    int amx_bf16 = strcmp(isa, "amx_bf16") == 0, amx_int8 = strcmp(isa, "amx_int8") == 0;
-    int neon = strcmp(isa, "neon") == 0, neon_bf16 = strcmp(isa, "neon_bf16") == 0;
-    int neon_dot = strcmp(isa, "neon_dot") == 0, neon_i8mm = strcmp(isa, "neon_i8mm") == 0;
-    if (!avx2 && !avx512 && !bf16 && !vnni512 && !vnni256 && !amx_bf16 && !amx_int8 && !neon && !neon_bf16
-        && !neon_dot && !neon_i8mm)
+    int id = 0;
+    while (id < RD_ISA_COUNT && strcmp(isa, rd_isa_names[id]) != 0)
+        id++;
+    if (id == RD_ISA_COUNT)
         return -1.0;
+    const rd_cpu_t *c = rd_cpu();
+    switch (id) {
 #ifdef RD_HAVE_X86_KERNELS
-    const rd_cpu_t *c = rd_cpu();
-    if (avx2 && c->avx2 && c->fma)
-        return rd_peak_avx2(seconds, 1L << 19);
-    if (avx512 && c->avx512f)
-        return rd_peak_avx512(seconds, 1L << 19);
-    if (bf16 && c->avx512_bf16)
-        return rd_peak_bf16(seconds, 1L << 18);
-    if (vnni512 && c->avx512_vnni)
-        return rd_peak_vnni512(seconds, 1L << 18);
-    if (vnni256 && c->avx_vnni)
-        return rd_peak_vnni256(seconds, 1L << 18);
-    if ((amx_bf16 || amx_int8) && rd_amx_unavailable() == NULL)
-        return amx_bf16 ? rd_peak_amx_bf16(seconds) : rd_peak_amx_int8(seconds);
+    case RD_AVX2:
+        return c->avx2 && c->fma ? rd_peak_avx2(seconds, 1L << 19) : 0.0;
+    case RD_AVX512:
+        return c->avx512f ? rd_peak_avx512(seconds, 1L << 19) : 0.0;
+    case RD_AVX512_BF16:
+        return c->avx512_bf16 ? rd_peak_bf16(seconds, 1L << 18) : 0.0;
+    case RD_AVX512_VNNI:
+        return c->avx512_vnni ? rd_peak_vnni512(seconds, 1L << 18) : 0.0;
+    case RD_AVX_VNNI:
+        return c->avx_vnni ? rd_peak_vnni256(seconds, 1L << 18) : 0.0;
+    case RD_AMX_BF16:
+        return rd_amx_unavailable() == NULL ? rd_peak_amx_bf16(seconds) : 0.0;
+    case RD_AMX_INT8:
+        return rd_amx_unavailable() == NULL ? rd_peak_amx_int8(seconds) : 0.0;
 #elif defined(RD_HAVE_ARM_KERNELS)
-    const rd_cpu_t *c = rd_cpu();
-    if (neon && c->neon)
-        return rd_peak_neon(seconds, 1L << 18);
-    if (neon_bf16 && c->bf16)
-        return rd_peak_neon_bf16(seconds, 1L << 18);
-    if (neon_dot && c->dotprod)
-        return rd_peak_neon_dot(seconds, 1L << 18);
-    if (neon_i8mm && c->i8mm)
-        return rd_peak_neon_i8mm(seconds, 1L << 18);
-#else
-    (void)seconds;
+    case RD_NEON:
+        return c->neon ? rd_peak_neon(seconds, 1L << 18) : 0.0;
+    case RD_NEON_BF16:
+        return c->bf16 ? rd_peak_neon_bf16(seconds, 1L << 18) : 0.0;
+    case RD_NEON_DOT:
+        return c->dotprod ? rd_peak_neon_dot(seconds, 1L << 18) : 0.0;
+    case RD_NEON_I8MM:
+        return c->i8mm ? rd_peak_neon_i8mm(seconds, 1L << 18) : 0.0;
 #endif
-    (void)neon, (void)neon_bf16, (void)neon_dot, (void)neon_i8mm;
-    return 0.0;
+    default:   /* another architecture's instruction */
+        (void)c;
+        (void)seconds;
+        return 0.0;
+    }
 }
 
 /*

@@ -27,6 +27,8 @@ typedef struct {
     const char *family;     /* name of the family the micro-kernel comes from */
     rd_ukr_desc_t k;        /* micro-kernel, register block, cache blocking */
     rd_sukr_desc_t s;       /* the family's streaming kernel for ct (ukr NULL: none) */
+    rd_fukr_desc_t few;     /* the family's few-row kernel for ct (ukr NULL: none),
+                               used on prepacked B where it gives k.ukr's results */
     int kind;               /* RD_KIND_STREAM: B read in place by s (k then
                                has s's register block), RD_KIND_MAIN: packed */
     int split;              /* the tile side halved first to make work for

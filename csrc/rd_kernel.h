@@ -352,6 +352,24 @@ typedef struct {
     int mr, nr;
 } rd_sukr_desc_t;
 
+/* A few-row kernel: the products of one packed A panel with at most `mr`
+ * valid rows (m) and n columns of prepacked B, its micro-panels of the
+ * family's NR columns `bstep` bytes apart (the last one cut at n), in one
+ * call: C (+)= A B, each element what `main` (the family's micro-kernel of
+ * the same compute type) gives it panel after panel, bit for bit.  What
+ * changes is the order of independent work: with one or two rows, a panel
+ * at a time leaves each column's chain of dependent multiply-adds as the
+ * bound (their latency, not the memory); several panels at once overlap
+ * those chains, and each B vector is decoded once for all the rows.  For
+ * decoding (a few rows an expert), where every weight is read once. */
+typedef void (*rd_fukr_t)(rd_int kc, const void *a, const void *b, size_t bstep, void *c,
+                          rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode);
+typedef struct {
+    rd_fukr_t ukr;
+    int mr;         /* the most rows it takes */
+    rd_ukr_t main;  /* the micro-kernel whose results it gives */
+} rd_fukr_desc_t;
+
 /* One micro-kernel with its register block and default cache blocking:
  * MC x KC block of packed A (L2), KC x NC panel of packed B (L3), and a
  * KC x NR micro-panel of B (L1).  ukr == NULL: the family has none for
@@ -374,6 +392,7 @@ typedef struct {
                                           family's instruction, runnable more
                                           widely, never chosen automatically */
     rd_sukr_desc_t stream[RD_CT_COUNT];  /* streaming kernels (ukr NULL: none) */
+    rd_fukr_desc_t few[RD_CT_COUNT];     /* few-row kernels on prepacked B (ukr NULL: none) */
 } rd_family_t;
 
 /* Whether compute type ct is a dot-product type (served only by families

@@ -269,9 +269,21 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             const rd_int units = (M + MR - 1) / MR;
             const rd_int lo = units * tid / nt * MR, hi = units * (tid + 1) / nt * MR;
             const rd_int i_end = hi < M ? hi : M;
+            /* a row or two on prepacked B: the few-row kernel, where it
+             * gives the micro-kernel's results */
+            const int few = b->panels > 0 && !streamed && cl->plan->few.ukr != NULL
+                            && cl->plan->few.main == kd->ukr && i_end - lo <= cl->plan->few.mr
+                            && (b2 == NULL || b2->panels > 0);
             for (rd_int ic = lo; ic < i_end; ic += MC) {
                 rd_int mc = i_end - ic < MC ? i_end - ic : MC;
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
+                if (few) {   /* all the panels of the block in one call */
+                    for (int q = 0; q < pairs; q++)
+                        cl->plan->few.ukr(kc, apack, bpanel[q], bstep[q],
+                                          cs[q] + (ic * c_rs + jc * c_cs) * (rd_int)cz, c_rs, c_cs, (int)mc, nc,
+                                          mode);
+                    continue;
+                }
                 for (rd_int jr = 0; jr < nc; jr += NR) {
                     int nr = (int)(nc - jr < NR ? nc - jr : NR);
                     for (int q = 0; q < pairs; q++) {

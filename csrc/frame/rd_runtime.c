@@ -322,10 +322,12 @@ rd_plan_init(rd_plan_t *plan, rd_ctype_t ct)
     plan->ct = ct;
     plan->family = family;
     plan->k = *k;
-    if (f != NULL)
+    memset(&plan->s, 0, sizeof plan->s);
+    memset(&plan->few, 0, sizeof plan->few);
+    if (f != NULL) {
         plan->s = f->stream[ct];
-    else
-        memset(&plan->s, 0, sizeof plan->s);
+        plan->few = f->few[ct];
+    }
     plan->kind = RD_KIND_MAIN;
     plan->split = RD_SPLIT_M;
     plan->auto_threads = 1;

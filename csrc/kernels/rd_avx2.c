@@ -426,6 +426,7 @@ const rd_family_t rd_family_avx2 = {
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},
+    {{NULL, 0, NULL}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -222,11 +222,11 @@ rd_avx512_vnni_runnable(void)
 
 const rd_family_t rd_family_avx512_bf16 = {
     "avx512-bf16", rd_avx512_bf16_runnable,
-    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 const rd_family_t rd_family_avx512_vnni = {
     "avx512-vnni", rd_avx512_vnni_runnable,
-    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -165,7 +165,7 @@ rd_twin_runnable(void)
 }
 
 #define RD_TWIN_FAMILY(VAR, NAME, CT, DESC)                                  \
-const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}}};
+const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}}, {{NULL, 0, NULL}}};
 
 RD_TWIN_FAMILY(rd_family_avx512_bf16_twin, "avx512-bf16-twin", RD_CT_BF16DP,
                RD_BF16_DESC(rd_bf16dot_twin_12x32))

@@ -365,6 +365,7 @@ const rd_family_t rd_family_neon = {
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_neon_stream_8x2048, RD_SMR, RD_SNR}},
+    {{NULL, 0, NULL}},
 };
 
 #endif /* RD_HAVE_ARM_KERNELS */

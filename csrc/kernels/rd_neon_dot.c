@@ -268,15 +268,15 @@ rd_neon_dot_runnable(void)
 
 const rd_family_t rd_family_neon_bf16 = {
     "neon-bf16", rd_neon_bf16_runnable,
-    {[RD_CT_BF16MMA] = RD_NEON_BF16_DESC(rd_bf16mmla_neon_12x8)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_BF16MMA] = RD_NEON_BF16_DESC(rd_bf16mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 const rd_family_t rd_family_neon_i8mm = {
     "neon-i8mm", rd_neon_i8mm_runnable,
-    {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 const rd_family_t rd_family_neon_dot = {
     "neon-dot", rd_neon_dot_runnable,
-    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_neon_dot_12x8)}, 0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_neon_dot_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 
 #endif /* RD_HAVE_ARM_KERNELS */

@@ -363,8 +363,9 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     result of the plain weights (the array or QArray given here) bit for
     bit, and at the speed of the layout that lhs runs on. When a call's lhs
     runs on another layout (a float32 lhs with bfloat16 weights laid out for
-    a bfloat16 one, a bfloat16 lhs with the widening layout where the
-    bfloat16 dot products serve, an int8 QArray lhs with quantized weights
+    a bfloat16 one, a bfloat16 lhs with the widening layout, or with the
+    4-bit layout of MXFP4 weights (exact in bfloat16), where the bfloat16
+    dot products serve, an int8 QArray lhs with quantized weights
     laid out for a float lhs, a float or float8 lhs with weights laid out
     for int8), that layout is made once, from the PackedRhs's own copy, on
     first use, and kept on the PackedRhs for later calls: it costs as much

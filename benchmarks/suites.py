@@ -32,6 +32,7 @@ import variants as V
 import raggeddot
 from raggeddot import specs
 from raggeddot._timing import interleaved, summary
+from decode import run_decode
 
 
 def medians(fns: dict, rounds: int, **kw) -> dict:
@@ -252,4 +253,4 @@ def run_jax(args, ctx) -> list:
 
 
 #: run.py's name of each suite: (function, default --repeat)
-SUITES = {"lowp": (run_lowp, 7), "experts": (run_experts, 3), "jax": (run_jax, 5)}
+SUITES = {"lowp": (run_lowp, 7), "experts": (run_experts, 3), "jax": (run_jax, 5), "decode": (run_decode, 7)}

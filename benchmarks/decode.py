@@ -1,0 +1,161 @@
+"""decode (run.py decode): the products of serving, where a step multiplies a few tokens and the
+time is that of reading the active experts' weights once.
+
+Two tables, each weight format prepacked (bfloat16; int8 one scale a column; int4 and MXFP4 a
+scale a column per 32 steps of the contraction; "w8a8": int8 weights prepacked for int8
+activations, activation_qtype="int8"), timed in interleaved rounds with a read-bandwidth probe
+(runtime.read_bandwidth, 256 MB, at raggeddot's threads) in every round, medians:
+  layer: moe_block forward (softmax top-k routing, SiLU experts, bfloat16 tokens) of a
+    Qwen3-30B-A3B-shaped layer (128 experts, top-8, d 2048, f 768) and a gpt-oss-20b-shaped one
+    (32 experts, top-4, d = f = 2880) at 1, 4, 16 and 64 tokens; and transformers' eager expert
+    loop in torch, bfloat16 weights (moe_baselines.torch_fn), in the same rounds.
+  rows: ragged_dot on prepacked weights, 64 experts x [2048, 768], 1, 2, 4 and 8 rows an expert,
+    float32 and bfloat16 rows.
+Columns: ms; GB/s: the active experts' bytes in the format (values, scales; an expert is active
+when a token chose it) over the time; %bw: of the read bandwidth of the same rounds; tok/s;
+x torch (layer): torch's time over ours; x bf16: bfloat16 weights' time over the format's.
+--quick: a quarter of the experts (top-k kept), two rounds; --smoke: 1/16 of the widths, one round.
+Each format is checked first against moe_block / ragged_dot on its dequantized weights.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+import common as C
+import moe_baselines as MB
+import raggeddot
+from raggeddot import quant, runtime
+from raggeddot._timing import interleaved, summary
+
+LAYERS = {"qwen3-30b-a3b": dict(E=128, top_k=8, d=2048, f=768), "gpt-oss-20b": dict(E=32, top_k=4, d=2880, f=2880)}
+TOKENS = (1, 4, 16, 64)
+ROWS = (1, 2, 4, 8)
+_TILE = dict(channelwise_axes=(0, 2), tiled_axes={1: 32})
+
+
+def formats(w: np.ndarray) -> dict:
+    """{format: (plain weights, prepacked weights, moe_block options)} of float32 weights w."""
+    bf16 = w.astype(ml_dtypes.bfloat16)
+    q8 = quant.quantize(w, "int8", channelwise_axes=(0, 2))
+    q4 = quant.quantize(w, "int4", **_TILE)
+    mx = quant.quantize(w, "mxfp4", **_TILE)
+    return {"bfloat16": (bf16, raggeddot.prepack(bf16), {}),
+            "int8": (q8, raggeddot.prepack(q8), {}),
+            "int4": (q4, raggeddot.prepack(q4), {}),
+            "mxfp4": (mx, raggeddot.prepack(mx), {}),
+            "w8a8": (q8, raggeddot.prepack(q8, lhs_dtype=np.int8), {"activation_qtype": "int8"})}
+
+
+def nbytes(w) -> float:
+    """Bytes a weight [g, ...] holds in its format, a group: values (4-bit ones at half a byte;
+    int4 is held one a byte) and scales."""
+    if isinstance(w, quant.QArray):
+        per = w.qvalue.size * (0.5 if w.qtype == "mxfp4" else w.qvalue.itemsize) + np.asarray(w.scale).nbytes
+        return per / w.shape[0]
+    return w.nbytes / w.shape[0]
+
+
+def timed(fns: dict, rounds: int, threads: int) -> tuple[dict, float]:
+    """Medians of fns in interleaved rounds, and the median of the read bandwidth probes run as
+    one more variant of the same rounds."""
+    bw = []
+    fns = dict(fns, __bw=lambda: bw.append(runtime.read_bandwidth(threads, 256, 0.1)))
+    times = interleaved(fns, rounds=rounds, warmup=1 if rounds > 1 else 0)
+    return {k: summary(v)["median"] for k, v in times.items() if k != "__bw"}, float(np.median(bw))
+
+
+def layer_table(name, shape, args, torch, rng, threads) -> list:
+    E = shape["E"] // (4 if args.quick and not args.smoke else 1)
+    d, f = (max(64, int(shape[k] * args.scale) // 32 * 32) for k in ("d", "f"))
+    top_k = shape["top_k"]
+    w = [rng.standard_normal(s).astype(np.float32) * np.float32(s[1] ** -0.5) for s in ((E, d, f),) * 2 + ((E, f, d),)]
+    router = rng.standard_normal((d, E)).astype(np.float32) * np.float32(0.1)
+    per = [formats(x) for x in w]
+    fm = {k: [p[k] for p in per] for k in per[0]}
+    del per
+    rows = []
+    for T in TOKENS if not args.smoke else TOKENS[:2]:
+        x = rng.standard_normal((T, d)).astype(np.float32)
+        xb = x.astype(ml_dtypes.bfloat16)
+        _, aux = raggeddot.moe_block(xb, router, *(v[1] for v in fm["bfloat16"]), top_k=top_k, return_aux=True)
+        active = np.flatnonzero(aux["group_sizes"])
+        fns = {}
+        for k, ws in fm.items():
+            plain = [v[0] for v in ws]
+            ref = raggeddot.moe_block(x, router, *(quant.dequantize(p) if isinstance(p, quant.QArray)
+                                                   else p.astype(np.float32) for p in plain), top_k=top_k)
+            fn = (lambda ws=ws, kw=ws[0][2]: raggeddot.moe_block(xb, router, *(v[1] for v in ws), top_k=top_k,
+                                                                  **kw))
+            err = float(np.abs(fn().astype(np.float32) - ref).max() / max(1e-30, np.abs(ref).max()))
+            if not err <= 5e-2:
+                raise SystemExit(f"decode {name} {k}: relative error {err:.2e} > 5e-2")
+            fns[k] = fn
+        if torch is not None:
+            i32 = {"x": x, "router_weights": router, "ct": x, "options": {"top_k": top_k},
+                   "w0": w[0], "w1": w[1], "wo": w[2]}
+            fns["torch bf16 loop"] = MB.torch_fn(torch, i32, False, "bfloat16")
+        t, bw = timed(fns, args.repeat, threads)
+        for k, s in t.items():
+            fmt_ = "bfloat16" if k.startswith("torch") else k
+            held = sum(nbytes(v[0]) for v in fm[fmt_]) * len(active)
+            gbs = held / s / 1e9
+            rows.append(dict(layer=name, tokens=T, active=len(active), format=k, ms=1e3 * s, gbs=gbs,
+                             pct_bw=100 * gbs / bw, read_gbs=bw, tok_s=T / s,
+                             x_torch=t.get("torch bf16 loop", np.nan) / s, x_bf16=t["bfloat16"] / s))
+    return rows
+
+
+def rows_table(args, rng, threads) -> list:
+    g, k, n = (64 // (4 if args.quick and not args.smoke else 1), max(64, int(2048 * args.scale)),
+               max(64, int(768 * args.scale)))
+    w = rng.standard_normal((g, k, n)).astype(np.float32) * np.float32(0.02)
+    fm = formats(w)
+    out = []
+    for lhs in ("float32", "bfloat16"):
+        for r in ROWS if not args.smoke else ROWS[:2]:
+            gs = np.full(g, r, dtype=np.int64)
+            x = rng.standard_normal((g * r, k)).astype(np.float32)
+            xl = x.astype(ml_dtypes.bfloat16 if lhs == "bfloat16" else np.float32)
+            fns = {}
+            for name, (plain, packed, kw) in fm.items():
+                q8 = bool(kw)
+                fn = (lambda p=packed, q=q8: raggeddot.ragged_dot(xl, p, gs) if not q else
+                      raggeddot.ragged_dot(raggeddot.quantize(xl.astype(np.float32), "int8", channelwise_axes=(0,)),
+                                           p, gs))
+                dense = quant.dequantize(plain) if isinstance(plain, quant.QArray) else plain.astype(np.float32)
+                ref = raggeddot.ragged_dot(xl.astype(np.float32), dense, gs)
+                err = float(np.abs(np.asarray(fn(), np.float32) - ref).max() / np.abs(ref).max())
+                if not err <= 5e-2:
+                    raise SystemExit(f"decode rows {name}: relative error {err:.2e} > 5e-2")
+                fns[name] = fn
+            t, bw = timed(fns, args.repeat, threads)
+            for name, s in t.items():
+                gbs = nbytes(fm[name][0]) * g / s / 1e9
+                out.append(dict(lhs=lhs, rows=r, format=name, ms=1e3 * s, gbs=gbs, pct_bw=100 * gbs / bw,
+                                read_gbs=bw, x_bf16=t["bfloat16"] / s))
+    return out
+
+
+def run_decode(args, ctx) -> dict:
+    rng, threads = np.random.default_rng(args.seed), runtime.get_num_threads()
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+        print("torch not importable: no torch column")
+    if args.quick and not args.smoke:
+        args.repeat = min(args.repeat, 3)
+    if args.smoke:
+        args.repeat = 1
+    layers = [r for name, shape in LAYERS.items() for r in layer_table(name, shape, args, torch, rng, threads)]
+    print(C.format_table(["layer", "tokens", "experts", "format", "ms", "GB/s", "%bw", "tok/s", "x torch", "x bf16"],
+                         [[r["layer"], r["tokens"], r["active"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]),
+                           C.fmt(r["pct_bw"]), C.fmt(r["tok_s"], 0), C.fmt(r["x_torch"], 2), C.fmt(r["x_bf16"], 2)]
+                          for r in layers]))
+    rows = rows_table(args, rng, threads)
+    print(C.format_table(["lhs", "rows", "format", "ms", "GB/s", "%bw", "read GB/s", "x bf16"],
+                         [[r["lhs"], r["rows"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]), C.fmt(r["pct_bw"]),
+                           C.fmt(r["read_gbs"]), C.fmt(r["x_bf16"], 2)] for r in rows]))
+    return {"layer": layers, "rows": rows, "threads": threads}

@@ -54,3 +54,41 @@ def test_moe_block_checks_its_activations_first(monkeypatch):
     x = np.broadcast_to(np.zeros(4, np.float32), (T, 4))
     with pytest.raises(MemoryError, match=r"^moe_block: out of memory.*together"):
         raggeddot.moe_block(x, *args[1:], top_k=2)
+
+
+def test_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
+    """The forward alone (moe_block) reads the tokens through the dispatch's
+    index and never stores the gate and up products whole, so its pre-check
+    counts only what it allocates: a layer that fits that way runs under a
+    memory too small for the forward that keeps its residuals (the vjp's),
+    which is refused; and what the forward allocates (traced) stays within
+    its count."""
+    T, d, f, E = 4096, 64, 256, 4
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    w0, w1 = (rng.standard_normal((E, d, f)).astype(np.float32) for _ in range(2))
+    wo = rng.standard_normal((E, f, d)).astype(np.float32)
+    args = (x, router, w0, w1, wo)
+    counted = {}
+    check = v.check_fits
+
+    def spy(arrays):
+        counted.setdefault(spy.fn, sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in arrays))
+        return check(arrays)
+    monkeypatch.setattr(v, "check_fits", spy)
+    for spy.fn in ("moe_block", "moe_block_vjp"):
+        getattr(raggeddot, spy.fn)(*args, top_k=2)
+    lean, kept = counted["moe_block"], counted["moe_block_vjp"]
+    assert lean < 0.5 * kept     # h0, h1 and the dispatched rows not counted
+    want = raggeddot.moe_block(*args, top_k=2)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        raggeddot.moe_block(*args, top_k=2)
+        assert tracemalloc.get_traced_memory()[1] <= lean + (1 << 20)
+    finally:
+        tracemalloc.stop()
+    monkeypatch.setattr(v, "_PHYSICAL", (lean + kept) // 2)
+    assert np.array_equal(raggeddot.moe_block(*args, top_k=2), want)
+    with pytest.raises(MemoryError, match=r"^moe_block_vjp: out of memory for the layer's activations"):
+        raggeddot.moe_block_vjp(*args, top_k=2)

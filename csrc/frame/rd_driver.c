@@ -14,6 +14,7 @@
 #include "rd_half.h"
 #include "rd_playout.h"
 #include "rd_tiling.h"
+#include "rd_driver_impl.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@
 static __thread void *rd_scratch_buf[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static __thread size_t rd_scratch_cap[7] = {0, 0, 0, 0, 0, 0, 0};
 
-static void *
+void *
 rd_scratch(int which, size_t bytes)
 {
     if (bytes > rd_scratch_cap[which]) {
@@ -49,33 +50,6 @@ rd_scratch(int which, size_t bytes)
     return rd_scratch_buf[which];
 }
 
-/* What every tile of one call shares: the plan and its packing routines. */
-typedef struct {
-    const rd_plan_t *plan;
-    rd_pack_t pack_a, pack_b;
-    rd_qpack_t qpack_a, qpack_b;    /* for quantized operands (else NULL) */
-    size_t a_src, b_src;            /* storage element sizes of lhs, rhs */
-    int b_src_nibbles;              /* rhs addressed in nibbles (4-bit values) */
-    size_t a_size, b_size, c_size;  /* packed A, packed B, output element sizes */
-    size_t scale_size;              /* bytes a row of scales after each micro-panel */
-    size_t q_size;                  /* bytes of an element of the operands' scales */
-    int k_unit;
-} rd_call_t;
-
-/* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)
- * elements, and for a quantized operand the scales of its group with the
- * block's origin (i0, j0) in the operand's (row, column) indices. */
-typedef struct {
-    const void *p;
-    rd_int rs, cs;
-    const rd_scales_t *q;       /* NULL: not quantized */
-    const char *qs, *qz;        /* scale / zero point of tile (0, 0) of the group */
-    rd_int i0, j0;
-    rd_int panels;              /* > 0: prepacked B (rd_prepack), p its group */
-    rd_int qtile;               /* prepacked quantized B: scale tiles along k */
-    int qzp;                    /* ... with zero points */
-    const long long *ridx;      /* NULL, or A's row i is row ridx[i] of the array at p */
-} rd_block_t;
 
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
  * micro-panels: A as `rows` rows of x by `depth` columns; B as its
@@ -200,7 +174,7 @@ rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_in
  * share of the rows (a range of whole MR blocks) multiplied by it; a
  * barrier before the next panel overwrites it.  Every output element is
  * still summed in the same KC blocks in the same order. */
-static void
+void
 rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
               const rd_block_t *a, const rd_block_t *b, const rd_block_t *b2,
               void *c, void *c2, rd_int c_rs, rd_int c_cs, int accumulate, int stream,
@@ -314,7 +288,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
 
 /* The block of operand `x` at group g, row i0, column j0: `size` bytes a
  * stored element, `psize` one of its scales. */
-static rd_block_t
+rd_block_t
 rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_int j0)
 {
     if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
@@ -435,7 +409,7 @@ rd_run_tile(const rd_run_t *r, const rd_tile_t *tile, char *apack, char *bpack, 
  * MC rows and at most a tile's, B panels of at most NC columns and a
  * tile's (none when B is streamed: read in place), and (stage, when not
  * NULL) an A block of gathered rows before it is packed. */
-static void
+void
 rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage)
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
@@ -503,7 +477,7 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
 
 /* ------------------------------------------------------------ public API */
 
-static int
+int
 rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_in_t *rhs)
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
@@ -597,110 +571,4 @@ rd_ragged_contract(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const r
                    const rd_in_t *lhs, const rd_in_t *rhs, const rd_out_t *out, int accumulate)
 {
     return rd_run(plan, RD_MODE_CONTRACT, k, n, ng, bounds, lhs, rhs, out, accumulate);
-}
-
-/* ------------------------------------------------------- gated products */
-
-#define RD_GATED_TN ((rd_int)1024)
-
-int
-rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
-              const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx,
-              int ordered)
-{
-    rd_call_t cl;
-    rd_plan_t planned = *base, *plan = &planned;
-    rd_plan_choose(plan, RD_MODE_ROWS, k, n, ng, bounds, w0->panels > 0,
-                   plan->ct == RD_CT_F32 && w0->panels == 0 && w0->q.s == NULL && w0->dtype == RD_F32
-                   && w0->cs == 1 && (w1 == NULL || (w1->cs == 1 && w1->rs == w0->rs)));
-    int rc = rd_call_init(&cl, plan, lhs, w0);
-    if (rc != 0)
-        return rc;
-    if (w1 != NULL && (w1->dtype != w0->dtype || (w1->panels > 0) != (w0->panels > 0)
-                       || (w1->q.s == NULL) != (w0->q.s == NULL)))
-        return -2;
-    rd_shape_t sh = {RD_MODE_ROWS, bounds, 0, k};
-    rd_tiling_t tl;
-    const double rows = (double)(bounds[ng] - bounds[0]);
-    const double pairs = w1 != NULL ? 2.0 : 1.0;
-    const double bytes = rows * (double)k * (double)cl.a_src + pairs * (double)ng * (double)k * (double)n
-                         * (double)cl.b_src + pairs * rows * (double)n * (double)cl.c_size;
-    /* no team tiles, and tiles at most RD_GATED_TN wide: the products are
-     * computed into tiles of their own, and an MoE layer's f (768 to 2048
-     * in the models of this field) is then one or two tiles, each packed
-     * block of rows read by every column of it */
-    plan->team = 0;
-    if (plan->tn <= 0 || plan->tn > RD_GATED_TN)
-        plan->tn = RD_GATED_TN;
-    const rd_ukr_desc_t *kd = &plan->k;
-    /* ordered: a column block a thread (as many as the call's threads, at
-     * most one a panel), over tiles not split for the threads */
-    const rd_int panels = (n + kd->nr - 1) / kd->nr;
-    rd_int blocks = 1;
-    rd_plan_t tiled = *plan;
-    if (ordered) {
-        const int threads = rd_tiling_threads(plan, &sh, ng, n, bytes);
-        blocks = threads < panels ? threads : panels;
-        tiled.nthreads = 1;
-    }
-    if (rd_make_tiling(&tl, &tiled, &sh, ng, n, 0, bytes) != 0)
-        return -1;
-    if (ordered)
-        tl.nthreads = (int)blocks;
-    const rd_int ld = rd_round_up(tl.tn, kd->nr);
-    size_t a_bytes, b_bytes, stage_bytes;
-    rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes);
-    const size_t t_bytes = (size_t)(tl.tm > 0 ? tl.tm : 1) * (size_t)ld * cl.c_size;
-    int failed = 0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(tl.nthreads) if (tl.nthreads > 1)
-#endif
-    {
-        char *apack = (char *)rd_scratch(0, a_bytes);
-        char *bpack = (char *)rd_scratch(1, b_bytes);
-        char *bpack2 = w1 != NULL ? (char *)rd_scratch(4, b_bytes) : bpack;
-        char *t0 = (char *)rd_scratch(2, t_bytes);
-        char *t1 = w1 != NULL ? (char *)rd_scratch(5, t_bytes) : t0;
-        /* gathered rows are staged a block at a time (rd_pack_block) */
-        const int staged = lhs->ridx == NULL || rd_scratch(6, stage_bytes) != NULL;
-        const int ok = apack != NULL && ((bpack != NULL && bpack2 != NULL) || b_bytes == 0)
-                       && t0 != NULL && t1 != NULL && staged;
-        if (!ok) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-        /* ordered: column block t of `blocks` (whole panels), every tile
-         * in list order (group after group, rows in order within a column
-         * piece) cut to it; else tile t, largest first, as the threads take
-         * them */
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (rd_int t = 0; t < (ordered ? blocks : tl.count); t++) {
-            const rd_int lo = ordered ? panels * t / blocks * kd->nr : 0;
-            const rd_int hi_p = ordered ? panels * (t + 1) / blocks * kd->nr : n;
-            const rd_int hi = hi_p < n ? hi_p : n;
-            for (rd_int u = ordered ? 0 : t; ok && u < (ordered ? tl.count : t + 1); u++) {
-                const rd_tile_t *tile = &tl.tiles[ordered ? u : tl.order[u]];
-                const rd_int c0 = tile->c0 > lo ? tile->c0 : lo, c1 = tile->c1 < hi ? tile->c1 : hi;
-                if (c1 <= c0)
-                    continue;
-                const rd_int rows_t = tile->r1 - tile->r0, cols = c1 - c0;
-                const rd_block_t a = rd_block(lhs, cl.a_src, cl.q_size, 0, tile->r0, 0);
-                const rd_block_t b = rd_block(w0, cl.b_src, cl.q_size, tile->g, 0, c0);
-                rd_block_t b2;
-                if (w1 != NULL)
-                    b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, c0);
-                rd_gemm_block(&cl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL,
-                              ld, 1, 0, 0, apack, bpack, bpack2, 0, 1);
-                epi(ctx, tile->g, tile->r0, c0, rows_t, cols, t0, w1 != NULL ? t1 : NULL, ld);
-            }
-        }
-        if (kd->release != NULL)
-            kd->release();
-    }
-    rd_free_tiling(&tl);
-    return failed ? -1 : 0;
 }

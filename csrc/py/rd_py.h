@@ -69,8 +69,19 @@ PyObject *rd_gemm_result(int rc);
 int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
                    rd_scales_t *q);
 
+/* The parts of a grouped GEMM call the prepacked product shares
+ * (py/rd_py_matmul.c): a float out array of `ndim` dimensions; the
+ * per-row scales of a float lhs quantized to int8 while packed (a new
+ * buffer *scales); whether a quantized operand holds int8 values with
+ * integral zero points; whether every scale of a quantized operand is a
+ * power of two. */
+int rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out);
+int rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales);
+int rd_int8_exact(PyObject *obj, const rd_arg_t *x);
+int rd_pow2_scales(PyObject *obj);
+
 /* The plan of prepacked weights of compute type `name` laid out with
- * blocking kc and panels nr (py/rd_py_matmul.c); the storage dtype of a
+ * blocking kc and panels nr (py/rd_py_prepack.c); the storage dtype of a
  * NumPy name.  -1 with an exception naming what disagrees. */
 int rd_prepack_plan(const char *name, Py_ssize_t kc, Py_ssize_t nr, rd_plan_t *plan);
 int rd_dtype_named(const char *name);
@@ -97,6 +108,7 @@ extern PyMethodDef rd_moe_methods[];
 extern PyMethodDef rd_runtime_methods[];
 extern PyMethodDef rd_plan_methods[];
 extern PyMethodDef rd_gated_methods[];
+extern PyMethodDef rd_prepack_methods[];
 
 /* Add the C interface capsule _C_API (py/rd_py_capi.c); 0 or -1. */
 int rd_add_capi(PyObject *m);

@@ -226,7 +226,8 @@ PyInit__core(void)
         PyModule_AddFunctions(m, rd_moe_methods) != 0 ||
         PyModule_AddFunctions(m, rd_runtime_methods) != 0 ||
         PyModule_AddFunctions(m, rd_plan_methods) != 0 ||
-        PyModule_AddFunctions(m, rd_gated_methods) != 0)
+        PyModule_AddFunctions(m, rd_gated_methods) != 0 ||
+        PyModule_AddFunctions(m, rd_prepack_methods) != 0)
         goto error;
     static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "relu", "swiglu_oai"};
     static const int act_values[] = {RD_ACT_SILU, RD_ACT_GELU, RD_ACT_GELU_TANH, RD_ACT_RELU,

@@ -82,18 +82,31 @@ def forward(layer, keep=True):
     return out, Residuals(r_route, plan, r_experts, r_combine, r_shared)
 
 
-def activations(layer):
-    """``(shape, dtype)`` of the arrays :func:`forward` holds at once: the
-    router's logits and scores ``[T, E]``, the dispatched rows ``[N, d]``,
-    ``h0``, ``h1``, ``a`` ``[N, f]``, the experts' outputs ``[N, d]`` and
-    the result ``[T, d]`` (N = T * top_k); checked against the machine's
-    memory before the first is allocated."""
+def activations(layer, keep=True):
+    """``(shape, dtype)`` of the arrays :func:`forward` with ``keep`` holds
+    at once, following its branches: the router's logits and scores
+    ``[T, E]``, the dispatch's index (two int64 ``[N]``), the dispatched
+    rows ``[N, d]`` (none where the gate and up pass reads the tokens
+    through the index), their int8 copy with activation quantization, ``a``
+    ``[N, f]`` (with ``h0`` and ``h1`` where the gate and up products run
+    apart, or ``keep`` keeps them; ``a``'s int8 copy), the experts' outputs
+    ``[N, d]`` (none where the combine runs in the down product's epilogue)
+    and the result ``[T, d]`` (N = T * top_k); checked against the
+    machine's memory before the first is allocated."""
     T, d = layer.x.shape
     N, E, f = T * layer.router.top_k, layer.num_experts, layer.experts.w0.shape[2]
     ct = layer.compute_dtype
     hd = ct if layer.x_hidden is None else layer.x_hidden.dtype
-    return [((T, E), ct), ((T, E), ct), ((N, d), hd), ((N, f), hd), ((N, f), hd), ((N, f), hd),
-            ((N, d), hd), ((T, d), ct)]
+    rows = layer.x if layer.x_hidden is None else layer.x_hidden
+    fused = experts.fuses(layer.experts, rows)
+    gathered = not keep and layer.weights_on != "input" and fused
+    combined = not keep and experts.combines(layer.experts, rows)
+    held = [((T, E), ct), ((T, E), ct), ((N,), np.int64), ((N,), np.int64)]
+    held += [] if gathered else [((N, d), hd)]
+    held += [((N, d), np.int8), ((N, f), np.int8)] if layer.experts.act_qtype is not None else []
+    held += [((N, f), hd)] * (3 if keep or not fused else 1)
+    held += [((T, d), ct)] if combined else [((N, d), hd), ((T, d), ct)]
+    return held
 
 
 def backward(layer, res, d_out, d_logits=None):
@@ -444,7 +457,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
     with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
                       "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
-        v.check_fits(activations(layer))
+        v.check_fits(activations(layer, keep=False))
         out, res = forward(layer, keep=False)     # no backward: h0, h1 need not be kept
         out = deliver_out(layer, out)
     if return_aux:

@@ -9,7 +9,8 @@ scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1
 the instruction that does the work (fmla, bfmmla, usmmla, udot) over the
 number of pipes the model issues it to per cycle (measured on the model
 with a loop of independent copies of that instruction); the figure is the
-bound over the predicted cycles.
+bound over the predicted cycles; for the few-row kernels (decoding, where
+memory bounds), the bytes of B an iteration reads over its cycles instead.
 
     python benchmarks/arm_mca.py [--cc aarch64-linux-gnu-gcc] [--cc "clang-19 --target=aarch64-linux-gnu"]
 
@@ -43,7 +44,15 @@ KERNELS = {
     "rd_bf16mmla_neon_12x8": ("bfm_rows12", "bfmmla"),
     "rd_u8s8mmla_neon_12x8": ("usm_rows12", "usmmla"),
     "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
+    # the few-row kernels (rd_neon_few.c): one row over 8 panels or two over 4 (16 fmla an
+    # iteration either way; B bytes an iteration: FEW_BYTES)
+    **{f"rd_few_neon_{t}": (body, "fmla") for t, body in (("f32", "few_f32"), ("bf16w", "few_bf16"),
+                                                          ("i8w", "few_i8"), ("f8w", "few_f8"), ("f4w", "few_f4"))},
 }
+#: bytes of B one iteration of a few-row kernel's loop reads (a step of 8 panels of 8 columns,
+#: one row)
+FEW_BYTES = {"rd_few_neon_f32": 256, "rd_few_neon_bf16w": 128, "rd_few_neon_i8w": 64, "rd_few_neon_f8w": 64,
+             "rd_few_neon_f4w": 32}
 MATTR = "+bf16,+i8mm,+dotprod"
 PROBE = {  # one independent instance of each instruction, for the pipes
     "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",
@@ -110,9 +119,9 @@ def asm_of(body):
 
 
 def build(cc, out):
-    """Compile the two NEON kernel files with `cc` into `out`; object paths."""
+    """Compile the NEON kernel files with `cc` into `out`; object paths."""
     objs = []
-    for name in ("rd_neon.c", "rd_neon_dot.c"):
+    for name in ("rd_neon.c", "rd_neon_dot.c", "rd_neon_few.c"):
         obj = os.path.join(out, name + ".o")
         subprocess.run(shlex.split(cc) + ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-c",
                                          os.path.join(REPO, "csrc", "kernels", name), "-I",
@@ -142,13 +151,17 @@ def main():
                 if not bodies:
                     print(f"{shlex.split(cc)[0]:<14} {symbol:<27} (no loop found)")
                     continue
-                body = max(bodies, key=lambda b: sum(x.split()[0] == op for x in b if x.split()))
+                # (a few-row kernel's one-row loop: of those with the most fmla, the most loads)
+                body = max(bodies, key=lambda b: (sum(x.split()[0] == op for x in b if x.split()),
+                                                  sum(x.split()[0].startswith("ld") for x in b if x.split())
+                                                  if symbol in FEW_BYTES else 0))
                 count = sum(x.split()[0] == op for x in body if x.split())
                 cells = []
                 for cpu in CPUS:
                     cyc = mca(asm_of(body), cpu, mca_bin)
                     bound = count / rates[insn, cpu]
-                    cells.append(f"{cyc:8.2f} ({100 * bound / cyc:5.1f}%)")
+                    cells.append(f"{cyc:8.2f} ({100 * bound / cyc:5.1f}%)" if symbol not in FEW_BYTES else
+                                 f"{cyc:8.2f} ({FEW_BYTES[symbol] / cyc:4.1f} B/c)")
                 print(f"{shlex.split(cc)[0]:<14} {symbol:<27} {count:>9} " + " ".join(f"{c:>26}" for c in cells))
 
 

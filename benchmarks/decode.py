@@ -85,7 +85,8 @@ def timed(fns: dict, rounds: int, threads: int) -> tuple[dict, float]:
     one more variant of the same rounds."""
     bw = []
     fns = dict(fns, __bw=lambda: bw.append(runtime.read_bandwidth(threads, 256, 0.1)))
-    times = interleaved(fns, rounds=rounds, warmup=1 if rounds > 1 else 0)
+    quiet = dict(warmup=1, pause_s=0.2) if rounds > 1 else dict(warmup=0)   # (torch's spinning threads)
+    times = interleaved(fns, rounds=rounds, **quiet)
     return {k: summary(v)["median"] for k, v in times.items() if k != "__bw"}, float(np.median(bw))
 
 

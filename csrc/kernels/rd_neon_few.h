@@ -1,0 +1,18 @@
+/* The NEON few-row kernels (rd_neon_few.c), for rd_neon.c's family. */
+#ifndef RD_NEON_FEW_H
+#define RD_NEON_FEW_H
+
+#include "rd_kernel.h"
+
+#define RD_FEW_PROTO(NAME)                                                  \
+    void NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c, \
+              rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode);
+RD_FEW_PROTO(rd_few_neon_f32)
+RD_FEW_PROTO(rd_few_neon_bf16w)
+RD_FEW_PROTO(rd_few_neon_f16w)
+RD_FEW_PROTO(rd_few_neon_i8w)
+RD_FEW_PROTO(rd_few_neon_f8w)
+RD_FEW_PROTO(rd_few_neon_f4w)
+#undef RD_FEW_PROTO
+
+#endif /* RD_NEON_FEW_H */

@@ -86,7 +86,7 @@ _PACKING_READS = {name: frozenset(reads) for name, reads in _core.PACKING_READS.
 def _packing_reads(dtype, ct):
     """Whether the grouped-matmul kernels read storage ``dtype`` (native
     byte order) directly for a product in compute dtype ``ct``."""
-    return dtype.name in _PACKING_READS[ct.name]
+    return v._dtype_name(dtype) in _PACKING_READS[v._dtype_name(ct)]
 
 
 def operand(arr, dtype, layout=STRIDED):

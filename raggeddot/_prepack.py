@@ -523,7 +523,7 @@ def quantizes_in_kernel(rows, packed):
     """Whether float ``rows`` multiplied by ``packed`` can be quantized to
     int8 per row by the kernels while they pack them (as for the plain
     QArray weights: int8 values, the int8 dot products served)."""
-    return isinstance(rows, np.ndarray) and rows.dtype.name in ("float32", "bfloat16") \
+    return isinstance(rows, np.ndarray) and v._dtype_name(rows.dtype) in ("float32", "bfloat16") \
         and _int8_exact(packed) and _int8_layout() is not None
 
 
@@ -533,9 +533,9 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
     or None when no prepacked layout computes it. ``exact``: the call asks
     for exact float32 products (no bfloat16 dot products)."""
     if packed.qtype is None:
-        if packed.dtype.name == "bfloat16":
-            bf16 = isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" and not quantize_lhs \
-                and not exact
+        if v._dtype_name(packed.dtype) == "bfloat16":
+            bf16 = isinstance(lhs, np.ndarray) and v._dtype_name(lhs.dtype) == "bfloat16" \
+                and not quantize_lhs and not exact
             return (_bf16_layout() if bf16 else None) or _LAYOUT["bfloat16"]
         return packed.ctype
     if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
@@ -546,8 +546,8 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
         # bfloat16 lhs the plain weights take the bfloat16 products where
         # those are served (as bfloat16 weights do), else the float32 ones
         # that the 4-bit (or float8) layout computes for every float lhs
-        bf16 = packed.ctype == _F4LAYOUT and isinstance(lhs, np.ndarray) and lhs.dtype.name == "bfloat16" \
-            and not quantize_lhs and not exact
+        bf16 = packed.ctype == _F4LAYOUT and isinstance(lhs, np.ndarray) \
+            and v._dtype_name(lhs.dtype) == "bfloat16" and not quantize_lhs and not exact
         return (_bf16_layout() if bf16 else None) or packed.ctype
     return _QLAYOUT[packed.qtype]
 
@@ -575,7 +575,7 @@ def check(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
                  f"{', lhs_dtype=np.int8' if ctype in _INT8_LAYOUTS else ''})), or select the {packed.kernel} "
                  "kernels they were laid out for (raggeddot.runtime.set_kernel)")
         try:
-            nr, kernel = gw.prepack_layout(ctype, packed._storage.name, 0, 0)[1::2]
+            nr, kernel = gw.prepack_layout(ctype, v._dtype_name(packed._storage), 0, 0)[1::2]
         except ValueError:
             raise ValueError(f"{fn}: '{arg}' was prepacked for the {packed.kernel} kernels ({ctype} products), "
                              "and no kernel of the selection in force serves those products: "

@@ -11,12 +11,24 @@ import os
 import reprlib
 import sys
 
+import functools
+
 import numpy as np
 
 __all__ = []
 
+@functools.lru_cache(maxsize=512)
+def _cached_name(dtype):
+    return dtype.name
+
+
 def _dtype_name(dtype):
-    return getattr(dtype, "name", str(dtype))
+    """``dtype.name`` (NumPy computes it anew on each read: a few microseconds
+    that the calls of a decoding step add up), cached per dtype."""
+    try:
+        return _cached_name(dtype)
+    except (TypeError, AttributeError):   # unhashable, or not a dtype
+        return getattr(dtype, "name", str(dtype))
 
 
 def is_bfloat16(dtype):

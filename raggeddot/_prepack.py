@@ -363,9 +363,8 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
     result of the plain weights (the array or QArray given here) bit for
     bit, and at the speed of the layout that lhs runs on. When a call's lhs
     runs on another layout (a float32 lhs with bfloat16 weights laid out for
-    a bfloat16 one, a bfloat16 lhs with the widening layout, or with the
-    4-bit layout of MXFP4 weights (exact in bfloat16), where the bfloat16
-    dot products serve, an int8 QArray lhs with quantized weights
+    a bfloat16 one, a bfloat16 lhs with the widening layout where the
+    bfloat16 dot products serve, an int8 QArray lhs with quantized weights
     laid out for a float lhs, a float or float8 lhs with weights laid out
     for int8), that layout is made once, from the PackedRhs's own copy, on
     first use, and kept on the PackedRhs for later calls: it costs as much
@@ -542,13 +541,7 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
         per_row = quantize_lhs or lhs.scale.shape[-1] == 1      # one scale along k
         return _int8_layout() if per_row else None
     if packed.qtype in ("float4_e2m1fn", "mxfp4"):
-        # power-of-two scaled 4-bit values are exact in bfloat16: with a
-        # bfloat16 lhs the plain weights take the bfloat16 products where
-        # those are served (as bfloat16 weights do), else the float32 ones
-        # that the 4-bit (or float8) layout computes for every float lhs
-        bf16 = packed.ctype == _F4LAYOUT and isinstance(lhs, np.ndarray) \
-            and v._dtype_name(lhs.dtype) == "bfloat16" and not quantize_lhs and not exact
-        return (_bf16_layout() if bf16 else None) or packed.ctype
+        return packed.ctype     # its 4-bit (or float8) layout takes every float lhs
     return _QLAYOUT[packed.qtype]
 
 
@@ -619,21 +612,8 @@ def _layout_of(packed, ctype):
     w = packed.unpack()
     if ctype is None:
         return w
-    if ctype in (_BF16_DOT, _BF16_MMLA) and packed.qtype is not None:
-        # 4-bit weights with power-of-two scales as the bfloat16 values they
-        # are, exactly (as the plain call's packing widens them)
-        from ml_dtypes import bfloat16   # (a bfloat16 lhs met these weights: ml_dtypes is there)
-        return _layout_of_bf16(dequantize(w).astype(bfloat16), ctype)
     lhs_dtype = {_INT8_DOT: np.int8, _INT8_MMLA: np.int8, "float32-bfloat16w": np.float32}.get(ctype)
     made = prepack(w, lhs_dtype=lhs_dtype)
-    if made.ctype != ctype:     # (the selection changed under the caller)
-        raise RuntimeError(f"prepack laid weights out for {made.ctype}, not {ctype}")
-    return made
-
-
-def _layout_of_bf16(w, ctype):
-    """The bfloat16 dot layout ``ctype`` of bfloat16 weights ``w``."""
-    made = prepack(w, lhs_dtype=w.dtype)
     if made.ctype != ctype:     # (the selection changed under the caller)
         raise RuntimeError(f"prepack laid weights out for {made.ctype}, not {ctype}")
     return made

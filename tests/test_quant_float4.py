@@ -168,14 +168,14 @@ def test_ragged_dot_equals_the_dequantized_product(kernel, lhs_dtype):
     q = mx(rng, (g, k, n))
     gs = np.array([3, 0, 17, 9])
     x = rng.standard_normal((32, k)).astype(lhs_dtype)
-    # bfloat16 lhs: the product of the bfloat16 weights (exact); else of the float32 ones
-    dq = quant.dequantize(q).astype(BF16 if lhs_dtype == "bfloat16" else np.float32)
-    got = rd.ragged_dot(x, q, gs, preferred_element_type=np.float32)
-    assert np.array_equal(got, rd.ragged_dot(x, dq, gs, preferred_element_type=np.float32))
+    # every lhs: the float32 product of the float32 weights (bfloat16 ones too: exact products,
+    # float32 sums, as for every quantized operand), plain and prepacked alike
+    want = rd.ragged_dot(x, quant.dequantize(q).astype(np.float32), gs, preferred_element_type=np.float32,
+                         precision="highest")
+    assert np.array_equal(rd.ragged_dot(x, q, gs, preferred_element_type=np.float32), want)
     packed = rd.prepack(q)
-    assert np.array_equal(rd.ragged_dot(x, packed, gs, preferred_element_type=np.float32),
-                          rd.ragged_dot(x, quant.dequantize(q).astype(np.float32), gs,
-                                        preferred_element_type=np.float32, precision="highest"))
+    assert np.array_equal(rd.ragged_dot(x, packed, gs, preferred_element_type=np.float32), want)
+    assert packed.layouts == {"float32-float4w": packed.nbytes}    # no bfloat16 copy made
 
 
 def test_gmm_transposed_and_its_gradient(kernel):

@@ -261,12 +261,11 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
         rd_plan_init(plan, i8);
         return 0;
     }
-    /* 4-bit weights with power-of-two scales are exact in bfloat16: with a
-     * bfloat16 lhs, their product is that of the bfloat16 weights */
-    const int f4_r = rhs->dtype == RD_F4E2M1 && lhs->dtype == RD_BF16 && lq->s == NULL && rd_pow2_scales(orhs);
-    const rd_ctype_t ct = rd_float_product(plan->ct, (rd_dtype_t)lhs->dtype,
-                                           f4_r ? RD_BF16 : (rd_dtype_t)rhs->dtype,
-                                           lq->s != NULL || (rq->s != NULL && !f4_r), exact);
+    /* quantized operands (4-bit weights included, whose values bfloat16
+     * would hold exactly) are dequantized into float32 panels: float32
+     * products, as their prepacked layouts compute them */
+    const rd_ctype_t ct = rd_float_product(plan->ct, (rd_dtype_t)lhs->dtype, (rd_dtype_t)rhs->dtype,
+                                           lq->s != NULL || rq->s != NULL, exact);
     if (ct != plan->ct)
         rd_plan_init(plan, ct);
     else if (plan->ct == RD_CT_F32 && rd_int8_exact(olhs, lhs) && rd_int8_exact(orhs, rhs))

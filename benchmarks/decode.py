@@ -57,10 +57,10 @@ def values(w, e=None) -> np.ndarray:
 
 
 def nbytes(w) -> float:
-    """Bytes an expert's weight holds in its format: values (4-bit ones at half a byte; int4
-    is held one a byte) and scales."""
+    """Bytes an expert's weight holds in its format: values (4-bit ones, int4 and MXFP4, at half
+    a byte, as prepack lays them out) and scales."""
     if isinstance(w, quant.QArray):
-        per = w.qvalue.size * (0.5 if w.qtype == "mxfp4" else w.qvalue.itemsize) + np.asarray(w.scale).nbytes
+        per = w.qvalue.size * (0.5 if w.qtype in ("mxfp4", "int4") else w.qvalue.itemsize) + np.asarray(w.scale).nbytes
         return per / w.shape[0]
     return w.size * 2 / w.shape[0]     # held in bfloat16
 

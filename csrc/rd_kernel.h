@@ -163,6 +163,13 @@ typedef enum {
      * in order as BFDOT does: RD_CT_BF16DP's arithmetic on Arm). */
     RD_CT_U8S8MMA = 12,
     RD_CT_BF16MMA = 13,
+    /* float32 arithmetic on prepacked int4 weights (values in [-8, 7] with
+     * float scales and zero points, any tiling): B panels keep 4 bits a
+     * weight, RD_CT_F32_F4W's nibble order, each micro-panel followed by
+     * RD_CT_F32_I8W's trailer; the micro-kernel widens each value exactly
+     * and computes (w - z) * s before its products: RD_CT_F32_I8W's results
+     * on the same weights held one a byte, bit for bit, at half the bytes. */
+    RD_CT_F32_I4W = 14,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -239,6 +246,15 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   (infinite past FLT_MAX, as the float32 product is), then the products
  *   and sums of the float32 contract.
  *
+ * RD_CT_F32_I4W (float32 A as RD_CT_F32, NR even):
+ *   b : NR/2 bytes a step, the codes of RD_CT_F32_F4W's order (column j's
+ *       in the low nibble of byte b[p*NR/2 + j] for j < NR/2, in the high
+ *       nibble of b[p*NR/2 + j - NR/2] otherwise), each the two's complement
+ *       4-bit value (code ^ 8) - 8; then at byte NR*kc/2 RD_CT_F32_I8W's
+ *       trailer (runs of scales, and zero points with zp).
+ *   For step p of run r:  B[p][j] = (value - z[j]) * s[j], rounded to
+ *   float32, then the products and sums of the float32 contract.
+ *
  * RD_CT_BF16DP (k_unit 2): with kp = kc rounded up to even,
  *   a : bfloat16 A[i][p] = a[(p/2)*2*MR + 2*i + p%2] (uint16 bits),
  *   b : bfloat16 B[p][j] = b[(p/2)*2*NR + 2*j + p%2], odd kc padded with 0,
@@ -308,6 +324,12 @@ typedef struct {
 
 /* Bytes from an RD_CT_F32_F4W trailer's start to run r's exponents. */
 #define RD_F4RUN(r, NR) ((size_t)sizeof(rd_qtrailer_t) + (size_t)(r) * (size_t)(NR))
+
+/* The values of the int4 codes 0-15 (two's complement, RD_CT_F32_I4W). */
+static const float rd_i4_values[16] = {
+    0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f,
+    -8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f,
+};
 
 /* The values of the float4_e2m1fn codes 0-15, and the float32 of an e8m0
  * scale exponent (2^(e - 127); e 0 is the subnormal 2^-127). */

@@ -50,6 +50,9 @@ _TRAILER = 16   # bytes of the header before a quantized panel's scales (rd_qtra
 # 4-bit weights with power-of-two scales (every "mxfp4" QArray): 4 bits a
 # value in the panels, one e8m0 exponent a column per scale run after them.
 _F4LAYOUT = "float32-float4w"
+# int4 weights (values in [-8, 7]): 4 bits a value in the same nibble order,
+# the scales (and zero points) of the one-byte layout after them.
+_I4LAYOUT = "float32-int4w"
 
 
 class PackedRhs(v.Prepacked):
@@ -259,6 +262,14 @@ class PackedRhs(v.Prepacked):
                 step = nr * kq + 12 * nr
                 block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * kq]
                 block = block.reshape(g, panels, kq // u, nr, u).transpose(0, 2, 4, 1, 3).reshape(g, kq, -1)
+            elif self.ctype == _I4LAYOUT:     # [depth, NR / 2] nibbles, then the one-byte layout's trailer
+                depth = min(kc, k - pc)
+                step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None, nibbles=True)
+                block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * depth // 2]
+                block = block.reshape(g, panels, depth, nr // 2)
+                both = np.concatenate([block & 0xF, block >> 4], axis=-1)   # codes, [g, panels, depth, nr]
+                both = ((both ^ 8).astype(np.int16) - 8).astype(np.int8).view(np.uint8)
+                block = both.transpose(0, 2, 1, 3).reshape(g, depth, panels * nr)
             else:
                 depth = min(kc, k - pc)
                 step = _qpanel_bytes(nr, pc, depth, self._qtile, self._zero_point is not None)
@@ -321,14 +332,15 @@ def _as_float8(q):
     return QArray(values, q.scale, None, "float8_e4m3fn")
 
 
-def _qpanel_bytes(nr, pc, kc, qtile, zp):
+def _qpanel_bytes(nr, pc, kc, qtile, zp, nibbles=False):
     """Bytes of one micro-panel of quantized weights in the block at ``pc``
-    (``kc`` deep): the values, the trailer header, then per run of the block
-    within one scale tile along k (``qtile`` deep) ``nr`` scales (and ``nr``
-    zero points). The C layout's rule (rd_ppanel_bytes)."""
+    (``kc`` deep): the values (half a byte each with ``nibbles``), the
+    trailer header, then per run of the block within one scale tile along k
+    (``qtile`` deep) ``nr`` scales (and ``nr`` zero points). The C layout's
+    rule (rd_ppanel_bytes)."""
     first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
     runs = 1 if kc <= first else 1 + -(-(kc - first) // tile)
-    return nr * kc + _TRAILER + runs * nr * 4 * (2 if zp else 1)
+    return (nr * kc // 2 if nibbles else nr * kc) + _TRAILER + runs * nr * 4 * (2 if zp else 1)
 
 
 def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
@@ -439,6 +451,8 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     if lhs == np.int8 and ctype == "float32-int8w" \
             and _int8_layout() and gw.integral_zero_points(w.zero_point):
         ctype = _int8_layout()
+    elif ctype == "float32-int8w" and _int4_values(w):
+        ctype = _I4LAYOUT       # (int4 values held in int8: 4 bits a weight)
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
     zp = w.zero_point is not None
@@ -449,6 +463,15 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
     kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True),
             None if w.zero_point is None else np.array(w.zero_point, copy=True))
     return PackedRhs(buf, (g, k, n), dt, ctype, nr, kc, kernel, per_group, kept)
+
+
+def _int4_values(q):
+    """Whether the QArray ``q`` is int4 with every value in [-8, 7] (an int4
+    QArray may hold others, read as they are: those keep one byte)."""
+    if q.qtype != "int4":
+        return False
+    x = np.asarray(q.qvalue).view(np.int8)
+    return x.size == 0 or bool(x.min() >= -8 and x.max() <= 7)
 
 
 def _prepack_float4(q, w, dt, fn):
@@ -542,6 +565,11 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
         return _int8_layout() if per_row else None
     if packed.qtype in ("float4_e2m1fn", "mxfp4"):
         return packed.ctype     # its 4-bit (or float8) layout takes every float lhs
+    if packed.ctype not in _INT8_LAYOUTS:
+        return packed.ctype     # its own layout is the float one
+    if packed.qtype == "int4":  # (int4 weights laid out for int8 activations: their float layout)
+        held = [ct for ct in (_I4LAYOUT, _QLAYOUT["int4"]) if ct in packed._kept]
+        return held[0] if held else _I4LAYOUT if _int4_values(packed.unpack()) else _QLAYOUT["int4"]
     return _QLAYOUT[packed.qtype]
 
 

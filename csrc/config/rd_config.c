@@ -33,6 +33,7 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
     /* 4-bit B panels (two values a byte), each micro-panel followed by its
      * rd_qtrailer_t and one e8m0 exponent a column per scale run */
     [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
+    [RD_CT_F32_I4W] = {"float32-int4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
     /* Arm's MMLA types: blocks of 8 int8 / 4 bfloat16 steps (int8: each
      * micro-panel followed by the trailers of int8-dot) */
     [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 8, 12, 0},

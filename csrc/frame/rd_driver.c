@@ -132,7 +132,7 @@ rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_in
     if (b->panels > 0) {
         const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
         const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp, cl->scale_size,
-                                rd_ctypes[cl->plan->ct].b_nibbles};
+                                rd_ctypes[cl->plan->ct].b_nibbles, cl->plan->ct == RD_CT_F32_F4W};
         *bstep = rd_ppanel_bytes(&L, pc, kc);
         return (const char *)b->p + rd_pblock_offset(&L, pc) + (size_t)((b->j0 + jc) / NR) * *bstep;
     }

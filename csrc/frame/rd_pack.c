@@ -274,6 +274,12 @@ static const rd_pack_t rd_pack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_BF16] = {rd_pack_b_s_pack, NULL},
         [RD_F4E2M1] = {NULL, rd_pack_f4_f4_pack},
     },
+    [RD_CT_F32_I4W] = {
+        [RD_F32] = {rd_pack_s_s_pack, NULL},
+        [RD_F16] = {rd_pack_h_s_pack, NULL},
+        [RD_BF16] = {rd_pack_b_s_pack, NULL},
+        [RD_I8] = {NULL, rd_pack_i4_i4_pack},
+    },
 };
 
 rd_pack_t
@@ -290,6 +296,7 @@ rd_packer(rd_ctype_t ct, rd_dtype_t src, int which)
         [RD_CT_F32_I8W] = {rd_pack_h_s_f16c_pack, NULL},
         [RD_CT_F32_F8W] = {rd_pack_h_s_f16c_pack, NULL},
         [RD_CT_F32_F4W] = {rd_pack_h_s_f16c_pack, NULL},
+        [RD_CT_F32_I4W] = {rd_pack_h_s_f16c_pack, NULL},
     };
     if (src == RD_F16 && f16c[ct][which] != NULL) {
         if (rd_cpu()->f16c)

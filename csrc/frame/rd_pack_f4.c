@@ -109,14 +109,16 @@ rd_pack_f4_q4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_in
 }
 
 /*
- * The 4-bit panels of prepacked weights (RD_CT_F32_F4W), codes as they are:
- * row i of step p of an r-row micro-panel (r even) in the low nibble of
- * byte p*r/2 + i for i < r/2, in the high nibble of byte p*r/2 + i - r/2
- * otherwise; rows past `rows` hold code 0 (+0).  Panels of r*depth/2 bytes
- * one after the other (rd_prepack writes a trailer after each).
+ * The 4-bit panels of prepacked weights (RD_CT_F32_F4W, RD_CT_F32_I4W),
+ * codes as they are: row i of step p of an r-row micro-panel (r even) in the
+ * low nibble of byte p*r/2 + i for i < r/2, in the high nibble of byte
+ * p*r/2 + i - r/2 otherwise; rows past `rows` hold code 0 (+0, or 0).
+ * Panels of r*depth/2 bytes one after the other (rd_prepack writes a
+ * trailer after each).  The codes of float4_e2m1fn operands (addressed in
+ * nibbles), or the low 4 bits of int4 values held in int8.
  */
-void
-rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_)
+static void
+rd_pack_nibbles(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_, int int4)
 {
     uint8_t *restrict dst = (uint8_t *)dst_;
     const int h = r / 2;
@@ -124,12 +126,30 @@ rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int
         const rd_int have = rows - i0 < r ? rows - i0 : r;
         memset(dst, 0, (size_t)h * (size_t)depth);
         for (rd_int i = 0; i < have; i++) {
-            const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
             const int shift = i < h ? 0 : 4;
             uint8_t *col = dst + (i < h ? i : i - h);
-            for (rd_int p = 0; p < depth; p++)
-                col[p * h] |= (uint8_t)(rd_f4_code(x + (uintptr_t)(p * cs)) << shift);
+            if (int4) {
+                const int8_t *x = (const int8_t *)src + (i0 + i) * rs;
+                for (rd_int p = 0; p < depth; p++)
+                    col[p * h] |= (uint8_t)(((uint8_t)x[p * cs] & 0x0fu) << shift);
+            } else {
+                const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
+                for (rd_int p = 0; p < depth; p++)
+                    col[p * h] |= (uint8_t)(rd_f4_code(x + (uintptr_t)(p * cs)) << shift);
+            }
         }
         dst += (rd_int)h * depth;
     }
+}
+
+void
+rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst)
+{
+    rd_pack_nibbles(rows, depth, src, rs, cs, r, dst, 0);
+}
+
+void
+rd_pack_i4_i4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst)
+{
+    rd_pack_nibbles(rows, depth, src, rs, cs, r, dst, 1);
 }

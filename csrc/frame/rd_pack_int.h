@@ -88,5 +88,8 @@ void rd_pack_f4_d_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
 void rd_pack_f4_p_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
 void rd_pack_f4_f4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
+/* int4 values held in int8 into the same nibble panels (RD_CT_F32_I4W): the
+ * low 4 bits of each (values in [-8, 7], checked by the caller). */
+void rd_pack_i4_i4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst);
 
 #endif /* RD_PACK_INT_H */

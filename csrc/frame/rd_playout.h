@@ -34,8 +34,10 @@ typedef struct {
     rd_int qtile;
     int qzp;
     size_t scale_size;
-    int nibbles;        /* 4-bit panels (RD_CT_F32_F4W): NR/2 bytes a step,
-                           one exponent byte a column per run after them */
+    int nibbles;        /* 4-bit panels (RD_CT_F32_F4W, RD_CT_F32_I4W): NR/2
+                           bytes a step */
+    int e8m0;           /* ... with one exponent byte a column per run after
+                           them (RD_CT_F32_F4W), else RD_QRUN's trailer */
 } rd_playout_t;
 
 /* The trailer of the block at pc, kc deep: the block's runs within the
@@ -54,7 +56,8 @@ rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
 {
     if (L->nibbles) {
         const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
-        return (size_t)L->NR / 2 * (size_t)kc + RD_F4RUN(rd_qruns(h.first, h.tile, kc), L->NR);
+        const rd_int runs = rd_qruns(h.first, h.tile, kc);
+        return (size_t)L->NR / 2 * (size_t)kc + (L->e8m0 ? RD_F4RUN(runs, L->NR) : RD_QRUN(runs, L->NR, L->qzp));
     }
     size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
     if (L->scale_size)

@@ -16,7 +16,7 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     const rd_int NR = plan->k.nr;
     rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size,
-                      ct->b_nibbles};
+                      ct->b_nibbles, plan->ct == RD_CT_F32_F4W};
     if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
         L.KC = RD_I32_KC_MAX;
     return L;
@@ -28,7 +28,8 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 static int
 rd_quantized_panels(rd_ctype_t ct)
 {
-    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_F32_F4W || rd_ctype_int8_dot(ct);
+    return ct == RD_CT_F32_I8W || ct == RD_CT_F32_F8W || ct == RD_CT_F32_F4W || ct == RD_CT_F32_I4W
+           || rd_ctype_int8_dot(ct);
 }
 
 /* The routine that packs the weights of storage dtype `dtype` into the
@@ -75,8 +76,8 @@ rd_put_trailer(const rd_playout_t *L, const rd_scales_t *q, rd_int g, rd_int pc,
     for (rd_int r = 0; r < runs; r++) {
         /* the tile along k of the run's first step */
         const rd_int t = (pc + (r == 0 ? 0 : h.first + (r - 1) * h.tile)) / L->qtile;
-        if (L->nibbles) {
-            /* 4-bit panels: the exponent of each power-of-two scale */
+        if (L->e8m0) {
+            /* 4-bit float panels: the exponent of each power-of-two scale */
             uint8_t *er = (uint8_t *)(dst + RD_F4RUN(r, L->NR));
             for (rd_int j = 0; j < L->NR; j++) {
                 const rd_int col = j0 + j;

@@ -12,6 +12,7 @@
  *   rd_sgemm_avx2_{i8w,f8w}_6x16: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *   rd_sgemm_avx2_f4w_6x16: float32 with 4-bit B panels (RD_CT_F32_F4W)
+ *   rd_sgemm_avx2_i4w_6x16: float32 with int4 B panels (RD_CT_F32_I4W)
  *
  * Per step p of the contraction: two loads of the B row, six broadcasts of
  * the A column, twelve independent FMAs (two FMA pipes x four cycles of
@@ -177,7 +178,22 @@ RD_STREAM_KERNEL(rd_sgemm_avx2_stream_8x2048, s_stream)
     const __m256 b0 = _mm256_mul_ps(_mm256_sub_ps(w0, z0), s0);             \
     const __m256 b1 = _mm256_mul_ps(_mm256_sub_ps(w1, z1), s1);
 
-#define RD_AVX2_QGEMM(NAME, LOAD_B)                                         \
+/* int4 codes (RD_CT_F32_I4W): a step's 8 bytes, columns 0-7 in their low
+ * nibbles and 8-15 in their high ones, each the value (code ^ 8) - 8 */
+#define Q_WIDEN_I4(b, b0, b1)                                               \
+    const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b))); \
+    const __m256i eight = _mm256_set1_epi32(8);                             \
+    __m256 b0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_xor_si256(_mm256_and_si256(bq, _mm256_set1_epi32(15)), \
+                                                                     eight), eight)); \
+    __m256 b1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_xor_si256(_mm256_srli_epi32(bq, 4), eight), eight));
+#define Q_LOAD_I4(b, b0, b1)                                                \
+    Q_WIDEN_I4(b, w0, w1)                                                   \
+    const __m256 b0 = _mm256_mul_ps(_mm256_sub_ps(w0, z0), s0);             \
+    const __m256 b1 = _mm256_mul_ps(_mm256_sub_ps(w1, z1), s1);
+
+#define RD_AVX2_QGEMM(NAME, LOAD_B) RD_AVX2_QGEMM_S(NAME, LOAD_B, 16)
+/* (SB: bytes of B a step, 16 one a byte, 8 for nibbles) */
+#define RD_AVX2_QGEMM_S(NAME, LOAD_B, SB)                                   \
 RD_AVX2 static void                                                         \
 NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
      rd_int rs_c, rd_int cs_c, int m, int n, int accumulate)                \
@@ -185,7 +201,7 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
     const float *a = (const float *)a_;                                     \
     const uint8_t *b = (const uint8_t *)b_;                                 \
     float *c = (float *)c_;                                                 \
-    const char *tr = (const char *)b_ + 16 * kc;                            \
+    const char *tr = (const char *)b_ + (SB) * kc;                          \
     rd_qtrailer_t h;                                                        \
     memcpy(&h, tr, sizeof h);                                               \
     S_ACC_ZERO                                                              \
@@ -202,7 +218,7 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
         for (; p < end; p++) {                                              \
             S_STEP(0, LOAD_B);                                              \
             a += 6;                                                         \
-            b += 16;                                                        \
+            b += (SB);                                                      \
         }                                                                   \
     }                                                                       \
     S_ACC_STORE                                                             \
@@ -210,6 +226,7 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_,                   \
 
 RD_AVX2_QGEMM(rd_sgemm_avx2_i8w_6x16, Q_LOAD_I8)
 RD_AVX2_QGEMM(rd_sgemm_avx2_f8w_6x16, Q_LOAD_F8)
+RD_AVX2_QGEMM_S(rd_sgemm_avx2_i4w_6x16, Q_LOAD_I4, 8)
 
 /* float32 on 4-bit panels (RD_CT_F32_F4W): a step's 8 bytes hold columns
  * 0-7 in their low nibbles and 8-15 in their high ones; each code's
@@ -423,6 +440,7 @@ const rd_family_t rd_family_avx2 = {
         [RD_CT_F32_I8W] = {rd_sgemm_avx2_i8w_6x16, 6, 16, 144, 256, 4080, NULL},
         [RD_CT_F32_F8W] = {rd_sgemm_avx2_f8w_6x16, 6, 16, 144, 256, 4080, NULL},
         [RD_CT_F32_F4W] = {rd_sgemm_avx2_f4w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F32_I4W] = {rd_sgemm_avx2_i4w_6x16, 6, 16, 144, 256, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},

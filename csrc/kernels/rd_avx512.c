@@ -10,6 +10,7 @@
  *   rd_sgemm_avx512_{i8w,f8w}_12x32: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *   rd_sgemm_avx512_f4w_12x32: float32 with 4-bit B panels (RD_CT_F32_F4W)
+ *   rd_sgemm_avx512_i4w_12x32: float32 with int4 B panels (RD_CT_F32_I4W)
  *
  * 24 zmm accumulators (of 32 registers), twice the FMAs per step of the
  * AVX2 6x16 block.  Per step p: two loads of the B row, twelve broadcasts of
@@ -95,12 +96,14 @@ RD_KERNEL(rd_sgemm_avx512_f16w_12x32, sh_rows4, sh_rows8, sh_rows12)
  * scales and zero points of the run the step is in (rd_kernel.h), and the
  * FMAs of the float32 kernel. */
 #define RD_AVX512Q __attribute__((target("avx512f,avx512bw")))
-#define RD_QBODY(NAME, R, ROWS)                                             \
+#define RD_QBODY(NAME, R, ROWS) RD_QBODY_S(NAME, R, ROWS, 2 * W)
+/* (SB: bytes of B a step, 32 one a byte, 16 for nibbles) */
+#define RD_QBODY_S(NAME, R, ROWS, SB)                                       \
 RD_AVX512Q static void                                                      \
 NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
      int m, int n, int accumulate)                                          \
 {                                                                           \
-    const char *tr = (const char *)b + 2 * W * kc;                          \
+    const char *tr = (const char *)b + (SB) * kc;                           \
     rd_qtrailer_t h;                                                        \
     memcpy(&h, tr, sizeof h);                                               \
     RD_BODY_ENTER(R, ROWS)                                                  \
@@ -121,7 +124,7 @@ NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \
             V av;                                                           \
             ROWS(RD_STEP)                                                   \
             a += 12;                                                        \
-            b += 2 * W;                                                     \
+            b += (SB);                                                      \
         }                                                                   \
     }                                                                       \
     RD_BODY_LEAVE(R, ROWS)                                                  \
@@ -149,6 +152,19 @@ RD_QBODY(sf8_rows4, 4, ROWS4)
 RD_QBODY(sf8_rows8, 8, ROWS8)
 RD_QBODY(sf8_rows12, 12, ROWS12)
 RD_KERNEL(rd_sgemm_avx512_f8w_12x32, sf8_rows4, sf8_rows8, sf8_rows12)
+#undef WIDEN
+/* int4 codes (RD_CT_F32_I4W): a step's 16 bytes hold columns 0-15 in their
+ * low nibbles and 16-31 in their high ones; vpermps looks each value up in
+ * the 16 of int4 (it reads the low 4 bits of its index) */
+#define WIDEN(b, w0, w1)                                                    \
+    const __m512i bq = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b))); \
+    const V i4 = _mm512_loadu_ps(rd_i4_values);                             \
+    const V w0 = _mm512_permutexvar_ps(bq, i4);                             \
+    const V w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bq, 4), i4);
+RD_QBODY_S(si4_rows4, 4, ROWS4, W)
+RD_QBODY_S(si4_rows8, 8, ROWS8, W)
+RD_QBODY_S(si4_rows12, 12, ROWS12, W)
+RD_KERNEL(rd_sgemm_avx512_i4w_12x32, si4_rows4, si4_rows8, si4_rows12)
 #undef WIDEN
 
 /* float32 on 4-bit panels (RD_CT_F32_F4W): a step's 16 bytes hold columns
@@ -377,6 +393,7 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_F32_I8W] = {rd_sgemm_avx512_i8w_12x32, 12, 32, 144, 512, 4080, NULL},
         [RD_CT_F32_F8W] = {rd_sgemm_avx512_f8w_12x32, 12, 32, 144, 512, 4080, NULL},
         [RD_CT_F32_F4W] = {rd_sgemm_avx512_f4w_12x32, 12, 32, 144, 512, 4080, NULL},
+        [RD_CT_F32_I4W] = {rd_sgemm_avx512_i4w_12x32, 12, 32, 144, 512, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx512_stream_8x2048, RD_SMR, RD_SNR}},
@@ -387,6 +404,7 @@ const rd_family_t rd_family_avx512 = {
         [RD_CT_F32_I8W] = {rd_few_avx512_i8w, 2, rd_sgemm_avx512_i8w_12x32},
         [RD_CT_F32_F8W] = {rd_few_avx512_f8w, 2, rd_sgemm_avx512_f8w_12x32},
         [RD_CT_F32_F4W] = {rd_few_avx512_f4w, 2, rd_sgemm_avx512_f4w_12x32},
+        [RD_CT_F32_I4W] = {rd_few_avx512_i4w, 2, rd_sgemm_avx512_i4w_12x32},
     },
 };
 

@@ -31,15 +31,15 @@
 
 /* The panel encodings, as the micro-kernels of rd_avx512.c read them
  * (rd_kernel.h: the compute types) */
-enum { FK_F32, FK_BF16, FK_F16, FK_I8, FK_F8, FK_F4 };
+enum { FK_F32, FK_BF16, FK_F16, FK_I8, FK_F8, FK_F4, FK_I4 };
 
 /* bytes of one step of one micro-panel (32 columns) */
 #define FK_STEP(kind) ((kind) == FK_F32 ? 128 : (kind) == FK_BF16 || (kind) == FK_F16 ? 64 \
-                       : (kind) == FK_F4 ? 16 : 32)
+                       : (kind) == FK_F4 || (kind) == FK_I4 ? 16 : 32)
 
 /* The 32 values of one step of a panel, widened exactly (not yet scaled). */
 RD_FEW static RD_INLINE void
-rd_few_widen(const int kind, const char *bp, __m512 *w0, __m512 *w1, const __m512 table)
+rd_few_widen(const int kind, const char *bp, __m512 *w0, __m512 *w1, const __m512 table, const __m512 i4)
 {
     if (kind == FK_F32) {
         *w0 = _mm512_load_ps((const float *)(const void *)bp);
@@ -64,8 +64,9 @@ rd_few_widen(const int kind, const char *bp, __m512 *w0, __m512 *w1, const __m51
         *w1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), _mm512_set1_ps(256.0f));
     } else {
         const __m512i bq = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)bp));
-        *w0 = _mm512_permutexvar_ps(bq, table);
-        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bq, 4), table);
+        const __m512 t = kind == FK_I4 ? i4 : table;
+        *w0 = _mm512_permutexvar_ps(bq, t);
+        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bq, 4), t);
     }
 }
 
@@ -116,8 +117,8 @@ rd_few_body(const int kind, const int R, const int P, const int zp, rd_int kc, c
     for (int i = 0; i < R; i++)
         for (int q = 0; q < P; q++)
             acc[i][q][0] = acc[i][q][1] = _mm512_setzero_ps();
-    const __m512 table = _mm512_loadu_ps(rd_e2m1_values);
-    const int quantized = kind == FK_I8 || kind == FK_F8 || kind == FK_F4;
+    const __m512 table = _mm512_loadu_ps(rd_e2m1_values), i4 = _mm512_loadu_ps(rd_i4_values);
+    const int quantized = kind == FK_I8 || kind == FK_F8 || kind == FK_F4 || kind == FK_I4;
     rd_qtrailer_t h = {(int)kc, (int)kc, 0, 0};
     if (quantized)
         memcpy(&h, b + SB * kc, sizeof h);
@@ -146,7 +147,7 @@ rd_few_body(const int kind, const int R, const int P, const int zp, rd_int kc, c
             const char *bp = b + p * SB;
             for (int q = 0; q < P; q++) {
                 __m512 w0, w1;
-                rd_few_widen(kind, bp + q * bstep, &w0, &w1, table);
+                rd_few_widen(kind, bp + q * bstep, &w0, &w1, table, i4);
                 if (quantized && zp) {
                     w0 = _mm512_sub_ps(w0, z[q][0]);
                     w1 = _mm512_sub_ps(w1, z[q][1]);
@@ -207,6 +208,8 @@ RD_FEW_KERNEL(few_i8z, FK_I8, 1)
 RD_FEW_KERNEL(few_f8, FK_F8, 0)
 RD_FEW_KERNEL(few_f8z, FK_F8, 1)
 RD_FEW_KERNEL(few_f4, FK_F4, 0)
+RD_FEW_KERNEL(few_i4, FK_I4, 0)
+RD_FEW_KERNEL(few_i4z, FK_I4, 1)
 
 /* The entry points (rd_fukr_t): untyped pointers; the quantized ones pick
  * the body with or without zero points from the panel's trailer. */
@@ -235,5 +238,6 @@ RD_FEW_ENTRY(rd_few_avx512_f16w, few_f16)
 RD_FEW_QENTRY(rd_few_avx512_i8w, few_i8, few_i8z, 32)
 RD_FEW_QENTRY(rd_few_avx512_f8w, few_f8, few_f8z, 32)
 RD_FEW_ENTRY(rd_few_avx512_f4w, few_f4)
+RD_FEW_QENTRY(rd_few_avx512_i4w, few_i4, few_i4z, 16)
 
 #endif /* RD_HAVE_X86_KERNELS */

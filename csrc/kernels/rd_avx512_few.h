@@ -13,6 +13,7 @@ RD_FEW_PROTO(rd_few_avx512_f16w)
 RD_FEW_PROTO(rd_few_avx512_i8w)
 RD_FEW_PROTO(rd_few_avx512_f8w)
 RD_FEW_PROTO(rd_few_avx512_f4w)
+RD_FEW_PROTO(rd_few_avx512_i4w)
 #undef RD_FEW_PROTO
 
 #endif /* RD_AVX512_FEW_H */

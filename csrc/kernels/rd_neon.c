@@ -9,6 +9,7 @@
  *   rd_sgemm_neon_{i8w,f8w}_12x8: float32 with one-byte B panels of
  *       prepacked quantized weights (RD_CT_F32_I8W, RD_CT_F32_F8W)
  *   rd_sgemm_neon_f4w_12x8: float32 with 4-bit B panels (RD_CT_F32_F4W)
+ *   rd_sgemm_neon_i4w_12x8: float32 with int4 B panels (RD_CT_F32_I4W)
  *   rd_sgemm_neon_stream_8x2048: up to 8 rows reading B in place (rd_sukr_t)
  *
  * Register blocking by the cores' FMA pipes: 24 accumulators of 4 lanes
@@ -132,7 +133,7 @@ RD_NF_KERNEL(rd_sgemm_neon_f16w_12x8, sh)
         LOADS(NLOAD_F32)                                                    \
         ROWS(NFMA)                                                          \
         a += 12;                                                            \
-        b += 8;                                                             \
+        b += SB;                                                            \
     }
 /* (w - z) * s; without zero points w * s, the same value (w - 0 = w) */
 #define RD_DEQ_ZP(w, z, s) vmulq_f32(vsubq_f32((w), (z)), (s))
@@ -142,7 +143,7 @@ static void                                                                 \
 NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
      rd_int cs_c, int m, int n, int mode)                                   \
 {                                                                           \
-    const char *tr = (const char *)b + 8 * kc;                              \
+    const char *tr = (const char *)b + SB * kc;                             \
     rd_qtrailer_t h;                                                        \
     memcpy(&h, tr, sizeof h);                                               \
     ROWS(NDECL)                                                             \
@@ -169,6 +170,8 @@ NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \
     RD_NQ_BODY(P##_rows12, 12, NROWS12, NLOAD_A12)                          \
     RD_NEON_KERNEL(NAME, float, uint8_t, P##_rows4, P##_rows8, P##_rows12)
 
+/* SB: bytes of B a step (8 one a byte; 4 for int4 nibbles) */
+#define SB 8
 /* int8 values: sign-extended to 32 bits, converted (exact) */
 #define WIDEN(b, w0, w1)                                                    \
     const int16x8_t bq = vmovl_s8(vld1_s8((const int8_t *)(const void *)(b))); \
@@ -187,6 +190,23 @@ RD_NQ_KERNEL(rd_sgemm_neon_i8w_12x8, si8)
     const float32x4_t w1 = vmulq_f32(vcvt_high_f32_f16(bf), vdupq_n_f32(256.0f));
 RD_NQ_KERNEL(rd_sgemm_neon_f8w_12x8, sf8)
 #undef WIDEN
+#undef SB
+/* int4 codes (RD_CT_F32_I4W): a step's 4 bytes hold columns 0-3 in their
+ * low nibbles and 4-7 in their high ones (split as the 4-bit float kernel
+ * splits them), each the value (code ^ 8) - 8: sign-extended, converted */
+static const int8_t rd_i4_shift[8] = {0, 0, 0, 0, -4, -4, -4, -4};
+#define SB 4
+#define WIDEN(b, w0, w1)                                                    \
+    uint32_t word;                                                          \
+    memcpy(&word, b, 4);                                                    \
+    const uint8x8_t codes = vand_u8(vshl_u8(vreinterpret_u8_u32(vdup_n_u32(word)), vld1_s8(rd_i4_shift)), \
+                                    vdup_n_u8(0x0f));                       \
+    const int16x8_t bq = vmovl_s8(vsub_s8(vreinterpret_s8_u8(veor_u8(codes, vdup_n_u8(8))), vdup_n_s8(8))); \
+    const float32x4_t w0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(bq)));      \
+    const float32x4_t w1 = vcvtq_f32_s32(vmovl_high_s16(bq));
+RD_NQ_KERNEL(rd_sgemm_neon_i4w_12x8, si4)
+#undef WIDEN
+#undef SB
 
 /* float32 on 4-bit panels (RD_CT_F32_F4W): a step's 4 bytes hold columns
  * 0-3 in their low nibbles and 4-7 in their high ones.  Every e2m1 value's
@@ -363,6 +383,7 @@ const rd_family_t rd_family_neon = {
         [RD_CT_F32_I8W] = {rd_sgemm_neon_i8w_12x8, 12, 8, 144, 512, 4080, NULL},
         [RD_CT_F32_F8W] = {rd_sgemm_neon_f8w_12x8, 12, 8, 144, 512, 4080, NULL},
         [RD_CT_F32_F4W] = {rd_sgemm_neon_f4w_12x8, 12, 8, 144, 512, 4080, NULL},
+        [RD_CT_F32_I4W] = {rd_sgemm_neon_i4w_12x8, 12, 8, 144, 512, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_neon_stream_8x2048, RD_SMR, RD_SNR}},
@@ -373,6 +394,7 @@ const rd_family_t rd_family_neon = {
         [RD_CT_F32_I8W] = {rd_few_neon_i8w, 2, rd_sgemm_neon_i8w_12x8},
         [RD_CT_F32_F8W] = {rd_few_neon_f8w, 2, rd_sgemm_neon_f8w_12x8},
         [RD_CT_F32_F4W] = {rd_few_neon_f4w, 2, rd_sgemm_neon_f4w_12x8},
+        [RD_CT_F32_I4W] = {rd_few_neon_i4w, 2, rd_sgemm_neon_i4w_12x8},
     },
 };
 

@@ -24,11 +24,11 @@
 
 #define RD_INLINE inline __attribute__((always_inline))
 
-enum { FK_F32, FK_BF16, FK_F16, FK_I8, FK_F8, FK_F4 };
+enum { FK_F32, FK_BF16, FK_F16, FK_I8, FK_F8, FK_F4, FK_I4 };
 
 /* bytes of one step of one micro-panel (8 columns) */
 #define FK_STEP(kind) ((kind) == FK_F32 ? 32 : (kind) == FK_BF16 || (kind) == FK_F16 ? 16 \
-                       : (kind) == FK_F4 ? 4 : 8)
+                       : (kind) == FK_F4 || (kind) == FK_I4 ? 4 : 8)
 
 /* the decoding tables of rd_neon.c's 4-bit kernel */
 static const uint8_t rd_few_e2m1_lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
@@ -65,6 +65,13 @@ rd_few_widen(const int kind, const char *bp, float32x4_t *w0, float32x4_t *w1, c
         const float16x8_t bf = vreinterpretq_f16_u16(bits);
         *w0 = vmulq_f32(vcvt_f32_f16(vget_low_f16(bf)), vdupq_n_f32(256.0f));
         *w1 = vmulq_f32(vcvt_high_f32_f16(bf), vdupq_n_f32(256.0f));
+    } else if (kind == FK_I4) {
+        uint32_t word;
+        memcpy(&word, bp, 4);
+        const uint8x8_t codes = vand_u8(vshl_u8(vreinterpret_u8_u32(vdup_n_u32(word)), shift), vdup_n_u8(0x0f));
+        const int16x8_t bq = vmovl_s8(vsub_s8(vreinterpret_s8_u8(veor_u8(codes, vdup_n_u8(8))), vdup_n_s8(8)));
+        *w0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(bq)));
+        *w1 = vcvtq_f32_s32(vmovl_high_s16(bq));
     } else {
         uint32_t word;
         memcpy(&word, bp, 4);
@@ -120,7 +127,7 @@ rd_few_body(const int kind, const int R, const int P, const int zp, rd_int kc, c
             acc[i][q][0] = acc[i][q][1] = vdupq_n_f32(0.0f);
     const uint8x16_t tlo = vld1q_u8(rd_few_e2m1_lo), thi = vld1q_u8(rd_few_e2m1_hi);
     const int8x8_t shift = vld1_s8(rd_few_shift);
-    const int quantized = kind == FK_I8 || kind == FK_F8 || kind == FK_F4;
+    const int quantized = kind == FK_I8 || kind == FK_F8 || kind == FK_F4 || kind == FK_I4;
     rd_qtrailer_t h = {(int)kc, (int)kc, 0, 0};
     if (quantized)
         memcpy(&h, b + SB * kc, sizeof h);
@@ -203,6 +210,8 @@ RD_FEW_KERNEL(few_i8z, FK_I8, 1)
 RD_FEW_KERNEL(few_f8, FK_F8, 0)
 RD_FEW_KERNEL(few_f8z, FK_F8, 1)
 RD_FEW_KERNEL(few_f4, FK_F4, 0)
+RD_FEW_KERNEL(few_i4, FK_I4, 0)
+RD_FEW_KERNEL(few_i4z, FK_I4, 1)
 
 #define RD_FEW_ENTRY(NAME, BODY)                                            \
 void                                                                        \
@@ -211,13 +220,13 @@ NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
 {                                                                           \
     BODY(kc, (const float *)a, (const char *)b, bstep, (float *)c, rs_c, cs_c, m, n, mode); \
 }
-#define RD_FEW_QENTRY(NAME, BODY, BODYZ)                                    \
+#define RD_FEW_QENTRY(NAME, BODY, BODYZ, SB)                                \
 void                                                                        \
 NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
      rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode)                   \
 {                                                                           \
     rd_qtrailer_t h;                                                        \
-    memcpy(&h, (const char *)b + 8 * kc, sizeof h);                         \
+    memcpy(&h, (const char *)b + (SB) * kc, sizeof h);                      \
     if (h.zp)                                                               \
         BODYZ(kc, (const float *)a, (const char *)b, bstep, (float *)c, rs_c, cs_c, m, n, mode); \
     else                                                                    \
@@ -226,8 +235,9 @@ NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
 RD_FEW_ENTRY(rd_few_neon_f32, few_f32)
 RD_FEW_ENTRY(rd_few_neon_bf16w, few_bf16)
 RD_FEW_ENTRY(rd_few_neon_f16w, few_f16)
-RD_FEW_QENTRY(rd_few_neon_i8w, few_i8, few_i8z)
-RD_FEW_QENTRY(rd_few_neon_f8w, few_f8, few_f8z)
+RD_FEW_QENTRY(rd_few_neon_i8w, few_i8, few_i8z, 8)
+RD_FEW_QENTRY(rd_few_neon_f8w, few_f8, few_f8z, 8)
 RD_FEW_ENTRY(rd_few_neon_f4w, few_f4)
+RD_FEW_QENTRY(rd_few_neon_i4w, few_i4, few_i4z, 4)
 
 #endif /* RD_HAVE_ARM_KERNELS */

@@ -13,6 +13,7 @@ RD_FEW_PROTO(rd_few_neon_f16w)
 RD_FEW_PROTO(rd_few_neon_i8w)
 RD_FEW_PROTO(rd_few_neon_f8w)
 RD_FEW_PROTO(rd_few_neon_f4w)
+RD_FEW_PROTO(rd_few_neon_i4w)
 #undef RD_FEW_PROTO
 
 #endif /* RD_NEON_FEW_H */

@@ -183,6 +183,44 @@ rd_sgemm_ref_f4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int
     rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);
 }
 
+/* The int4 contract (rd_kernel.h, RD_CT_F32_I4W): RD_CT_F32_I8W's on the
+ * values of the nibble panels. */
+static void
+rd_sgemm_ref_i4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
+                      int m, int n, int mode)
+{
+    enum { MR = 6, NR = 16 };
+    const float *a = (const float *)a_;
+    const uint8_t *b = (const uint8_t *)b_;
+    const char *tr = (const char *)b_ + (rd_int)(NR / 2) * kc;
+    rd_qtrailer_t h;
+    memcpy(&h, tr, sizeof h);
+    float acc[MR][NR], row[NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+            acc[i][j] = 0;
+    rd_int p = 0, len = h.first;
+    for (rd_int r = 0; p < kc; r++, len = h.tile) {
+        const float *s = (const float *)(const void *)(tr + RD_QRUN(r, NR, h.zp));
+        float z[NR];
+        for (int j = 0; j < NR; j++)
+            z[j] = h.zp ? s[NR + j] : 0.0f;
+        const rd_int end = kc - p < len ? kc : p + len;
+        for (; p < end; p++) {
+            const float *ap = a + p * MR;
+            const uint8_t *bp = b + p * (NR / 2);
+            for (int j = 0; j < NR / 2; j++) {
+                row[j] = (rd_i4_values[bp[j] & 0xf] - z[j]) * s[j];
+                row[j + NR / 2] = (rd_i4_values[bp[j] >> 4] - z[j + NR / 2]) * s[j + NR / 2];
+            }
+            for (int i = 0; i < MR; i++)
+                for (int j = 0; j < NR; j++)
+                    acc[i][j] += ap[i] * row[j];
+        }
+    }
+    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);
+}
+
 /* The integer contract (rd_kernel.h, RD_CT_I8I32): pairs of int16
  * products summed in int32 (as vpmaddwd does), the sum converted to float32
  * once and multiplied by sa[i] * sb[j]. */
@@ -232,6 +270,7 @@ const rd_family_t rd_family_ref = {
         [RD_CT_F32_I8W] = {rd_sgemm_ref_i8w_6x16, 6, 16, 144, 256, 4080, NULL},
         [RD_CT_F32_F8W] = {rd_sgemm_ref_f8w_6x16, 6, 16, 144, 256, 4080, NULL},
         [RD_CT_F32_F4W] = {rd_sgemm_ref_f4w_6x16, 6, 16, 144, 256, 4080, NULL},
+        [RD_CT_F32_I4W] = {rd_sgemm_ref_i4w_6x16, 6, 16, 144, 256, 4080, NULL},
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_ref_stream_8x2048, 8, 2048}},

@@ -29,6 +29,8 @@
 
 #define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+#include "rd_avx2_few.h"
+
 /* ---------------------------------------------------------------- float32 */
 
 /* LOAD_B(b, b0, b1): the two B vectors of one step (columns 0-7, 8-15) */
@@ -444,7 +446,15 @@ const rd_family_t rd_family_avx2 = {
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},
-    {{NULL, 0, NULL}},
+    {
+        [RD_CT_F32] = {rd_few_avx2_f32, 2, rd_sgemm_avx2_6x16},
+        [RD_CT_F32_BF16W] = {rd_few_avx2_bf16w, 2, rd_sgemm_avx2_bf16w_6x16},
+        [RD_CT_F32_F16W] = {rd_few_avx2_f16w, 2, rd_sgemm_avx2_f16w_6x16},
+        [RD_CT_F32_I8W] = {rd_few_avx2_i8w, 2, rd_sgemm_avx2_i8w_6x16},
+        [RD_CT_F32_F8W] = {rd_few_avx2_f8w, 2, rd_sgemm_avx2_f8w_6x16},
+        [RD_CT_F32_F4W] = {rd_few_avx2_f4w, 2, rd_sgemm_avx2_f4w_6x16},
+        [RD_CT_F32_I4W] = {rd_few_avx2_i4w, 2, rd_sgemm_avx2_i4w_6x16},
+    },
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

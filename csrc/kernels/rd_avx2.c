@@ -446,10 +446,13 @@ const rd_family_t rd_family_avx2 = {
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_avx2_stream_8x2048, RD_SMR, RD_SNR}},
+    /* the few-row kernels of the quantized types only: measured on Zen4
+     * (the avx2 family named), 64 experts x [2048, 768], one and two rows an
+     * expert, they took int8 weights from 8.9-10.0 to 5.1-7.2 ms, int4 from
+     * 12.3 to 6.2-7.5, MXFP4 from 9.0-10.1 to 6.4-7.5, but bfloat16 weights
+     * at two rows from 6.1-6.9 to 8.2-8.5 (their widening is two
+     * instructions; the memory bounds them as they were) */
     {
-        [RD_CT_F32] = {rd_few_avx2_f32, 2, rd_sgemm_avx2_6x16},
-        [RD_CT_F32_BF16W] = {rd_few_avx2_bf16w, 2, rd_sgemm_avx2_bf16w_6x16},
-        [RD_CT_F32_F16W] = {rd_few_avx2_f16w, 2, rd_sgemm_avx2_f16w_6x16},
         [RD_CT_F32_I8W] = {rd_few_avx2_i8w, 2, rd_sgemm_avx2_i8w_6x16},
         [RD_CT_F32_F8W] = {rd_few_avx2_f8w, 2, rd_sgemm_avx2_f8w_6x16},
         [RD_CT_F32_F4W] = {rd_few_avx2_f4w, 2, rd_sgemm_avx2_f4w_6x16},

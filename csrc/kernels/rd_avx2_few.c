@@ -1,8 +1,9 @@
 /*
  * AVX2 few-row kernels (rd_fukr_t): one or two rows of a packed A panel
- * times a run of prepacked B micro-panels of 16 columns, for decoding (1-2
- * rows an expert) on the CPUs whose widest family is AVX2 (laptops and
- * desktops without AVX-512).  The 6x16 micro-kernel holds two accumulators
+ * times a run of prepacked B micro-panels of 16 columns of quantized
+ * weights (int8, float8, int4, 4-bit float), for decoding (1-2 rows an
+ * expert) on the CPUs whose widest family is AVX2 (laptops and desktops
+ * without AVX-512; rd_avx2.c says why not the float and 16-bit types).  The 6x16 micro-kernel holds two accumulators
  * for one row, each FMA waiting for the previous one (4 cycles): a panel at
  * a time runs a row at a quarter of the two FMA pipes.  Here one row walks
  * 4 panels at once (8 independent chains) and two rows 2 panels, each B
@@ -200,9 +201,6 @@ NAME(rd_int kc, const float *a, const char *b, size_t bstep, float *c,      \
     }                                                                       \
 }
 
-RD_FEW_KERNEL(few_f32, FK_F32, 0)
-RD_FEW_KERNEL(few_bf16, FK_BF16, 0)
-RD_FEW_KERNEL(few_f16, FK_F16, 0)
 RD_FEW_KERNEL(few_i8, FK_I8, 0)
 RD_FEW_KERNEL(few_i8z, FK_I8, 1)
 RD_FEW_KERNEL(few_f8, FK_F8, 0)
@@ -230,9 +228,6 @@ NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
     else                                                                    \
         BODY(kc, (const float *)a, (const char *)b, bstep, (float *)c, rs_c, cs_c, m, n, mode); \
 }
-RD_FEW_ENTRY(rd_few_avx2_f32, few_f32)
-RD_FEW_ENTRY(rd_few_avx2_bf16w, few_bf16)
-RD_FEW_ENTRY(rd_few_avx2_f16w, few_f16)
 RD_FEW_QENTRY(rd_few_avx2_i8w, few_i8, few_i8z, 16)
 RD_FEW_QENTRY(rd_few_avx2_f8w, few_f8, few_f8z, 16)
 RD_FEW_ENTRY(rd_few_avx2_f4w, few_f4)

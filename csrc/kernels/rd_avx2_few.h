@@ -7,9 +7,6 @@
 #define RD_FEW_PROTO(NAME)                                                  \
     void NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c, \
               rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode);
-RD_FEW_PROTO(rd_few_avx2_f32)
-RD_FEW_PROTO(rd_few_avx2_bf16w)
-RD_FEW_PROTO(rd_few_avx2_f16w)
 RD_FEW_PROTO(rd_few_avx2_i8w)
 RD_FEW_PROTO(rd_few_avx2_f8w)
 RD_FEW_PROTO(rd_few_avx2_f4w)

@@ -46,13 +46,12 @@ KERNELS = {
     "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
     # the few-row kernels (rd_neon_few.c): one row over 8 panels or two over 4 (16 fmla an
     # iteration either way; B bytes an iteration: FEW_BYTES)
-    **{f"rd_few_neon_{t}": (body, "fmla") for t, body in (("f32", "few_f32"), ("bf16w", "few_bf16"),
-                                                          ("i8w", "few_i8"), ("f8w", "few_f8"), ("f4w", "few_f4"))},
+    **{f"rd_few_neon_{t}": (f"rd_few_neon_{t}_plain", "fmla") for t in ("f32", "bf16w", "i8w", "f8w", "f4w", "i4w")},
 }
 #: bytes of B one iteration of a few-row kernel's loop reads (a step of 8 panels of 8 columns,
 #: one row)
 FEW_BYTES = {"rd_few_neon_f32": 256, "rd_few_neon_bf16w": 128, "rd_few_neon_i8w": 64, "rd_few_neon_f8w": 64,
-             "rd_few_neon_f4w": 32}
+             "rd_few_neon_f4w": 32, "rd_few_neon_i4w": 32}
 MATTR = "+bf16,+i8mm,+dotprod"
 PROBE = {  # one independent instance of each instruction, for the pipes
     "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",

@@ -144,17 +144,16 @@ static void NAME(rd_int kc, const void *a_, const void *b_, void *c,        \
 RD_REF_UKR_Q(rd_sgemm_ref_i8w_6x16, 6, 16, rd_widen_i8)
 RD_REF_UKR_Q(rd_sgemm_ref_f8w_6x16, 6, 16, rd_widen_f8)
 
-/* The 4-bit contract (rd_kernel.h, RD_CT_F32_F4W): per run, B's row p is
- * e2m1(code) * 2^(e - 127) column by column (exact), then the float32
+/* The 4-bit contracts (rd_kernel.h): per run, B's row p is, column by
+ * column, e2m1(code) * 2^(e - 127) (RD_CT_F32_F4W, exact), or the int4
+ * value's (w - z) * s (RD_CT_F32_I4W, as RD_CT_F32_I8W's); then the float32
  * products and sums of rd_sgemm_ref_6x16. */
-static void
-rd_sgemm_ref_f4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
-                      int m, int n, int mode)
+static inline void
+rd_sgemm_ref_nibbles(rd_int kc, const float *a, const uint8_t *b, void *c, rd_int rs_c, rd_int cs_c,
+                     int m, int n, int mode, int int4)
 {
     enum { MR = 6, NR = 16 };
-    const float *a = (const float *)a_;
-    const uint8_t *b = (const uint8_t *)b_;
-    const char *tr = (const char *)b_ + (rd_int)(NR / 2) * kc;
+    const char *tr = (const char *)b + (rd_int)(NR / 2) * kc;
     rd_qtrailer_t h;
     memcpy(&h, tr, sizeof h);
     float acc[MR][NR], row[NR];
@@ -163,17 +162,25 @@ rd_sgemm_ref_f4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int
             acc[i][j] = 0;
     rd_int p = 0, len = h.first;
     for (rd_int r = 0; p < kc; r++, len = h.tile) {
-        const uint8_t *e = (const uint8_t *)(tr + RD_F4RUN(r, NR));
-        float s[NR];
-        for (int j = 0; j < NR; j++)
-            s[j] = rd_e8m0_to_float(e[j]);
+        float s[NR], z[NR];
+        if (int4) {
+            const float *sv = (const float *)(const void *)(tr + RD_QRUN(r, NR, h.zp));
+            for (int j = 0; j < NR; j++) {
+                s[j] = sv[j];
+                z[j] = h.zp ? sv[NR + j] : 0.0f;
+            }
+        } else {
+            const uint8_t *e = (const uint8_t *)(tr + RD_F4RUN(r, NR));
+            for (int j = 0; j < NR; j++)
+                s[j] = rd_e8m0_to_float(e[j]);
+        }
         const rd_int end = kc - p < len ? kc : p + len;
         for (; p < end; p++) {
             const float *ap = a + p * MR;
             const uint8_t *bp = b + p * (NR / 2);
-            for (int j = 0; j < NR / 2; j++) {
-                row[j] = rd_e2m1_values[bp[j] & 0xf] * s[j];
-                row[j + NR / 2] = rd_e2m1_values[bp[j] >> 4] * s[j + NR / 2];
+            for (int j = 0; j < NR; j++) {
+                const unsigned code = j < NR / 2 ? bp[j] & 0xfu : (unsigned)bp[j - NR / 2] >> 4;
+                row[j] = int4 ? (rd_i4_values[code] - z[j]) * s[j] : rd_e2m1_values[code] * s[j];
             }
             for (int i = 0; i < MR; i++)
                 for (int j = 0; j < NR; j++)
@@ -183,42 +190,18 @@ rd_sgemm_ref_f4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int
     rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);
 }
 
-/* The int4 contract (rd_kernel.h, RD_CT_F32_I4W): RD_CT_F32_I8W's on the
- * values of the nibble panels. */
 static void
-rd_sgemm_ref_i4w_6x16(rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c,
+rd_sgemm_ref_f4w_6x16(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c,
                       int m, int n, int mode)
 {
-    enum { MR = 6, NR = 16 };
-    const float *a = (const float *)a_;
-    const uint8_t *b = (const uint8_t *)b_;
-    const char *tr = (const char *)b_ + (rd_int)(NR / 2) * kc;
-    rd_qtrailer_t h;
-    memcpy(&h, tr, sizeof h);
-    float acc[MR][NR], row[NR];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++)
-            acc[i][j] = 0;
-    rd_int p = 0, len = h.first;
-    for (rd_int r = 0; p < kc; r++, len = h.tile) {
-        const float *s = (const float *)(const void *)(tr + RD_QRUN(r, NR, h.zp));
-        float z[NR];
-        for (int j = 0; j < NR; j++)
-            z[j] = h.zp ? s[NR + j] : 0.0f;
-        const rd_int end = kc - p < len ? kc : p + len;
-        for (; p < end; p++) {
-            const float *ap = a + p * MR;
-            const uint8_t *bp = b + p * (NR / 2);
-            for (int j = 0; j < NR / 2; j++) {
-                row[j] = (rd_i4_values[bp[j] & 0xf] - z[j]) * s[j];
-                row[j + NR / 2] = (rd_i4_values[bp[j] >> 4] - z[j + NR / 2]) * s[j + NR / 2];
-            }
-            for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NR; j++)
-                    acc[i][j] += ap[i] * row[j];
-        }
-    }
-    rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, mode);
+    rd_sgemm_ref_nibbles(kc, (const float *)a, (const uint8_t *)b, c, rs_c, cs_c, m, n, mode, 0);
+}
+
+static void
+rd_sgemm_ref_i4w_6x16(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c,
+                      int m, int n, int mode)
+{
+    rd_sgemm_ref_nibbles(kc, (const float *)a, (const uint8_t *)b, c, rs_c, cs_c, m, n, mode, 1);
 }
 
 /* The integer contract (rd_kernel.h, RD_CT_I8I32): pairs of int16

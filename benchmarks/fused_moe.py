@@ -3,13 +3,16 @@ activation in their epilogue, the dispatch read while packing, the combine in th
 product's epilogue, the backward's d_a product with the activation's gradient in its epilogue)
 against the same layer run as separate passes and against torch's expert loop (transformers'
 eager loop, benchmarks/moe_baselines.py; forward, and forward+backward by autograd) in the same
-dtype, in interleaved rounds (medians), with the forward's share of the float32 FMA peak, and
+dtype, in interleaved rounds (medians), each with its share of the peak of the instruction that
+serves the dtype's products here (AMX tiles, vdpbf16ps or BFMMLA for bfloat16 where served, else
+the FMA; benchmarks/common.py's NATIVE, measured at raggeddot's threads), and
 the peak extra memory (RSS) of the forward, each in a process of its own. The fused and
 separate passes give the same bits (checked first).
 
     python benchmarks/fused_moe.py [--T 2048 --d 2048 --f 768 --E 32 --top-k 4] [--rounds 7]
 """
 import argparse
+import os
 import subprocess
 import sys
 
@@ -18,6 +21,9 @@ import numpy as np
 import raggeddot
 from raggeddot._moe import experts
 from raggeddot._timing import interleaved, summary
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
 
 
 def layer(args, dtype):
@@ -62,11 +68,25 @@ def torch_loop(args, x, router, ws, ct, dtype):
     return torch_fn(torch, i32, False, name), torch_fn(torch, i32, True, name)
 
 
+def serving_peak(dtype: str) -> tuple[str, float]:
+    """(instruction, GFLOP/s at raggeddot's threads) of the instruction that serves ``dtype``'s
+    products here (common.NATIVE: AMX tiles, vdpbf16ps, BFMMLA for bfloat16 where the family
+    serving them has it), else the float32 FMA's (the widening path)."""
+    from raggeddot import runtime
+    family = runtime.build_info()["products"].get(dtype, {}).get("kernel") if dtype != "float32" else None
+    insn, probes = C.NATIVE.get(dtype, {}).get(family, ("", ()))
+    for isa in probes:
+        gflops = runtime.peak_gflops(isa)
+        if gflops:
+            return insn, gflops
+    return "FMA", max(runtime.peak_gflops(isa) or 0.0 for isa in ("avx512", "avx2", "neon"))
+
+
 def timings(args):
     import ml_dtypes
-    from raggeddot import runtime
-    peak = max(runtime.peak_gflops(isa) for isa in ("avx512", "avx2", "neon"))
     for dtype in (np.float32, ml_dtypes.bfloat16):
+        name = np.dtype(dtype).name
+        insn, peak = serving_peak(name)
         x, router, ws, ct = layer(args, dtype)
         kw = dict(top_k=args.top_k, norm_topk_prob=True)
 
@@ -86,21 +106,22 @@ def timings(args):
         if loop is not None:
             fns.update({"fwd torch": loop[0], "fwd+bwd torch": loop[1]})
         times = interleaved(fns, rounds=args.rounds, warmup=1, pause_s=0.1)
-        med = {name: summary(ts)["median"] for name, ts in times.items()}
-        flops = 3 * 2 * args.T * args.top_k * args.d * args.f
-        gflops = flops / med['fwd fused'] / 1e9
-        line = (f"{np.dtype(dtype).name}: forward {1e3 * med['fwd fused']:.1f} ms fused "
-                f"({gflops:.0f} GFLOP/s, {100 * gflops / peak:.0f}% of the FMA peak {peak:.0f}), "
-                f"{1e3 * med['fwd separate']:.1f} ms separate: {med['fwd separate'] / med['fwd fused']:.3f}x")
-        if loop is not None:
-            line += f", torch loop {1e3 * med['fwd torch']:.1f} ms: {med['fwd torch'] / med['fwd fused']:.3f}x"
-        line += (f"; forward+backward {1e3 * med['fwd+bwd fused']:.0f} ms fused, "
-                 f"{1e3 * med['fwd+bwd separate']:.0f} ms separate: "
-                 f"{med['fwd+bwd separate'] / med['fwd+bwd fused']:.3f}x")
-        if loop is not None:
-            line += (f", torch autograd {1e3 * med['fwd+bwd torch']:.0f} ms: "
-                     f"{med['fwd+bwd torch'] / med['fwd+bwd fused']:.3f}x")
-        print(line)
+        med = {n: summary(ts)["median"] for n, ts in times.items()}
+        flops = 3 * 2 * args.T * args.top_k * args.d * args.f      # the forward's (the step's: 3x)
+
+        def pct(n):
+            return 100 * flops * (3 if n.startswith("fwd+bwd") else 1) / med[n] / 1e9 / peak
+
+        print(f"{name} ({insn} peak {peak:.0f} GFLOP/s at these threads):")
+        for step_name in ("fwd", "fwd+bwd"):
+            fused = med[f"{step_name} fused"]
+            parts = [f"fused {1e3 * fused:.1f} ms ({pct(step_name + ' fused'):.0f}% of peak)",
+                     f"separate {1e3 * med[step_name + ' separate']:.1f} ms "
+                     f"({pct(step_name + ' separate'):.0f}%): {med[step_name + ' separate'] / fused:.3f}x"]
+            if loop is not None:
+                parts.append(f"torch {1e3 * med[step_name + ' torch']:.1f} ms ({pct(step_name + ' torch'):.0f}%): "
+                             f"{med[step_name + ' torch'] / fused:.3f}x")
+            print(f"  {'forward' if step_name == 'fwd' else 'forward+backward'}: " + ", ".join(parts))
 
 
 def high_water_kib():

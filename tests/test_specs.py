@@ -198,3 +198,24 @@ def test_runner_quant_checks_every_mode_against_the_dequantized_product(tmp_path
     # weight bytes: int8 one byte a value plus one float32 scale per (group, column)
     k = r["shape"]["k"]
     assert sec["int8w"]["weight_bytes"] == pytest.approx(sec["rd-f32"]["weight_bytes"] * (1 + 4 / k) / 4)
+
+
+def test_decode_suite_checks_every_format_and_measures_against_the_bandwidth(tmp_path):
+    """benchmarks/run.py decode (--smoke): each weight format checked against the NumPy layer on
+    its own dequantized values before it is timed (a failed check ends the run), then timed in
+    the same rounds as the read-bandwidth probe (and torch's loop where torch is there)."""
+    run = _runner()
+    assert run.main(["decode", "--smoke", "--out", str(tmp_path)]) == 0
+    import json
+    with open(tmp_path / "bench_decode.json") as f:
+        res = json.load(f)["results"]
+    formats = {"bfloat16", "int8", "int4", "mxfp4", "w8a8"}
+    for table in ("layer", "rows"):
+        assert formats <= {r["format"] for r in res[table]}, table
+        for r in res[table]:
+            assert r["ms"] > 0 and r["read_gbs"] > 0 and r["pct_bw"] > 0, r
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    assert any(r["format"] == "torch bf16 loop" for r in res["layer"])

@@ -130,9 +130,9 @@ rd_few_put(__m256 v, float *c, rd_int cs_c, rd_int cols, int mode)
 
 #include "rd_few_body.h"
 
-RD_FEW_DEFINE(rd_few_avx2_i8w, FK_I8)
-RD_FEW_DEFINE(rd_few_avx2_f8w, FK_F8)
+RD_FEW_DEFINE_ZP(rd_few_avx2_i8w, FK_I8)
+RD_FEW_DEFINE_ZP(rd_few_avx2_f8w, FK_F8)
 RD_FEW_DEFINE(rd_few_avx2_f4w, FK_F4)
-RD_FEW_DEFINE(rd_few_avx2_i4w, FK_I4)
+RD_FEW_DEFINE_ZP(rd_few_avx2_i4w, FK_I4)
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -141,18 +141,26 @@ NAME(rd_int kc, const float *a, const char *b, size_t bstep, float *c,      \
     }                                                                       \
 }
 
-/* The entry point (rd_fukr_t) of a kind: for the quantized kinds, the
- * kernel with or without zero points as the panel's trailer says. */
+/* The entry point (rd_fukr_t) of a kind without zero points (the float and
+ * 16-bit types, 4-bit floats); and of a quantized kind that may have them,
+ * the kernel with or without as the panel's trailer says. */
 #define RD_FEW_DEFINE(NAME, KIND)                                           \
+RD_FEW_KERNEL(NAME##_plain, KIND, 0)                                        \
+void                                                                        \
+NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
+     rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode)                   \
+{                                                                           \
+    NAME##_plain(kc, (const float *)a, (const char *)b, bstep, (float *)c, rs_c, cs_c, m, n, mode); \
+}
+#define RD_FEW_DEFINE_ZP(NAME, KIND)                                        \
 RD_FEW_KERNEL(NAME##_plain, KIND, 0)                                        \
 RD_FEW_KERNEL(NAME##_zp, KIND, 1)                                           \
 void                                                                        \
 NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c,        \
      rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode)                   \
 {                                                                           \
-    rd_qtrailer_t h = {0, 0, 0, 0};                                         \
-    if (FK_QUANTIZED(KIND) && (KIND) != FK_F4)                              \
-        memcpy(&h, (const char *)b + FK_STEP(KIND) * kc, sizeof h);         \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, (const char *)b + FK_STEP(KIND) * kc, sizeof h);             \
     (h.zp ? NAME##_zp : NAME##_plain)(kc, (const float *)a, (const char *)b, bstep, (float *)c, rs_c, \
                                      cs_c, m, n, mode);                     \
 }

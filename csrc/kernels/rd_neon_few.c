@@ -131,9 +131,9 @@ rd_few_put(float32x4_t v, float *c, rd_int cs_c, rd_int cols, int mode)
 RD_FEW_DEFINE(rd_few_neon_f32, FK_F32)
 RD_FEW_DEFINE(rd_few_neon_bf16w, FK_BF16)
 RD_FEW_DEFINE(rd_few_neon_f16w, FK_F16)
-RD_FEW_DEFINE(rd_few_neon_i8w, FK_I8)
-RD_FEW_DEFINE(rd_few_neon_f8w, FK_F8)
+RD_FEW_DEFINE_ZP(rd_few_neon_i8w, FK_I8)
+RD_FEW_DEFINE_ZP(rd_few_neon_f8w, FK_F8)
 RD_FEW_DEFINE(rd_few_neon_f4w, FK_F4)
-RD_FEW_DEFINE(rd_few_neon_i4w, FK_I4)
+RD_FEW_DEFINE_ZP(rd_few_neon_i4w, FK_I4)
 
 #endif /* RD_HAVE_ARM_KERNELS */

@@ -29,6 +29,7 @@
 
 #define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+#include "rd_avx2_f4.h"
 #include "rd_avx2_few.h"
 
 /* ---------------------------------------------------------------- float32 */
@@ -234,23 +235,8 @@ RD_AVX2_QGEMM_S(rd_sgemm_avx2_i4w_6x16, Q_LOAD_I4, 8)
  * 0-7 in their low nibbles and 8-15 in their high ones; each code's
  * magnitude is looked up (vpermps on its low 3 bits, an 8-entry table) and
  * its sign bit moved into place, then multiplied by the column's
- * power-of-two scale (both exact), then the FMAs of the float32 kernel. */
-RD_AVX2 static inline __m256
-rd_avx2_e2m1(__m256i code, __m256 mag)
-{
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
-    return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, code), _mm256_castsi256_ps(sign));
-}
-
-RD_AVX2 static inline __m256
-rd_avx2_e8m0(const uint8_t *e)
-{
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
-    const __m256i sub = _mm256_and_si256(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()),
-                                         _mm256_set1_epi32(0x00400000));
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(v, 23), sub));
-}
-
+ * power-of-two scale (both exact; kernels/rd_avx2_f4.h), then the FMAs of
+ * the float32 kernel. */
 #define Q_LOAD_F4(b, b0, b1)                                                \
     const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b))); \
     const __m256 b0 = _mm256_mul_ps(rd_avx2_e2m1(bq, mag), s0);             \

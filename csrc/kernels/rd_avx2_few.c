@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "rd_avx2_f4.h"
 #include "rd_avx2_few.h"
 #include "rd_few_body.h"
 
@@ -40,15 +41,6 @@ rd_few_consts(void)
 {
     const rd_few_consts_t k = {_mm256_loadu_ps(rd_e2m1_values)};
     return k;
-}
-
-/* e2m1 codes as rd_avx2.c's rd_avx2_e2m1: the magnitude looked up on the low
- * 3 bits, the sign bit moved into place */
-FEW_ATTR static RD_INLINE __m256
-rd_few_e2m1(__m256i code, __m256 mag)
-{
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
-    return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, code), _mm256_castsi256_ps(sign));
 }
 
 /* The 16 values of one step of a panel, widened exactly (not yet scaled),
@@ -80,8 +72,8 @@ rd_few_widen(const int kind, const char *bp, __m256 *w0, __m256 *w1, const rd_fe
         *w1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1)), _mm256_set1_ps(256.0f));
     } else if (kind == FK_F4) {
         const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)bp));
-        *w0 = rd_few_e2m1(bq, k->mag);
-        *w1 = rd_few_e2m1(_mm256_srli_epi32(bq, 4), k->mag);
+        *w0 = rd_avx2_e2m1(bq, k->mag);
+        *w1 = rd_avx2_e2m1(_mm256_srli_epi32(bq, 4), k->mag);
     } else {
         const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)bp));
         const __m256i eight = _mm256_set1_epi32(8);
@@ -91,21 +83,12 @@ rd_few_widen(const int kind, const char *bp, __m256 *w0, __m256 *w1, const rd_fe
     }
 }
 
-/* The scales of a run's e8m0 exponents (as rd_avx2.c's rd_avx2_e8m0) */
-FEW_ATTR static RD_INLINE __m256
-rd_few_e8m0_8(const uint8_t *e)
-{
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
-    const __m256i sub = _mm256_and_si256(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()),
-                                         _mm256_set1_epi32(0x00400000));
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(v, 23), sub));
-}
-
+/* The scales of a run's e8m0 exponents */
 FEW_ATTR static RD_INLINE void
 rd_few_e8m0(const uint8_t *e, __m256 *s0, __m256 *s1)
 {
-    *s0 = rd_few_e8m0_8(e);
-    *s1 = rd_few_e8m0_8(e + 8);
+    *s0 = rd_avx2_e8m0(e);
+    *s1 = rd_avx2_e8m0(e + 8);
 }
 
 /* 8 columns of a row of C from an accumulator (cols of them valid) */

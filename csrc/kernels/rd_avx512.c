@@ -173,15 +173,6 @@ RD_KERNEL(rd_sgemm_avx512_i4w_12x32, si4_rows4, si4_rows8, si4_rows12)
  * reads the low 4 bits of its index, so the high nibble needs one shift
  * and the low none), and the product with the column's power-of-two scale
  * is exact: then the FMAs of the float32 kernel. */
-RD_AVX512Q static inline __m512
-rd_avx512_e8m0(const uint8_t *e)
-{
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)e));
-    const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero,
-                                                     _mm512_set1_epi32(0x00400000)));
-}
-
 #define RD_F4BODY(NAME, R, ROWS)                                            \
 RD_AVX512Q static void                                                      \
 NAME(rd_int kc, const T *a, const TB *b, T *c, rd_int rs_c, rd_int cs_c,    \

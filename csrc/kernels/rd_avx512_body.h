@@ -121,6 +121,17 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
         BODY4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
 }
 
+/* The float32 scales 2^(e - 127) of 16 e8m0 exponents (e 0: 2^-127, a
+ * subnormal), for the 4-bit panels (RD_CT_F32_F4W). */
+RD_AVX512 static inline __m512
+rd_avx512_e8m0(const uint8_t *e)
+{
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)e));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero,
+                                                     _mm512_set1_epi32(0x00400000)));
+}
+
 /* One row of a float32 tile, 32 columns: stored, or added to C. */
 RD_AVX512 static inline void
 s_store_row(float *c, __m512 lo, __m512 hi, int accumulate)

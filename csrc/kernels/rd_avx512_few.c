@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "rd_avx512_body.h"
 #include "rd_avx512_few.h"
 #include "rd_few_body.h"
 
@@ -77,21 +78,12 @@ rd_few_widen(const int kind, const char *bp, __m512 *w0, __m512 *w1, const rd_fe
     }
 }
 
-/* The scales of a run's e8m0 exponents (as rd_avx512.c's rd_avx512_e8m0) */
-FEW_ATTR static RD_INLINE __m512
-rd_few_e8m0_16(const uint8_t *e)
-{
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)e));
-    const __mmask16 zero = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512());
-    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(v, 23), zero,
-                                                     _mm512_set1_epi32(0x00400000)));
-}
-
+/* The scales of a run's e8m0 exponents */
 FEW_ATTR static RD_INLINE void
 rd_few_e8m0(const uint8_t *e, __m512 *s0, __m512 *s1)
 {
-    *s0 = rd_few_e8m0_16(e);
-    *s1 = rd_few_e8m0_16(e + 16);
+    *s0 = rd_avx512_e8m0(e);
+    *s1 = rd_avx512_e8m0(e + 16);
 }
 
 /* 16 columns of a row of C: whole where contiguous (masked at the right

@@ -194,12 +194,11 @@ RD_NQ_KERNEL(rd_sgemm_neon_f8w_12x8, sf8)
 /* int4 codes (RD_CT_F32_I4W): a step's 4 bytes hold columns 0-3 in their
  * low nibbles and 4-7 in their high ones (split as the 4-bit float kernel
  * splits them), each the value (code ^ 8) - 8: sign-extended, converted */
-static const int8_t rd_i4_shift[8] = {0, 0, 0, 0, -4, -4, -4, -4};
 #define SB 4
 #define WIDEN(b, w0, w1)                                                    \
     uint32_t word;                                                          \
     memcpy(&word, b, 4);                                                    \
-    const uint8x8_t codes = vand_u8(vshl_u8(vreinterpret_u8_u32(vdup_n_u32(word)), vld1_s8(rd_i4_shift)), \
+    const uint8x8_t codes = vand_u8(vshl_u8(vreinterpret_u8_u32(vdup_n_u32(word)), vld1_s8(rd_nibble_shift)), \
                                     vdup_n_u8(0x0f));                       \
     const int16x8_t bq = vmovl_s8(vsub_s8(vreinterpret_s8_u8(veor_u8(codes, vdup_n_u8(8))), vdup_n_s8(8))); \
     const float32x4_t w0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(bq)));      \
@@ -213,24 +212,8 @@ RD_NQ_KERNEL(rd_sgemm_neon_i4w_12x8, si4)
  * float32 bits are 0 below the top 16, so two 16-entry byte tables (the
  * low and high byte of those 16 bits) decode 8 codes with two tbl, a zip
  * widens them to float32, and the product with the column's power-of-two
- * scale is exact: then the FMAs. */
-static const uint8_t rd_e2m1_lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
-                                       0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
-static const uint8_t rd_e2m1_hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
-                                       0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
-static const int8_t rd_nibble_shift[8] = {0, 0, 0, 0, -4, -4, -4, -4};
-
-/* e8m0 exponents (8 bytes) to float32 scales 2^(e - 127) (e 0: 2^-127). */
-static inline void
-rd_neon_e8m0(const uint8_t *e, float32x4_t *s0, float32x4_t *s1)
-{
-    const uint16x8_t e16 = vmovl_u8(vld1_u8(e));
-    const uint32x4_t lo = vmovl_u16(vget_low_u16(e16)), hi = vmovl_high_u16(e16);
-    const uint32x4_t sub = vdupq_n_u32(0x00400000u);
-    *s0 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(lo), sub, vshlq_n_u32(lo, 23)));
-    *s1 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(hi), sub, vshlq_n_u32(hi, 23)));
-}
-
+ * scale is exact (the tables and scales: kernels/rd_neon_body.h): then the
+ * FMAs. */
 #define RD_NF4_BODY(NAME, R, ROWS, LOADS)                                   \
 static void                                                                 \
 NAME(rd_int kc, const float *a, const uint8_t *b, float *c, rd_int rs_c,    \

@@ -58,6 +58,28 @@ rd_neon_put_row(float *c, float32x4_t lo, float32x4_t hi, int mode)
     ROWS(NSPILL)                                                            \
     rd_s_store_edge(buf, 8, c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE);
 
+/* The decoding of 4-bit panels (kernels/rd_neon.c, rd_neon_few.c): a
+ * step's 4 bytes hold columns 0-3 in their low nibbles and 4-7 in their
+ * high ones (vshl by rd_nibble_shift and a mask set them apart); every e2m1
+ * value's float32 bits are 0 below the top 16, whose low and high bytes two
+ * 16-entry tables give (tbl). */
+static const uint8_t rd_e2m1_lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
+                                       0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
+static const uint8_t rd_e2m1_hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
+                                       0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
+static const int8_t rd_nibble_shift[8] = {0, 0, 0, 0, -4, -4, -4, -4};
+
+/* e8m0 exponents (8 bytes) to float32 scales 2^(e - 127) (e 0: 2^-127). */
+static inline void
+rd_neon_e8m0(const uint8_t *e, float32x4_t *s0, float32x4_t *s1)
+{
+    const uint16x8_t e16 = vmovl_u8(vld1_u8(e));
+    const uint32x4_t lo = vmovl_u16(vget_low_u16(e16)), hi = vmovl_high_u16(e16);
+    const uint32x4_t sub = vdupq_n_u32(0x00400000u);
+    *s0 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(lo), sub, vshlq_n_u32(lo, 23)));
+    *s1 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(hi), sub, vshlq_n_u32(hi, 23)));
+}
+
 /* Dispatch on the number of valid rows. */
 #define RD_NEON_KERNEL(NAME, TA, TB, BODY4, BODY8, BODY12)                  \
 static void                                                                 \

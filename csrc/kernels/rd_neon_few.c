@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "rd_neon_body.h"
 #include "rd_neon_few.h"
 #include "rd_few_body.h"
 
@@ -29,13 +30,6 @@
 #define FK_STEP(kind) ((kind) == FK_F32 ? 32 : (kind) == FK_BF16 || (kind) == FK_F16 ? 16 \
                        : (kind) == FK_F4 || (kind) == FK_I4 ? 4 : 8)
 
-/* the decoding tables of rd_neon.c's 4-bit kernel */
-static const uint8_t rd_few_e2m1_lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
-                                           0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
-static const uint8_t rd_few_e2m1_hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
-                                           0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
-static const int8_t rd_few_shift[8] = {0, 0, 0, 0, -4, -4, -4, -4};
-
 typedef struct {
     uint8x16_t tlo, thi;    /* the low and high bytes of the e2m1 values' top 16 bits */
     int8x8_t shift;         /* the nibbles of a step's 4 bytes apart */
@@ -44,7 +38,7 @@ typedef struct {
 static RD_INLINE rd_few_consts_t
 rd_few_consts(void)
 {
-    const rd_few_consts_t k = {vld1q_u8(rd_few_e2m1_lo), vld1q_u8(rd_few_e2m1_hi), vld1_s8(rd_few_shift)};
+    const rd_few_consts_t k = {vld1q_u8(rd_e2m1_lo), vld1q_u8(rd_e2m1_hi), vld1_s8(rd_nibble_shift)};
     return k;
 }
 
@@ -95,15 +89,11 @@ rd_few_widen(const int kind, const char *bp, float32x4_t *w0, float32x4_t *w1, c
     }
 }
 
-/* e8m0 exponents (8 bytes) to float32 scales, as rd_neon.c's rd_neon_e8m0 */
+/* The scales of a run's e8m0 exponents */
 FEW_ATTR static RD_INLINE void
 rd_few_e8m0(const uint8_t *e, float32x4_t *s0, float32x4_t *s1)
 {
-    const uint16x8_t e16 = vmovl_u8(vld1_u8(e));
-    const uint32x4_t lo = vmovl_u16(vget_low_u16(e16)), hi = vmovl_high_u16(e16);
-    const uint32x4_t sub = vdupq_n_u32(0x00400000u);
-    *s0 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(lo), sub, vshlq_n_u32(lo, 23)));
-    *s1 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(hi), sub, vshlq_n_u32(hi, 23)));
+    rd_neon_e8m0(e, s0, s1);
 }
 
 /* 4 columns of a row of C from an accumulator (cols of them valid) */

@@ -70,13 +70,16 @@ int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int
                    rd_scales_t *q);
 
 /* The parts of a grouped GEMM call the prepacked product shares
- * (py/rd_py_matmul.c): a float out array of `ndim` dimensions; the
- * per-row scales of a float lhs quantized to int8 while packed (a new
- * buffer *scales); whether a quantized operand holds int8 values with
- * integral zero points; whether every scale of a quantized operand is a
- * power of two. */
+ * (py/rd_py_matmul.c): a float out array of `ndim` dimensions; the run of
+ * the product without the GIL (ragged rows, or with `contract` ragged
+ * contraction; with `quantize_lhs` a float lhs quantized to int8 per row
+ * while packed), None or the exception of its failure; whether a quantized
+ * operand holds int8 values with integral zero points; whether every
+ * scale of a quantized operand is a power of two. */
 int rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out);
-int rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales);
+PyObject *rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_int k, rd_int n,
+                      rd_int ng, const rd_int *bounds, rd_in_t *a, const rd_in_t *b, const rd_out_t *c,
+                      int accumulate);
 int rd_int8_exact(PyObject *obj, const rd_arg_t *x);
 int rd_pow2_scales(PyObject *obj);
 

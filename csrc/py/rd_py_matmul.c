@@ -276,7 +276,7 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
 /* A float lhs [m, k] quantized to int8 while packed: its per-row scales
  * (filled by rd_row_scales before the call) in a new buffer *scales,
  * described in a->q as tiles of 1 x k. */
-int
+static int
 rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
 {
     *scales = (float *)malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
@@ -290,6 +290,24 @@ rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
     a->q.tg = a->q.tr = 1;
     a->q.tc = k > 0 ? k : 1;
     return 0;
+}
+
+PyObject *
+rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_int k, rd_int n, rd_int ng,
+            const rd_int *bounds, rd_in_t *a, const rd_in_t *b, const rd_out_t *c, int accumulate)
+{
+    float *scales = NULL;
+    if (quantize_lhs && rd_dynamic_scales(a, m, k, &scales) != 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (scales != NULL)
+        rd_row_scales(a->p, a->dtype, m, k, a->rs, a->cs, scales);
+    rc = contract ? rd_ragged_contract(plan, k, n, ng, bounds, a, b, c, accumulate)
+                  : rd_ragged_rows(plan, k, n, ng, bounds, a, b, c, accumulate);
+    Py_END_ALLOW_THREADS
+    free(scales);
+    return rd_gemm_result(rc);
 }
 
 /* None for a driver's 0, else the exception its return code means. */
@@ -347,18 +365,7 @@ rd_gemm_call(PyObject *args, int contract)
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
         return NULL;
-    float *scales = NULL;
-    if (quantize_lhs && rd_dynamic_scales(&a, m, k, &scales) != 0)
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    if (scales != NULL)
-        rd_row_scales(a.p, a.dtype, m, k, a.rs, a.cs, scales);
-    rc = contract ? rd_ragged_contract(&plan, k, n, ng, bv, &a, &b, &c, accumulate)
-                  : rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
-    Py_END_ALLOW_THREADS
-    free(scales);
-    return rd_gemm_result(rc);
+    return rd_run_gemm(&plan, contract, quantize_lhs, m, k, n, ng, bv, &a, &b, &c, accumulate);
 }
 
 PyDoc_STRVAR(ragged_rows_doc,

@@ -230,17 +230,7 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
     rd_in_t b = {.p = packed.data, .dtype = (rd_dtype_t)dt, .gs = (rd_int)per, .panels = panels,
                  .qtile = qtile, .qzp = qzp};
     rd_out_t c = {out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
-    float *scales = NULL;
-    if (quantize_lhs && rd_dynamic_scales(&a, m, k, &scales) != 0)
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    if (scales != NULL)
-        rd_row_scales(a.p, a.dtype, m, k, a.rs, a.cs, scales);
-    rc = rd_ragged_rows(&plan, k, n, ng, bv, &a, &b, &c, accumulate);
-    Py_END_ALLOW_THREADS
-    free(scales);
-    return rd_gemm_result(rc);
+    return rd_run_gemm(&plan, 0, quantize_lhs, m, k, n, ng, bv, &a, &b, &c, accumulate);
 }
 
 PyMethodDef rd_prepack_methods[] = {

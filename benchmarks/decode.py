@@ -3,7 +3,8 @@ time is that of reading the active experts' weights once.
 
 Two tables, each weight format prepacked (bfloat16; int8 one scale a column; int4 and MXFP4 a
 scale a column per 32 steps of the contraction; "w8a8": int8 weights prepacked for int8
-activations, activation_qtype="int8"), timed in interleaved rounds with a read-bandwidth probe
+activations, activation_qtype="int8"; "w4a8 int4" and "w4a8 mxfp4": the 4-bit ones prepacked for
+int8 activations, on the int8 dot products where the CPU has them), timed in interleaved rounds with a read-bandwidth probe
 (runtime.read_bandwidth, 256 MB, at raggeddot's threads) in every round, medians:
   layer: moe_block forward (softmax top-k routing, SiLU experts, bfloat16 tokens) of a
     Qwen3-30B-A3B-shaped layer (128 experts, top-8, d 2048, f 768) and a gpt-oss-20b-shaped one
@@ -44,7 +45,9 @@ def formats(w: np.ndarray) -> dict:
             "int8": (q8, raggeddot.prepack(q8), {}),
             "int4": (q4, raggeddot.prepack(q4), {}),
             "mxfp4": (mx, raggeddot.prepack(mx), {}),
-            "w8a8": (q8, raggeddot.prepack(q8, lhs_dtype=np.int8), {"activation_qtype": "int8"})}
+            "w8a8": (q8, raggeddot.prepack(q8, lhs_dtype=np.int8), {"activation_qtype": "int8"}),
+            "w4a8 int4": (q4, raggeddot.prepack(q4, lhs_dtype=np.int8), {"activation_qtype": "int8"}),
+            "w4a8 mxfp4": (mx, raggeddot.prepack(mx, lhs_dtype=np.int8), {"activation_qtype": "int8"})}
 
 
 def values(w, e=None) -> np.ndarray:

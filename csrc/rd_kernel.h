@@ -170,6 +170,21 @@ typedef enum {
      * and computes (w - z) * s before its products: RD_CT_F32_I8W's results
      * on the same weights held one a byte, bit for bit, at half the bytes. */
     RD_CT_F32_I4W = 14,
+    /* 4-bit weights times int8 rows on the int8 dot products (w4a8): B
+     * panels keep 4 bits a weight in k-quads, decoded in the micro-kernel
+     * by a 16-entry table into int8 values, each micro-panel followed by
+     * the runs of its scales within the scale tiles along k (no column
+     * sums, no zero points: the blocks are not cut at the tiles, so that a
+     * panel streams whole); A packed as RD_CT_U8S8's A.  Per run, the
+     * exact int32 sums and the epilogue of RD_CT_U8S8 with zero points 0,
+     * the runs added into C in order: the same results, bit for bit, as
+     * RD_CT_U8S8 on the same int8 values with its blocks cut at the tiles.
+     * U8S8_I4: int4 values in [-8, 7], float scales.
+     * U8S8_F4: MXFP4, each float4_e2m1fn value v taken as the int8 2v
+     * (exact: 2v is an integer in [-12, 12]) with the scale 2^(e - 128),
+     * half its e8m0 scale 2^(e - 127), held as the exponent byte e. */
+    RD_CT_U8S8_I4 = 15,
+    RD_CT_U8S8_F4 = 16,
     RD_CT_COUNT
 } rd_ctype_t;
 
@@ -182,6 +197,9 @@ typedef struct {
                                packed micro-panel (0: none) */
     int b_nibbles;          /* 1: B panels hold two values a byte (b_size 1
                                then counts two elements) */
+    size_t b_scale_size;    /* bytes a column of the row of scales after
+                               each B micro-panel, where not scale_size
+                               (0: scale_size) */
 } rd_ctype_desc_t;
 
 /* The longest contraction an RD_CT_I8I32 micro-kernel sums in int32: pair
@@ -309,6 +327,28 @@ extern const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT];
  *   b : bfloat16 B[p][j] = b[(p/4)*4*NR + 4*j + p%4] (padding 0),
  *   per pair q in order: acc = BFDotAdd(acc, pair q of A's row, of B's
  *   column) (kernels/rd_dot_arith.h), then C (+)= acc.
+ *
+ * RD_CT_U8S8_I4 / RD_CT_U8S8_F4 (k_unit 4, A's scale_size 12, NR even):
+ *   with kq = kc rounded up to a multiple of 4,
+ *   a : RD_CT_U8S8's (A + 128 in k-quads, then ra, sa, za; za is 0 here);
+ *   b : 2*NR bytes a quad q, byte t < 2*NR holding in its low nibble the
+ *       code of B[4q + t%4][t/4] and in its high nibble that of
+ *       B[4q + t%4][NR/2 + t/4] (padding steps code 0); then at byte
+ *       NR*kq/2 the rd_qtrailer_t of the block's runs (zp 0; every run but
+ *       the last a whole number of quads) and per run r the scales of the
+ *       columns: I4: float sb[NR] at RD_QRUN(r, NR, 0); F4: uint8 e[NR] at
+ *       RD_F4RUN(r, NR), the scale sb[j] = 2^(e[j] - 128) (exact in
+ *       float32: 2^-128 at e 0).
+ *   The value of a code c: I4: (c ^ 8) - 8; F4: 2 * e2m1(c) (the tables
+ *   rd_i4_values / rd_e2m1_values, doubled: rd_w4a8_value).  Padding
+ *   columns have code 0 and scale 0 (I4) or e 0 (F4).
+ *   Per run r in order: S[i][j] = the exact sum over its steps of
+ *   A[i][p] B[p][j], then C[i][j] (+)= (float)S * (sa[i] * sb[j]), run 0
+ *   stored (or added, for RD_ADD), the later runs added: RD_CT_U8S8's
+ *   results on the same values with zero points 0 and its blocks cut at
+ *   the runs.  (The AVX-512 kernels sum (A + 128) B and take 128 times
+ *   the column sums of the run back out, or sum A (B + 128) and take 128
+ *   times the row's sum back out.)
  */
 typedef struct {
     int first;      /* steps of the first run (1 <= first <= kc) */
@@ -423,7 +463,7 @@ static inline int
 rd_ctype_optional(int ct)
 {
     return ct == RD_CT_BF16DP || ct == RD_CT_U8S8 || ct == RD_CT_BF16TILE || ct == RD_CT_U8S8TILE
-           || ct == RD_CT_U8S8MMA || ct == RD_CT_BF16MMA;
+           || ct == RD_CT_U8S8MMA || ct == RD_CT_BF16MMA || ct == RD_CT_U8S8_I4 || ct == RD_CT_U8S8_F4;
 }
 
 /* The type whose B panels a dot-product type reads (the tile types read
@@ -439,7 +479,29 @@ rd_ctype_layout(int ct)
 static inline int
 rd_ctype_int8_dot(int ct)
 {
-    return rd_ctype_layout(ct) == RD_CT_U8S8 || ct == RD_CT_U8S8MMA;
+    return rd_ctype_layout(ct) == RD_CT_U8S8 || ct == RD_CT_U8S8MMA || ct == RD_CT_U8S8_I4 || ct == RD_CT_U8S8_F4;
+}
+
+/* Bytes a column of the row of scales after each B micro-panel of ct. */
+static inline size_t
+rd_b_scale_size(int ct)
+{
+    return rd_ctypes[ct].b_scale_size ? rd_ctypes[ct].b_scale_size : rd_ctypes[ct].scale_size;
+}
+
+/* Whether compute type ct reads 4-bit B panels with int8 rows (w4a8). */
+static inline int
+rd_ctype_w4a8(int ct)
+{
+    return ct == RD_CT_U8S8_I4 || ct == RD_CT_U8S8_F4;
+}
+
+/* The int8 value of a 4-bit code of a w4a8 compute type's B (rd_kernel.h,
+ * RD_CT_U8S8_I4 / RD_CT_U8S8_F4). */
+static inline int
+rd_w4a8_value(int ct, unsigned code)
+{
+    return ct == RD_CT_U8S8_F4 ? (int)(2.0f * rd_e2m1_values[code & 15]) : (int)((code & 15) ^ 8) - 8;
 }
 
 /* The families compiled in, most preferred first, NULL-terminated

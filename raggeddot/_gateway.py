@@ -254,9 +254,31 @@ def rows(lhs, rhs, bounds, out, accumulate=False, algo=None, quantize_lhs=False)
     bit for bit, without the int8 copy. Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         ct = kernel_dtype(out)
+        rhs = int8_rows_rhs(lhs, rhs, quantize_lhs)
         _core.ragged_rows(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out, bool(accumulate),
                           algo == "bf16", bool(quantize_lhs), algo == "exact")
     return out
+
+
+def mxfp4_as_int8(q):
+    """The int8 QArray an "mxfp4" QArray ``q`` multiplies int8 rows as (w4a8):
+    each value v as the integer 2v (in [-12, 12]) and each scale 2^(e - 127)
+    as 2^(e - 128), both exact (the same dequantized weights), so that the
+    products are the exact int8 ones."""
+    values = (np.asarray(q.qvalue).astype(np.float32) * np.float32(2)).astype(np.int8)
+    return QArray(values, np.asarray(q.scale, dtype=np.float32) * np.float32(0.5), None, "int8")
+
+
+def int8_rows_rhs(lhs, rhs, quantize_lhs=False):
+    """``rhs`` as a product with ``lhs`` reads it: an "mxfp4" QArray meeting
+    int8 rows (an int8 QArray lhs, or rows the kernels quantize to int8) as
+    :func:`mxfp4_as_int8`'s int8 QArray, whose products with them are the
+    exact int8 ones (what its 4-bit layout for int8 rows computes); else
+    ``rhs`` itself."""
+    if isinstance(rhs, QArray) and rhs.qtype == "mxfp4" and (
+            quantize_lhs or (isinstance(lhs, QArray) and lhs.qvalue.dtype == np.int8)):
+        return mxfp4_as_int8(rhs)
+    return rhs
 
 
 def quantizes_in_kernel(lhs, rhs, qtype):
@@ -268,9 +290,9 @@ def quantizes_in_kernel(lhs, rhs, qtype):
     if qtype not in ("int8", np.int8) or not isinstance(lhs, np.ndarray) or lhs.dtype.name not in (
             "float32", "bfloat16"):
         return False
-    if getattr(rhs, "ctype", None) in ("int8-dot", "int8-mmla"):
+    if getattr(rhs, "ctype", None) in ("int8-dot", "int8-mmla", "int8-int4-dot", "int8-mxfp4-dot"):
         return True
-    if not (isinstance(rhs, QArray) and rhs.qtype in ("int8", "int4") and rhs.dtype == _FLOAT32):
+    if not (isinstance(rhs, QArray) and rhs.qtype in ("int8", "int4", "mxfp4") and rhs.dtype == _FLOAT32):
         return False
     return integral_zero_points(rhs.zero_point) and (served("int8-dot") or served("int8-mmla"))
 

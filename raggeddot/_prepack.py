@@ -27,7 +27,13 @@ _BF16_MMLA = "bfloat16-mmla"
 # USMMLA kernels serve, blocks of 8 steps with the same trailers.
 _INT8_DOT = "int8-dot"
 _INT8_MMLA = "int8-mmla"
-_INT8_LAYOUTS = (_INT8_DOT, _INT8_MMLA)
+# 4-bit weights for an int8 lhs (w4a8), where the AVX-512 VNNI kernels
+# serve: 4 bits a weight in k-quads, decoded to int8 in the micro-kernel,
+# each panel followed by one scale a column (a float for int4, the e8m0
+# byte for MXFP4, whose values the kernels double as they halve the
+# scale), block after block cut at the scale tiles along k.
+_W4A8 = {"int4": "int8-int4-dot", "mxfp4": "int8-mxfp4-dot"}
+_INT8_LAYOUTS = (_INT8_DOT, _INT8_MMLA) + tuple(_W4A8.values())
 # the steps of a block of the contraction in each of those layouts
 _UNIT = {_BF16_DOT: 2, _BF16_MMLA: 4, _INT8_DOT: 4, _INT8_MMLA: 8}
 
@@ -42,6 +48,17 @@ def _int8_layout():
     """The layout of int8 weights for an int8 lhs with the kernels selected
     now (None: no int8 dot products are served)."""
     return next((ct for ct in (_INT8_MMLA, _INT8_DOT) if gw.served(ct)), None)
+
+
+def _w4a8_layout(q):
+    """The w4a8 layout of the 4-bit QArray weights ``q`` (int4 values in
+    [-8, 7] without zero points, or "mxfp4") for an int8 lhs with the
+    kernels selected now, or None (other weights, or not served)."""
+    ct = _W4A8.get(q.qtype)
+    qtile = q.tile_shape[1] if q.ndim == 3 else 0
+    if ct is None or q.zero_point is not None or not gw.served(ct) or (qtile % 4 and qtile < q.shape[1]):
+        return None     # (runs of scales along k in whole k-quads)
+    return ct if q.qtype == "mxfp4" or _int4_values(q) else None
 # Quantized weights (a QArray): one byte a value in the panels, widened and
 # dequantized by the micro-kernel, (q - zero_point) * scale per column, in
 # float32 (int4 values are held in int8).
@@ -255,7 +272,19 @@ class PackedRhs(v.Prepacked):
         values = np.empty((g, k, n), dtype=np.uint8)
         start, pc = 0, 0
         while pc < k:
-            if self.ctype in _INT8_LAYOUTS:   # [kq / u, NR, u] (u: 4, or 8), then 12 bytes a column
+            if self.ctype in _W4A8.values():  # [kq / 4, 2 NR] bytes, then the trailer of runs
+                depth = min(kc, k - pc)
+                kq = -(-depth // 4) * 4
+                first, tile = min(self._qtile - pc % self._qtile, depth), min(self._qtile, depth)
+                runs = 1 if depth <= first else 1 + -(-(depth - first) // tile)
+                step = nr * kq // 2 + _TRAILER + runs * nr * (1 if self.qtype == "mxfp4" else 4)
+                block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * kq // 2]
+                block = block.reshape(g, panels, kq // 4, nr // 2, 4)
+                both = np.concatenate([block & 0xF, block >> 4], axis=3)       # codes [g, panels, kq/4, nr, 4]
+                block = both.transpose(0, 2, 4, 1, 3).reshape(g, kq, panels * nr)
+                if self.qtype != "mxfp4":
+                    block = ((block ^ 8).astype(np.int16) - 8).astype(np.int8).view(np.uint8)
+            elif self.ctype in _INT8_LAYOUTS:   # [kq / u, NR, u] (u: 4, or 8), then 12 bytes a column
                 u = _UNIT[self.ctype]
                 depth = min(kc, k - pc, self._qtile - pc % self._qtile)
                 kq = -(-depth // u) * u
@@ -279,6 +308,9 @@ class PackedRhs(v.Prepacked):
             start += panels * step
             pc += depth
         zp = None if self._zero_point is None else self._zero_point.copy()
+        if self.qtype == "mxfp4":
+            from .quant import PackedFloat4
+            return QArray(PackedFloat4.pack(values.view(self._storage), -1), self._scale.copy(), None, self.qtype)
         return QArray(values.view(self._storage), self._scale.copy(), zp, self.qtype)
 
 
@@ -359,7 +391,7 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
         computed in float32, as a call with the QArray computes it.
       lhs_dtype: the dtype of the lhs the weights will mostly be multiplied
         with, which picks the layout (default: the weights' own dtype;
-        float16, bfloat16, float32 or float64, and for int8 or int4 QArray
+        float16, bfloat16, float32 or float64, and for int8, int4 or mxfp4 QArray
         weights also int8). bfloat16 weights for a bfloat16 lhs are laid out
         in k-pairs for the bfloat16 dot-product kernels (``vdpbf16ps``)
         where the CPU has them; for a float32 or float16 lhs
@@ -368,8 +400,11 @@ def prepack(rhs, *, transpose_rhs=False, lhs_dtype=None):
         (an int8 QArray lhs with one scale per row, as ``moe_block``'s
         ``activation_qtype="int8"`` makes) are laid out in k-quads with their
         column sums for the int8 dot-product kernels (``vpdpbusd``) where the
-        CPU has them; by default quantized weights are laid out for a float
-        lhs, which they widen and dequantize in the micro-kernel.
+        CPU has them; int4 weights (values in [-8, 7], no zero points) and
+        MXFP4 ones keep 4 bits a weight there, where the AVX-512 VNNI kernels
+        serve them (w4a8: an MXFP4 value v is the int8 2v with its scale
+        halved, exactly); by default quantized weights are laid out for a
+        float lhs, which they widen and dequantize in the micro-kernel.
 
     A PackedRhs meeting an lhs it was not laid out for: every call gives the
     result of the plain weights (the array or QArray given here) bit for
@@ -443,6 +478,9 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
                              f"({int(nan.sum())} NaN values): NaN weights cannot be prepacked")
     w = q.transpose(0, 2, 1) if transpose_rhs else q
     g, k, n = w.shape
+    w4 = _w4a8_layout(w) if lhs == np.int8 else None
+    if w4 is not None:      # 4 bits a weight for the int8 dot products
+        return _prepack_as(q, w, dt, w4)
     if q.qtype in ("float4_e2m1fn", "mxfp4"):
         if _pow2_scales(w):
             return _prepack_float4(q, w, dt, fn)
@@ -453,6 +491,13 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
         ctype = _int8_layout()
     elif ctype == "float32-int8w" and _int4_values(w):
         ctype = _I4LAYOUT       # (int4 values held in int8: 4 bits a weight)
+    return _prepack_as(q, w, dt, ctype)
+
+
+def _prepack_as(q, w, dt, ctype):
+    """prepack of QArray weights ``w [g, k, n]`` (``q`` as given) in the
+    layout of ``ctype``, whose C layout reads them as they are."""
+    g, k, n = w.shape
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
     zp = w.zero_point is not None
@@ -507,16 +552,16 @@ def _lhs_dtype(lhs_dtype, weights, fn, qtype=None):
         dt = None
     what = "quantized weights" if qtype else f"{weights.name} weights"
     if dt is not None and dt == np.int8:
-        if qtype in ("int8", "int4"):
+        if qtype in ("int8", "int4", "mxfp4"):
             return dt
         if qtype:
-            raise TypeError(f"{fn}: 'lhs_dtype'=int8 (the int8 dot-product layout) takes int8 or int4 "
-                            f"QArray weights, got {qtype} ones: leave lhs_dtype out (a float lhs)")
+            raise TypeError(f"{fn}: 'lhs_dtype'=int8 (the int8 dot-product layout) takes int8, int4 or "
+                            f"mxfp4 QArray weights, got {qtype} ones: leave lhs_dtype out (a float lhs)")
         raise TypeError(f"{fn}: 'lhs_dtype'=int8 is for int8 QArray weights, got {what}: quantize them "
                         "first (raggeddot.quantize(rhs, 'int8', channelwise_axes=(0, 2))), or leave "
                         "lhs_dtype out for a float lhs")
     if dt is None or dt.name not in _LHS_FLOATS:
-        kinds = "float16, bfloat16, float32, float64" + (" or int8" if qtype in ("int8", "int4") else "")
+        kinds = "float16, bfloat16, float32, float64" + (" or int8" if qtype in ("int8", "int4", "mxfp4") else "")
         raise TypeError(f"{fn}: 'lhs_dtype' must be a dtype of the lhs these {what} will be multiplied "
                         f"with ({kinds}), got {lhs_dtype!r}")
     if dt.name == "float64" and weights.name != "float64":
@@ -546,7 +591,7 @@ def quantizes_in_kernel(rows, packed):
     int8 per row by the kernels while they pack them (as for the plain
     QArray weights: int8 values, the int8 dot products served)."""
     return isinstance(rows, np.ndarray) and v._dtype_name(rows.dtype) in ("float32", "bfloat16") \
-        and _int8_exact(packed) and _int8_layout() is not None
+        and (_int8_exact(packed) or packed.qtype == "mxfp4") and _int8_layout() is not None
 
 
 def _wanted(packed, lhs, quantize_lhs, exact=False):
@@ -560,9 +605,21 @@ def _wanted(packed, lhs, quantize_lhs, exact=False):
                 and not quantize_lhs and not exact
             return (_bf16_layout() if bf16 else None) or _LAYOUT["bfloat16"]
         return packed.ctype
-    if (quantize_lhs or _int8_lhs(lhs)) and _int8_exact(packed):
+    if (quantize_lhs or _int8_lhs(lhs)) and (_int8_exact(packed) or packed.qtype == "mxfp4"):
         per_row = quantize_lhs or lhs.scale.shape[-1] == 1      # one scale along k
-        return _int8_layout() if per_row else None
+        if not per_row:
+            return None
+        w4 = packed.ctype if packed.ctype in _W4A8.values() else _W4A8.get(packed.qtype)
+        # 4 bits a weight, no zero points on either side (the same bits as
+        # the one-byte layout: this picks the speed only); int4 values known
+        # to lie in [-8, 7] where their float layout is the 4-bit one
+        if w4 is not None and (quantize_lhs or lhs.zero_point is None) and packed._zero_point is None \
+                and gw.served(w4) and (packed.qtype == "mxfp4" or packed.ctype in (_I4LAYOUT, w4)
+                                       or w4 in packed._kept):
+            return w4
+        return _int8_layout()
+    if packed.ctype == _W4A8["mxfp4"]:
+        return _F4LAYOUT        # (MXFP4 laid out for int8 rows: the 4-bit float layout)
     if packed.qtype in ("float4_e2m1fn", "mxfp4"):
         return packed.ctype     # its 4-bit (or float8) layout takes every float lhs
     if packed.ctype not in _INT8_LAYOUTS:
@@ -640,7 +697,11 @@ def _layout_of(packed, ctype):
     w = packed.unpack()
     if ctype is None:
         return w
-    lhs_dtype = {_INT8_DOT: np.int8, _INT8_MMLA: np.int8, "float32-bfloat16w": np.float32}.get(ctype)
+    lhs_dtype = np.int8 if ctype in _INT8_LAYOUTS else {"float32-bfloat16w": np.float32}.get(ctype)
+    if ctype in (_INT8_DOT, _INT8_MMLA) and w.qtype == "mxfp4":
+        w = gw.mxfp4_as_int8(w)     # (w4a8 where its own layout is not served)
+    elif ctype in (_INT8_DOT, _INT8_MMLA) and w.qtype == "int4":    # (not the 4-bit one)
+        w = QArray(w.qvalue, w.scale, w.zero_point, "int8")
     made = prepack(w, lhs_dtype=lhs_dtype)
     if made.ctype != ctype:     # (the selection changed under the caller)
         raise RuntimeError(f"prepack laid weights out for {made.ctype}, not {ctype}")

@@ -326,7 +326,7 @@ KERNELS = [k["name"] for k in _TABLE if "float32" in k["types"]]
 # MMLA type (which reads the dot types' B panels)
 DOT_KERNELS = {ct: [k["name"] for k in _TABLE if ct in k["types"] and "float32" not in k["types"]]
                for ct in ("bfloat16-dot", "int8-dot", "bfloat16-tile", "int8-tile", "bfloat16-mmla",
-                          "int8-mmla")}
+                          "int8-mmla", "int8-int4-dot", "int8-mxfp4-dot")}
 THREAD_COUNTS = (1, 2, 3)              # results must be bitwise equal for each
 # the float family that automatic selection runs float32 products on here
 # (avx512, avx2, neon or ref)

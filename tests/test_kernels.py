@@ -32,10 +32,12 @@ def test_kernel_table_rows_are_selectable_or_refused():
     assert runtime.runnable_kernels() == [r["name"] for r in table if r["runnable"]]
     for row in table:
         # a float family serves every float type; a dot-product family only its own
-        # (the tile families: bfloat16 and int8 tiles; Arm's MMLA families one MMLA type)
+        # (the tile families: bfloat16 and int8 tiles; Arm's MMLA families one MMLA type;
+        # the AVX-512 VNNI families also the w4a8 types, 4-bit weights times int8 rows)
         assert set(row["types"]) <= set(_core.PACKING_READS)
         assert {"float32", "float64"} <= set(row["types"]) or set(row["types"]) in (
-            {"bfloat16-dot"}, {"int8-dot"}, {"bfloat16-tile", "int8-tile"}, {"bfloat16-mmla"}, {"int8-mmla"})
+            {"bfloat16-dot"}, {"int8-dot"}, {"bfloat16-tile", "int8-tile"}, {"bfloat16-mmla"}, {"int8-mmla"},
+            {"int8-dot", "int8-int4-dot", "int8-mxfp4-dot"})
         with runtime.configured():
             if row["runnable"]:
                 runtime.set_kernel(row["name"])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import raggeddot as rd
+from raggeddot import _gateway as gw
 from raggeddot import quant, reference, runtime
 from raggeddot.quant import PackedFloat4, QArray
 
@@ -233,5 +234,12 @@ def test_moe_block_forward_and_backward_with_mxfp4_experts():
     _, f_d = rd.vjp(functools.partial(rd.moe_block, **kw), x, router, *deq)
     for a, b in zip(f_q(ct)[:2], f_d(ct)[:2]):     # the activations' and the router's gradients
         assert np.array_equal(a, b)
+    # int8 rows (w4a8): the exact int8 products of the int8 QArray of the
+    # same weights (each value v as 2v, each scale halved), near the float
+    # weights' layer with the same quantized rows
     q8 = rd.moe_block(x, router, w0, w1, wo, activation_qtype="int8", **kw)
-    assert np.array_equal(q8, rd.moe_block(x, router, *deq, activation_qtype="int8", **kw))
+    as_int8 = [gw.mxfp4_as_int8(w) for w in (w0, w1, wo)]
+    assert all(np.array_equal(quant.dequantize(a), d) for a, d in zip(as_int8, deq))
+    assert np.array_equal(q8, rd.moe_block(x, router, *as_int8, activation_qtype="int8", **kw))
+    near = rd.moe_block(x, router, *deq, activation_qtype="int8", **kw)
+    assert np.abs(q8 - near).max() <= 1e-5 * np.abs(near).max()

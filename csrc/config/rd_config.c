@@ -38,6 +38,11 @@ const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
      * micro-panel followed by the trailers of int8-dot) */
     [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 8, 12, 0},
     [RD_CT_BF16MMA] = {"bfloat16-mmla", 2, 2, sizeof(float), 4, 0, 0},
+    /* w4a8: int8 k-quads of A with the int8-dot row trailer, 4-bit k-quads
+     * of B, each micro-panel followed by one scale a column (a float; an
+     * e8m0 exponent byte for MXFP4) */
+    [RD_CT_U8S8_I4] = {"int8-int4-dot", 1, 1, sizeof(float), 4, 12, 1, sizeof(float)},
+    [RD_CT_U8S8_F4] = {"int8-mxfp4-dot", 1, 1, sizeof(float), 4, 12, 1, 1},
 };
 
 const size_t rd_dtype_size[RD_DTYPE_COUNT] = {

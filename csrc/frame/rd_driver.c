@@ -131,7 +131,8 @@ rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_in
         return (const char *)rd_at(b->p, cl->b_src, pc, b->rs, jc, 1);
     if (b->panels > 0) {
         const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
-        const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp, cl->scale_size,
+        const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp,
+                                rd_b_scale_size(cl->plan->ct),
                                 rd_ctypes[cl->plan->ct].b_nibbles, cl->plan->ct == RD_CT_F32_F4W};
         *bstep = rd_ppanel_bytes(&L, pc, kc);
         return (const char *)b->p + rd_pblock_offset(&L, pc) + (size_t)((b->j0 + jc) / NR) * *bstep;
@@ -208,10 +209,11 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
         for (rd_int pc = 0; pc < K; pc += kc) {
             kc = K - pc < KC ? K - pc : KC;
             if (cl->scale_size) {
-                rd_int ra = rd_scale_room(a, 0, pc), rb = rd_scale_room(b, 1, pc);
+                /* (w4a8 weights hold runs of scales in their blocks) */
+                rd_int ra = rd_scale_room(a, 0, pc), rb = rd_ctype_w4a8(cl->plan->ct) ? kc : rd_scale_room(b, 1, pc);
                 kc = kc < ra ? kc : ra;
                 kc = kc < rb ? kc : rb;
-                if (b2 != NULL) {
+                if (b2 != NULL && !rd_ctype_w4a8(cl->plan->ct)) {
                     const rd_int rb2 = rd_scale_room(b2, 1, pc);
                     kc = kc < rb2 ? kc : rb2;
                 }

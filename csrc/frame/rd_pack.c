@@ -343,6 +343,18 @@ static const rd_qpack_t rd_qpack_table[RD_CT_COUNT][RD_DTYPE_COUNT][2] = {
         [RD_F32] = {rd_pack_s_qt_qpack, NULL},
         [RD_BF16] = {rd_pack_b_qt_qpack, NULL},
     },
+    /* w4a8: A as int8-dot's, B prepacked only (its 4-bit k-quads) */
+    [RD_CT_U8S8_I4] = {
+        [RD_I8] = {rd_pack_i8_u8_qpack, rd_pack_i8_w4_qpack},
+        [RD_F32] = {rd_pack_s_q8_qpack, NULL},
+        [RD_BF16] = {rd_pack_b_q8_qpack, NULL},
+    },
+    [RD_CT_U8S8_F4] = {
+        [RD_I8] = {rd_pack_i8_u8_qpack, NULL},
+        [RD_F32] = {rd_pack_s_q8_qpack, NULL},
+        [RD_BF16] = {rd_pack_b_q8_qpack, NULL},
+        [RD_F4E2M1] = {NULL, rd_pack_f4_w4_qpack},
+    },
     [RD_CT_U8S8MMA] = {
         [RD_I8] = {rd_pack_i8_uo_qpack, rd_pack_i8_so_qpack},
         [RD_F32] = {rd_pack_s_qo_qpack, NULL},

@@ -153,3 +153,76 @@ rd_pack_i4_i4_pack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int
 {
     rd_pack_nibbles(rows, depth, src, rs, cs, r, dst, 1);
 }
+
+/*
+ * The 4-bit k-quads of the w4a8 types (RD_CT_U8S8_I4, RD_CT_U8S8_F4; the
+ * layout is rd_kernel.h's): per r-row micro-panel (r even), each quad q of
+ * the depth 2r bytes, byte t holding row t/4's code of step 4q + t%4 in its
+ * low nibble and row r/2 + t/4's in its high nibble (padding steps and rows
+ * code 0); then the rd_qtrailer_t of the block's runs within the scale
+ * tiles along the depth, and per run one scale a row: a float (int4,
+ * RD_QRUN), or the e8m0 exponent byte of the power-of-two scale
+ * (float4_e2m1fn, RD_F4RUN).  Padding rows get scale 0 (exponent 0).  The
+ * codes of float4_e2m1fn operands (addressed in nibbles), or the low 4
+ * bits of int4 values.
+ */
+static void
+rd_pack_w4a8(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_,
+             const rd_qblock_t *qb, int int4)
+{
+    uint8_t *dst = (uint8_t *)dst_;
+    const int h = r / 2;
+    const rd_int kq = (depth + 3) / 4 * 4;
+    const float *scale = (const float *)qb->s;
+    const rd_int first = qb->tp - qb->p0 % qb->tp;
+    const rd_qtrailer_t head = {(int)(first < depth ? first : depth), (int)(qb->tp < depth ? qb->tp : depth), 0, 0};
+    const rd_int runs = rd_qruns(head.first, head.tile, depth);
+    const size_t trailer = int4 ? RD_QRUN(runs, r, 0) : RD_F4RUN(runs, r);
+    for (rd_int i0 = 0; i0 < rows; i0 += r) {
+        const rd_int have = rows - i0 < r ? rows - i0 : r;
+        memset(dst, 0, (size_t)h * (size_t)kq);
+        for (rd_int i = 0; i < have; i++) {
+            const int shift = i < h ? 0 : 4;
+            uint8_t *col = dst + 4 * (i < h ? i : i - h);
+            for (rd_int p = 0; p < depth; p++) {
+                unsigned code;
+                if (int4)
+                    code = (uint8_t)((const int8_t *)src)[(i0 + i) * rs + p * cs] & 0x0fu;
+                else
+                    code = rd_f4_code((uintptr_t)src + (uintptr_t)((i0 + i) * rs + p * cs));
+                col[p / 4 * 2 * r + p % 4] |= (uint8_t)(code << shift);
+            }
+        }
+        uint8_t *tr = dst + (rd_int)h * kq;
+        memcpy(tr, &head, sizeof head);
+        for (rd_int run = 0; run < runs; run++) {
+            /* the tile along the depth of the run's first step */
+            const rd_int t = (qb->p0 + (run == 0 ? 0 : head.first + (run - 1) * head.tile)) / qb->tp;
+            for (rd_int i = 0; i < r; i++) {
+                const float s = i < have ? scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps] : 0.0f;
+                if (int4)
+                    memcpy(tr + RD_QRUN(run, r, 0) + 4 * (size_t)i, &s, sizeof s);
+                else {
+                    uint32_t u;
+                    memcpy(&u, &s, sizeof u);
+                    tr[RD_F4RUN(run, r) + (size_t)i] = (uint8_t)(u == 0x00400000u || i >= have ? 0 : u >> 23);
+                }
+            }
+        }
+        dst += (rd_int)h * kq + (rd_int)trailer;
+    }
+}
+
+void
+rd_pack_i8_w4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_w4a8(rows, depth, src, rs, cs, r, dst, qb, 1);
+}
+
+void
+rd_pack_f4_w4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                    const rd_qblock_t *qb)
+{
+    rd_pack_w4a8(rows, depth, src, rs, cs, r, dst, qb, 0);
+}

@@ -41,6 +41,15 @@ void rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
 void rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
 
+/* The 4-bit k-quads of the w4a8 types' B (RD_CT_U8S8_I4, RD_CT_U8S8_F4),
+ * with a trailer of runs of scales, from int4 values held in int8 (i8_w4)
+ * or float4_e2m1fn codes (f4_w4), frame/rd_pack_f4.c; their A is
+ * RD_CT_U8S8's. */
+void rd_pack_i8_w4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+void rd_pack_f4_w4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
+                         const rd_qblock_t *qb);
+
 /* The A operands of the tile types, row after row (frame/rd_pack_dot.c):
  * bfloat16 from bfloat16 (b_t) and from float32 rounded (r_t); int8 + 128
  * with each row's trailer (i8_ut); float32 / bfloat16 rows quantized to

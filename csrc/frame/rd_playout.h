@@ -33,7 +33,7 @@ typedef struct {
     size_t b_size;
     rd_int qtile;
     int qzp;
-    size_t scale_size;
+    size_t scale_size;  /* bytes a column of B's row of scales (rd_b_scale_size) */
     int nibbles;        /* 4-bit panels (RD_CT_F32_F4W, RD_CT_F32_I4W): NR/2
                            bytes a step */
     int e8m0;           /* ... with one exponent byte a column per run after
@@ -54,10 +54,12 @@ rd_ptrailer(const rd_playout_t *L, rd_int pc, rd_int kc)
 static inline size_t
 rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
 {
-    if (L->nibbles) {
+    if (L->nibbles) {   /* (w4a8: k-quads, scale_size 4 or 1 for the float or e8m0 scales) */
         const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
         const rd_int runs = rd_qruns(h.first, h.tile, kc);
-        return (size_t)L->NR / 2 * (size_t)kc + (L->e8m0 ? RD_F4RUN(runs, L->NR) : RD_QRUN(runs, L->NR, L->qzp));
+        const int e8m0 = L->e8m0 || L->scale_size == 1;
+        return (size_t)L->NR / 2 * (size_t)rd_round_up(kc, L->k_unit)
+               + (e8m0 ? RD_F4RUN(runs, L->NR) : RD_QRUN(runs, L->NR, L->qzp));
     }
     size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
     if (L->scale_size)
@@ -70,13 +72,14 @@ rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
 }
 
 /* The depth of the layout's block at p of a contraction of k: KC, less at
- * the end, and for panels with a row of scales a column (scale_size) also
- * ending at the next scale tile boundary along k. */
+ * the end, and for panels with a row of scales a column (scale_size; not
+ * the w4a8 ones, whose trailers hold runs) also ending at the next scale
+ * tile boundary along k. */
 static inline rd_int
 rd_pblock_depth(const rd_playout_t *L, rd_int p, rd_int k)
 {
     rd_int kc = k - p < L->KC ? k - p : L->KC;
-    if (L->scale_size && L->qtile > 0 && L->qtile - p % L->qtile < kc)
+    if (L->scale_size && !L->nibbles && L->qtile > 0 && L->qtile - p % L->qtile < kc)
         kc = L->qtile - p % L->qtile;
     return kc;
 }

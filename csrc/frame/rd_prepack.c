@@ -15,7 +15,7 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     const rd_int NR = plan->k.nr;
-    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, ct->scale_size,
+    rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, rd_b_scale_size(plan->ct),
                       ct->b_nibbles, plan->ct == RD_CT_F32_F4W};
     if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
         L.KC = RD_I32_KC_MAX;

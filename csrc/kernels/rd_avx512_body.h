@@ -132,6 +132,27 @@ rd_avx512_e8m0(const uint8_t *e)
                                                      _mm512_set1_epi32(0x00400000)));
 }
 
+/* 16 columns of a row of C (cols of them valid), stored or added: whole
+ * where contiguous (masked at the right edge), through a spill where
+ * strided (the few-row kernels' edge) */
+RD_AVX512 static inline __attribute__((always_inline)) void
+rd_avx512_put16(__m512 v, float *c, rd_int cs_c, rd_int cols, int mode)
+{
+    if (cols <= 0)
+        return;
+    if (cs_c == 1) {
+        const __mmask16 m = cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u);
+        if (mode == RD_ADD)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), v);
+        _mm512_mask_storeu_ps(c, m, v);
+        return;
+    }
+    float t[16] __attribute__((aligned(64)));
+    _mm512_store_ps(t, v);
+    for (rd_int j = 0; j < cols && j < 16; j++)
+        c[j * cs_c] = mode == RD_ADD ? c[j * cs_c] + t[j] : t[j];
+}
+
 /* One row of a float32 tile, 32 columns: stored, or added to C. */
 RD_AVX512 static inline void
 s_store_row(float *c, __m512 lo, __m512 hi, int accumulate)

@@ -35,6 +35,7 @@
 
 #include "rd_avx512_body.h"
 #include "rd_dot_blocking.h"
+#include "rd_avx512_w4a8.h"
 
 #define RD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define RD_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -224,9 +225,15 @@ const rd_family_t rd_family_avx512_bf16 = {
     "avx512-bf16", rd_avx512_bf16_runnable,
     {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
+/* (with the w4a8 kernels of rd_avx512_w4a8.c: 4-bit weights, int8 rows) */
 const rd_family_t rd_family_avx512_vnni = {
     "avx512-vnni", rd_avx512_vnni_runnable,
-    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_avx512_12x32),
+     [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_avx512_i4),
+     [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_avx512_f4)},
+    0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8_I4] = {rd_w4a8_few_avx512_i4, 4, rd_w4a8_avx512_i4},
+     [RD_CT_U8S8_F4] = {rd_w4a8_few_avx512_f4, 4, rd_w4a8_avx512_f4}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

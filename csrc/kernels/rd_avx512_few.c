@@ -86,25 +86,7 @@ rd_few_e8m0(const uint8_t *e, __m512 *s0, __m512 *s1)
     *s1 = rd_avx512_e8m0(e + 16);
 }
 
-/* 16 columns of a row of C: whole where contiguous (masked at the right
- * edge), through a spill where strided */
-FEW_ATTR static RD_INLINE void
-rd_few_put(__m512 v, float *c, rd_int cs_c, rd_int cols, int mode)
-{
-    if (cols <= 0)
-        return;
-    if (cs_c == 1) {
-        const __mmask16 m = cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u);
-        if (mode == RD_ADD)
-            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), v);
-        _mm512_mask_storeu_ps(c, m, v);
-        return;
-    }
-    float t[16] __attribute__((aligned(64)));
-    _mm512_store_ps(t, v);
-    for (rd_int j = 0; j < cols && j < 16; j++)
-        c[j * cs_c] = mode == RD_ADD ? c[j * cs_c] + t[j] : t[j];
-}
+#define rd_few_put rd_avx512_put16
 
 #include "rd_few_body.h"
 

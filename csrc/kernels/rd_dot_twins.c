@@ -158,6 +158,68 @@ rd_u8s8mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int
                         (float *)c, rs_c, cs_c, m, n, mode);
 }
 
+/* The w4a8 types (RD_CT_U8S8_I4, RD_CT_U8S8_F4): A + 128 in int8 k-quads
+ * with U8S8's row trailer, B 4-bit k-quads (byte t of a quad's 2 NR holds
+ * column t/4 in its low nibble, NR/2 + t/4 in its high one, step t%4),
+ * then the rd_qtrailer_t of its runs and their scales; per run, S = the
+ * sum of A B (exact) and C (+)= (float)S * (sa * sb) (the first run stored
+ * or added as mode says, the later ones added), the scale of an F4 column
+ * 2^(e - 128). */
+static void
+rd_w4a8_twin(int ct, rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
+             int mode)
+{
+    enum { MR = 12, NR = 32 };
+    const uint8_t *a = (const uint8_t *)a_, *b = (const uint8_t *)b_;
+    const rd_int kq = (kc + 3) / 4 * 4;
+    const char *tb = (const char *)b_ + NR / 2 * kq;
+    float sa[MR];
+    memcpy(sa, (const char *)a_ + MR * kq + 4 * MR, sizeof sa);
+    rd_qtrailer_t h;
+    memcpy(&h, tb, sizeof h);
+    rd_int p = 0;
+    for (rd_int r = 0; p < kc; r++) {
+        rd_int end = p + (r == 0 ? h.first : h.tile);
+        end = end < kc ? end : kc;
+        uint32_t sum[MR][NR];
+        memset(sum, 0, sizeof sum);
+        for (; p < end; p++) {
+            const uint8_t *ap = a + p / 4 * 4 * MR + p % 4, *bp = b + p / 4 * 2 * NR + p % 4;
+            for (int j = 0; j < n; j++) {
+                const unsigned byte = bp[4 * (j % (NR / 2))];
+                const int v = rd_w4a8_value(ct, j < NR / 2 ? byte : byte >> 4);
+                for (int i = 0; i < m; i++)
+                    sum[i][j] += (uint32_t)(((int32_t)ap[4 * i] - 128) * v);
+            }
+        }
+        float acc[MR][NR];
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                float sb;
+                if (ct == RD_CT_U8S8_F4)
+                    sb = rd_e8m0_to_float(((const uint8_t *)tb)[RD_F4RUN(r, NR) + (size_t)j]) * 0.5f;
+                else
+                    memcpy(&sb, tb + RD_QRUN(r, NR, 0) + 4 * (size_t)j, sizeof sb);
+                acc[i][j] = (float)(int32_t)sum[i][j] * (sa[i] * sb);
+            }
+        rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, r > 0 || mode == RD_ADD ? RD_ADD : RD_STORE);
+    }
+}
+
+static void
+rd_w4a8_twin_i4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
+                int mode)
+{
+    rd_w4a8_twin(RD_CT_U8S8_I4, kc, a, b, c, rs_c, cs_c, m, n, mode);
+}
+
+static void
+rd_w4a8_twin_f4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
+                int mode)
+{
+    rd_w4a8_twin(RD_CT_U8S8_F4, kc, a, b, c, rs_c, cs_c, m, n, mode);
+}
+
 static int
 rd_twin_runnable(void)
 {
@@ -171,8 +233,12 @@ RD_TWIN_FAMILY(rd_family_avx512_bf16_twin, "avx512-bf16-twin", RD_CT_BF16DP,
                RD_BF16_DESC(rd_bf16dot_twin_12x32))
 RD_TWIN_FAMILY(rd_family_neon_bf16_twin, "neon-bf16-twin", RD_CT_BF16MMA,
                RD_NEON_BF16_DESC(rd_bf16mmla_twin_12x8))
-RD_TWIN_FAMILY(rd_family_avx512_vnni_twin, "avx512-vnni-twin", RD_CT_U8S8,
-               RD_VNNI_DESC(rd_u8s8dot_twin_12x32))
+const rd_family_t rd_family_avx512_vnni_twin = {
+    "avx512-vnni-twin", rd_twin_runnable,
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32), [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_twin_i4),
+     [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_twin_f4)},
+    1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+};
 RD_TWIN_FAMILY(rd_family_avx_vnni_twin, "avx-vnni-twin", RD_CT_U8S8,
                RD_AVXVNNI_DESC(rd_u8s8dot_twin_6x16))
 RD_TWIN_FAMILY(rd_family_neon_i8mm_twin, "neon-i8mm-twin", RD_CT_U8S8MMA,

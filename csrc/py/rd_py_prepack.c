@@ -11,6 +11,33 @@
 
 /* ------------------------------------------------------------ prepacking */
 
+/* Whether the operand tuple obj (x: as rd_arg_operand read it) holds what
+ * the w4a8 type ct lays out: no zero points, and int4 values in [-8, 7]
+ * (RD_CT_U8S8_I4) or 4-bit floats with e8m0 scales (RD_CT_U8S8_F4). */
+static int
+rd_w4a8_weights(PyObject *obj, const rd_arg_t *x, rd_ctype_t ct)
+{
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) < 3 || PyTuple_GET_ITEM(obj, 2) != Py_None)
+        return 0;
+    if (ct == RD_CT_U8S8_F4)
+        return x->dtype == RD_F4E2M1 && rd_pow2_scales(obj);
+    if (x->dtype != RD_I8)
+        return 0;
+    PyArrayIterObject *it = (PyArrayIterObject *)PyArray_IterNew((PyObject *)x->arr);
+    if (it == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = 1;
+    while (ok && it->index < it->size) {
+        const int8_t v = *(const int8_t *)it->dataptr;
+        ok = v >= -8 && v <= 7;
+        PyArray_ITER_NEXT(it);
+    }
+    Py_DECREF(it);
+    return ok;
+}
+
 /* A plan for the compute type named `name` (a dot type's name: the type
  * that multiplies weights in its layout now, rd_layout_product) whose kernel has register block
  * width `nr` (any, when nr <= 0) and cache depth KC = `kc` (the plan's, when
@@ -129,7 +156,19 @@ rd_py_prepack(PyObject *self, PyObject *args)
                         "in [2^-127, 2^127] and no zero points");
         return NULL;
     }
-    if (rd_ctype_int8_dot(plan.ct) && !rd_int8_exact(orhs, &rhs)) {
+    if (rd_ctype_w4a8(plan.ct) && q.s != NULL && q.tr % 4 != 0 && q.tr < rhs.dim[1]) {
+        PyErr_SetString(PyExc_ValueError, "w4a8 weights (int8-int4-dot, int8-mxfp4-dot) take scale tiles along "
+                        "k of a multiple of 4 steps (or one tile)");
+        return NULL;
+    }
+    if (rd_ctype_w4a8(plan.ct) && !rd_w4a8_weights(orhs, &rhs, plan.ct)) {
+        PyErr_SetString(PyExc_ValueError, plan.ct == RD_CT_U8S8_F4
+                        ? "int8-mxfp4-dot weights hold float4_e2m1fn values with power-of-two scales in "
+                          "[2^-127, 2^127] and no zero points"
+                        : "int8-int4-dot weights hold int8 values in [-8, 7] and no zero points");
+        return NULL;
+    }
+    if (rd_ctype_int8_dot(plan.ct) && !rd_ctype_w4a8(plan.ct) && !rd_int8_exact(orhs, &rhs)) {
         PyErr_SetString(PyExc_ValueError, "int8-dot and int8-mmla weights hold int8 values with zero points "
                         "absent or integers in [-128, 127]");
         return NULL;
@@ -199,6 +238,11 @@ rd_py_ragged_rows_packed(PyObject *self, PyObject *args)
         rd_arg_array(opacked, "packed", 1, NPY_UINT8, RD_CONTIG, &packed) != 0 ||
         rd_arg_out(oout, 2, &out) != 0)
         return NULL;
+    if (qlhs && rd_ctype_w4a8(plan.ct) && PyTuple_GET_ITEM(olhs, 2) != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "weights prepacked for w4a8 products (int8-int4-dot, int8-mxfp4-dot) "
+                        "take an int8 quantized 'lhs' without zero points");
+        return NULL;
+    }
     if (qlhs && (lq.s == NULL || !rd_int8_exact(olhs, &lhs) || (k > 0 && lq.tc < k))) {
         PyErr_SetString(PyExc_TypeError, "weights prepacked for int8 dot products take an int8 quantized 'lhs' "
                         "with one scale (and integral zero point) per row along k");

@@ -406,8 +406,10 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     scale per token, :func:`~raggeddot.quantize` with
     ``channelwise_axes=(0,)``) inside the call, before their products with
     the expert weights: with int8 QArray weights w0, w1, wo the three
-    products then run on the exact int8 x int8 kernels (w8a8); with float
-    weights the quantized rows are dequantized while packed. Gradients are
+    products then run on the exact int8 x int8 kernels (w8a8), with int4
+    and MXFP4 ones too (w4a8: an MXFP4 value v taken as the int8 2v, its
+    scale halved, exactly; 4 bits a weight when prepacked for it); with
+    float weights the quantized rows are dequantized while packed. Gradients are
     straight through (qwix's): d(rows) and d(a) are those of the float
     layer, the weight gradients use the quantized rows.
 
@@ -416,7 +418,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     for bit, whatever rows they meet, and each product runs on the layout
     for its rows, as prepack's rule says: rows quantized to int8
     (``activation_qtype="int8"``) on the int8 dot-product layout of int8
-    QArray weights, float32 rows (a float32 x or router with 16-bit
+    QArray weights (the 4-bit one of int4 and MXFP4 weights), float32 rows (a float32 x or router with 16-bit
     weights) on the widening layout of bfloat16 weights, bfloat16 rows on
     the bfloat16 dot-product layout, float, int4 or float8 rows on the
     float layout of quantized weights. ``prepack(w, lhs_dtype=...)`` picks

@@ -315,6 +315,10 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         w0, w1, wo = (a.transpose(0, 2, 1) for a in (w0, w1, wo))
     if activation_qtype is not None:
         activation_qtype = _activation_qtype(activation_qtype, fn)
+    if activation_qtype == "int8" and not packed:
+        # MXFP4 experts meet int8 rows as the int8 QArray of the same values
+        # (w4a8: the exact int8 products, what their prepacked layout for int8 rows computes)
+        w0, w1, wo = (gw.int8_rows_rhs(None, w, quantize_lhs=True) for w in (w0, w1, wo))
     if packed:   # laid out once by prepack, read where they lie (each product takes the layout
         # for its lhs, _prepack.meet): checked now, before anything runs, for the rows they
         # meet: 16-bit where the layer keeps its hidden activations so, else of the compute

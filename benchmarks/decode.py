@@ -147,9 +147,9 @@ def rows_table(args, rng, threads) -> list:
             fns = {}
             for name, (plain, packed, kw) in fm.items():
                 q8 = bool(kw)
-                fn = (lambda p=packed, q=q8: raggeddot.ragged_dot(xl, p, gs) if not q else
-                      raggeddot.ragged_dot(raggeddot.quantize(xl.astype(np.float32), "int8", channelwise_axes=(0,)),
-                                           p, gs))
+                # int8 activations quantized per row by the kernels while they pack them
+                fn = (lambda p=packed, q=q8: raggeddot.ragged_dot(
+                    raggeddot.AsQArray(xl, "int8", channelwise_axes=(0,)) if q else xl, p, gs))
                 ref = raggeddot.ragged_dot(xl.astype(np.float32), dense[name], gs)
                 err = float(np.abs(np.asarray(fn(), np.float32) - ref).max() / np.abs(ref).max())
                 if not err <= 5e-2:

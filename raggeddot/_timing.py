@@ -40,9 +40,11 @@ def measure(fn, *, sync=None, warmup=1, min_runs=3, max_runs=50, target_s=0.2, f
 def interleaved(fns, *, rounds=5, warmup=1, pause_s=0.0, sync=None, before=None):
     """{name: [seconds per round]} for the callables of the dict `fns`, timed in `rounds`
     rounds of one call each after `warmup` calls each; `pause_s` before every timed call lets
-    the previous call's worker threads go idle (a spinning thread pool, as torch's), and
-    `before(name)`, when given, is called before every call of fns[name], outside the timing
-    (to switch a setting the variants share)."""
+    the previous call's worker threads go idle (a spinning thread pool, as torch's), then one
+    untimed call wakes this variant's threads and cores (measured on a shared 2-core Zen4
+    host: the first call after an idle 0.2 s took up to 8 ms longer, at random, for every
+    variant), and `before(name)`, when given, is called before every call of fns[name],
+    outside the timing (to switch a setting the variants share)."""
     def call(name, fn):
         if before is not None:
             before(name)
@@ -56,6 +58,7 @@ def interleaved(fns, *, rounds=5, warmup=1, pause_s=0.0, sync=None, before=None)
         for name, fn in fns.items():
             if pause_s:
                 time.sleep(pause_s)
+                call(name, fn)
             times[name].append(call(name, fn))
     return times
 

@@ -34,9 +34,6 @@
 
 #define RD_W4_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define RD_W4_INLINE inline __attribute__((always_inline))
-#ifndef RD_W4_AHEAD
-#define RD_W4_AHEAD 2048
-#endif
 
 /* the values of the codes (int4: (c ^ 8) - 8; float4_e2m1fn: 2 e2m1(c)),
  * as signed bytes [0], and + 128 as unsigned ones [1] */
@@ -85,20 +82,24 @@ rd_w4_scales(int f4, const char *tr, rd_int r, __m512 *s0, __m512 *s1)
         *s1 = _mm512_loadu_ps(sv + 64);
         return;
     }
-    const uint8_t *ev = (const uint8_t *)tr + RD_F4RUN(r, 32);
+    /* (e << 23, or 2^-127's bits for e 0: the larger) */
+    const char *ev = tr + RD_F4RUN(r, 32);
+    const __m512i sub = _mm512_set1_epi32(0x00400000);
     const __m512 half = _mm512_set1_ps(0.5f);
-    *s0 = _mm512_mul_ps(rd_avx512_e8m0(ev), half);
-    *s1 = _mm512_mul_ps(rd_avx512_e8m0(ev + 16), half);
+    const __m512i e0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)ev));
+    const __m512i e1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(ev + 16)));
+    *s0 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(e0, 23), sub)), half);
+    *s1 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(e1, 23), sub)), half);
 }
 
 /* RD_CT_U8S8's epilogue of a run's sums: (float)(S - 128 x) * (sa * sb),
  * x the sums the offset of one side added (B's column sums, or A's row
- * sum), t = S - 128 x the exact sum of the products (modulo 2^32). */
+ * sum; x128 = 128 x), t = S - 128 x the exact sum of the products (modulo
+ * 2^32); sa broadcast. */
 RD_W4_TARGET static RD_W4_INLINE __m512
-rd_w4_finish(__m512i s, __m512i x, float sa, __m512 sb)
+rd_w4_finish(__m512i s, __m512i x128, __m512 sa, __m512 sb)
 {
-    const __m512i t = _mm512_sub_epi32(s, _mm512_slli_epi32(x, 7));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(_mm512_set1_ps(sa), sb));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, x128)), _mm512_mul_ps(sa, sb));
 }
 
 /* The steps [p, end) of run r of a block of kc steps whose trailer is h. */
@@ -125,8 +126,8 @@ rd_w4_run_end(const rd_qtrailer_t *h, rd_int p, rd_int r, rd_int kc)
         c##i##1 = rd_w4_dp(c##i##1, av, b1);                                \
     }
 #define W_FINISH(i)                                                         \
-    const __m512 f##i##0 = rd_w4_finish(c##i##0, cb0, sa[i], sb0);          \
-    const __m512 f##i##1 = rd_w4_finish(c##i##1, cb1, sa[i], sb1);
+    const __m512 f##i##0 = rd_w4_finish(c##i##0, cb0, _mm512_set1_ps(sa[i]), sb0); \
+    const __m512 f##i##1 = rd_w4_finish(c##i##1, cb1, _mm512_set1_ps(sa[i]), sb1);
 #define W_PUT(i) s_store_row(c + (i) * rs_c, f##i##0, f##i##1, put);
 #define W_SPILL(i)                                                          \
     _mm512_store_ps(buf + (i) * 32, f##i##0);                               \
@@ -160,6 +161,8 @@ NAME(rd_int kc, const void *a_, const void *b_, float *c, rd_int rs_c, rd_int cs
         }                                                                   \
         __m512 sb0, sb1;                                                    \
         rd_w4_scales(F4, tb, r, &sb0, &sb1);                                \
+        cb0 = _mm512_slli_epi32(cb0, 7);                                    \
+        cb1 = _mm512_slli_epi32(cb1, 7);                                    \
         const int put = r == 0 ? mode : RD_ADD;                             \
         ROWS(W_FINISH)                                                      \
         if (m == (R) && n == 32 && cs_c == 1) {                             \
@@ -201,89 +204,154 @@ RD_W4_KERNEL(rd_w4a8_avx512_f4, w4_f4)
  * back: per step one instruction a row, where the micro-kernels' column
  * sums would cost two a panel. */
 
+/* 16 columns of a row of C (cols of them valid; 0 past them). */
+RD_W4_TARGET static RD_W4_INLINE __m512
+rd_w4_get16(const float *c, rd_int cs_c, rd_int cols)
+{
+    if (cols <= 0)
+        return _mm512_setzero_ps();
+    if (cs_c == 1)
+        return _mm512_maskz_loadu_ps(cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1u), c);
+    float t[16] __attribute__((aligned(64))) = {0};
+    for (rd_int j = 0; j < cols && j < 16; j++)
+        t[j] = c[j * cs_c];
+    return _mm512_load_ps(t);
+}
+
 /* R rows x P panels (constants: the loops unroll, the sums stay in
- * registers), each element as the micro-kernel sums and finishes it, the
- * next weights requested RD_W4_AHEAD bytes ahead of those read (the
- * panels of a block lie one after the other, and its blocks too). */
+ * registers), each element as the micro-kernel sums and finishes it.  One
+ * row takes B + 128 against A made signed and the row's sum (two
+ * instructions a step for the row); more rows take the micro-kernel's way,
+ * A + 128 against B and B's column sums (two a step for each panel, but
+ * none for each row). */
 RD_W4_TARGET static RD_W4_INLINE void
 rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const char *a, const char *b, size_t bstep,
                float *c, rd_int rs_c, rd_int cs_c, rd_int n, int mode)
 {
+    const int rowsum = R == 1;
     const rd_int kq = (kc + 3) / 4 * 4;
     const int32_t *a32 = (const int32_t *)(const void *)a;
     const float *sa = (const float *)(const void *)(a + 12 * kq + 48);
-    const __m512i tab = rd_w4_table(F4, 1), ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i tab = rd_w4_table(F4, rowsum), ones = _mm512_set1_epi8(1);
     rd_qtrailer_t h;
     memcpy(&h, b + 16 * kq, sizeof h);
+    __m512 out[4][4][2], sav[4];
+    for (int i = 0; i < R; i++)
+        sav[i] = _mm512_set1_ps(sa[i]);
+    for (int q = 0; q < P; q++)
+        for (int i = 0; i < R; i++)
+            out[i][q][0] = out[i][q][1] = _mm512_setzero_ps();
     rd_int p = 0;
     for (rd_int r = 0; p < kc; r++) {
         const rd_int end = rd_w4_run_end(&h, p, r, kc);
-        __m512i acc[4][4][2], rsum[4];
-        for (int i = 0; i < R; i++) {
-            rsum[i] = _mm512_setzero_si512();
-            for (int q = 0; q < P; q++)
+        /* the sums, and the sums to take 128 times back out: of the row
+         * (x[0]), or of each panel's columns (x[q][half]) */
+        __m512i acc[4][4][2], x[4][2];
+        for (int q = 0; q < P; q++) {
+            x[q][0] = x[q][1] = _mm512_setzero_si512();
+            for (int i = 0; i < R; i++)
                 acc[i][q][0] = acc[i][q][1] = _mm512_setzero_si512();
         }
         for (; p < end; p += 4) {
             __m512i av[4];
-            for (int i = 0; i < R; i++) {
-                av[i] = _mm512_xor_si512(_mm512_set1_epi32(a32[p / 4 * 12 + i]), flip);
-                rsum[i] = rd_w4_dp(rsum[i], ones, av[i]);
+            for (int i = 0; i < R; i++)
+                av[i] = _mm512_set1_epi32(a32[p / 4 * 12 + i]);
+            if (rowsum) {
+                av[0] = _mm512_xor_si512(av[0], _mm512_set1_epi8((char)0x80));
+                x[0][0] = rd_w4_dp(x[0][0], ones, av[0]);
             }
             for (int q = 0; q < P; q++) {
                 __m512i b0, b1;
-                _mm_prefetch(b + q * bstep + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
                 rd_w4_decode(b + q * bstep + p * 16, tab, &b0, &b1);
+                if (rowsum) {
+                    acc[0][q][0] = rd_w4_dp(acc[0][q][0], b0, av[0]);
+                    acc[0][q][1] = rd_w4_dp(acc[0][q][1], b1, av[0]);
+                    continue;
+                }
+                x[q][0] = rd_w4_dp(x[q][0], ones, b0);
+                x[q][1] = rd_w4_dp(x[q][1], ones, b1);
                 for (int i = 0; i < R; i++) {
-                    acc[i][q][0] = rd_w4_dp(acc[i][q][0], b0, av[i]);
-                    acc[i][q][1] = rd_w4_dp(acc[i][q][1], b1, av[i]);
+                    acc[i][q][0] = rd_w4_dp(acc[i][q][0], av[i], b0);
+                    acc[i][q][1] = rd_w4_dp(acc[i][q][1], av[i], b1);
                 }
             }
         }
-        const int put = r == 0 ? mode : RD_ADD;
+        /* the run's results, added in order to the C tile held in
+         * registers (C itself first, for RD_ADD): each element the sums
+         * of the micro-kernel, which adds each run into C */
         for (int q = 0; q < P; q++) {
             __m512 sb0, sb1;
             rd_w4_scales(F4, b + q * bstep + 16 * kq, r, &sb0, &sb1);
+            const __m512i x0 = _mm512_slli_epi32(rowsum ? x[0][0] : x[q][0], 7);
+            const __m512i x1 = rowsum ? x0 : _mm512_slli_epi32(x[q][1], 7);
             for (int i = 0; i < R; i++) {
-                float *cq = c + i * rs_c + q * 32 * cs_c;
-                const __m512 f0 = rd_w4_finish(acc[i][q][0], rsum[i], sa[i], sb0);
-                const __m512 f1 = rd_w4_finish(acc[i][q][1], rsum[i], sa[i], sb1);
-                rd_avx512_put16(f0, cq, cs_c, n - q * 32, put);
-                rd_avx512_put16(f1, cq + 16 * cs_c, cs_c, n - q * 32 - 16, put);
+                const __m512 f0 = rd_w4_finish(acc[i][q][0], x0, sav[i], sb0);
+                const __m512 f1 = rd_w4_finish(acc[i][q][1], x1, sav[i], sb1);
+                if (r > 0) {
+                    out[i][q][0] = _mm512_add_ps(out[i][q][0], f0);
+                    out[i][q][1] = _mm512_add_ps(out[i][q][1], f1);
+                } else if (mode == RD_ADD) {
+                    const float *cq = c + i * rs_c + q * 32 * cs_c;
+                    out[i][q][0] = _mm512_add_ps(rd_w4_get16(cq, cs_c, n - q * 32), f0);
+                    out[i][q][1] = _mm512_add_ps(rd_w4_get16(cq + 16 * cs_c, cs_c, n - q * 32 - 16), f1);
+                } else {
+                    out[i][q][0] = f0;
+                    out[i][q][1] = f1;
+                }
             }
         }
     }
+    for (int q = 0; q < P; q++)
+        for (int i = 0; i < R; i++) {
+            float *cq = c + i * rs_c + q * 32 * cs_c;
+            rd_avx512_put16(out[i][q][0], cq, cs_c, n - q * 32, RD_STORE);
+            rd_avx512_put16(out[i][q][1], cq + 16 * cs_c, cs_c, n - q * 32 - 16, RD_STORE);
+        }
 }
+
+/* One (F4, R, P) body as a function of its own, so that each is register
+ * allocated alone (inlined into one dispatcher, gcc spilled the sums). */
+#define RD_W4_VARIANT(F4, R, P)                                             \
+RD_W4_TARGET __attribute__((noinline)) static void                          \
+rd_w4_few_##F4##_##R##_##P(rd_int kc, const char *a, const char *b, size_t bstep, float *c, rd_int rs_c, \
+                           rd_int cs_c, rd_int n, int mode)                 \
+{                                                                           \
+    rd_w4_few_body(F4, R, P, kc, a, b, bstep, c, rs_c, cs_c, n, mode);      \
+}
+#define RD_W4_VARIANTS(F4)                                                  \
+    RD_W4_VARIANT(F4, 1, 4) RD_W4_VARIANT(F4, 1, 2) RD_W4_VARIANT(F4, 1, 1) \
+    RD_W4_VARIANT(F4, 2, 2) RD_W4_VARIANT(F4, 2, 1) RD_W4_VARIANT(F4, 3, 1) \
+    RD_W4_VARIANT(F4, 4, 1)
+RD_W4_VARIANTS(0)
+RD_W4_VARIANTS(1)
 
 /* Panels q on of the call in runs of P. */
 #define RD_W4_RUN(F4, R, P)                                                 \
     for (; q + (P) <= np; q += (P))                                         \
-        rd_w4_few_body(F4, R, P, kc, a, b + q * bstep, bstep, c + q * 32 * cs_c, rs_c, cs_c, n - q * 32, mode);
+        rd_w4_few_##F4##_##R##_##P(kc, a, b + q * bstep, bstep, c + q * 32 * cs_c, rs_c, cs_c, n - q * 32, mode);
 
-/* One row in runs of 4, 2, 1 panels; two rows the same; three and four
- * rows in runs of 2, 1. */
+/* One row in runs of 4, 2, 1 panels (8 chains of sums: enough to cover
+ * vpdpbusd's latency), two rows in runs of 2, 1, three and four one panel
+ * at a time (the sums, the column sums and the C tile are what the
+ * registers hold beside the decoding). */
 #define RD_W4_FEW(NAME, F4)                                                 \
-RD_W4_TARGET static void                                                    \
-NAME##_body(rd_int kc, const char *a, const char *b, size_t bstep, float *c, rd_int rs_c, rd_int cs_c, \
-            int m, rd_int n, int mode)                                      \
+void                                                                        \
+NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int rs_c, rd_int cs_c, int m, \
+     rd_int n, int mode)                                                    \
 {                                                                           \
+    const char *a = (const char *)a_, *b = (const char *)b_;                \
+    float *c = (float *)c_;                                                 \
     const rd_int np = (n + 31) / 32;                                        \
     rd_int q = 0;                                                           \
     if (m == 1) {                                                           \
         RD_W4_RUN(F4, 1, 4) RD_W4_RUN(F4, 1, 2) RD_W4_RUN(F4, 1, 1)         \
     } else if (m == 2) {                                                    \
-        RD_W4_RUN(F4, 2, 4) RD_W4_RUN(F4, 2, 2) RD_W4_RUN(F4, 2, 1)         \
+        RD_W4_RUN(F4, 2, 2) RD_W4_RUN(F4, 2, 1)                             \
     } else if (m == 3) {                                                    \
-        RD_W4_RUN(F4, 3, 2) RD_W4_RUN(F4, 3, 1)                             \
+        RD_W4_RUN(F4, 3, 1)                                                 \
     } else {                                                                \
-        RD_W4_RUN(F4, 4, 2) RD_W4_RUN(F4, 4, 1)                             \
+        RD_W4_RUN(F4, 4, 1)                                                 \
     }                                                                       \
-}                                                                           \
-void                                                                        \
-NAME(rd_int kc, const void *a, const void *b, size_t bstep, void *c, rd_int rs_c, rd_int cs_c, int m, \
-     rd_int n, int mode)                                                    \
-{                                                                           \
-    NAME##_body(kc, (const char *)a, (const char *)b, bstep, (float *)c, rs_c, cs_c, m, n, mode); \
 }
 
 RD_W4_FEW(rd_w4a8_few_avx512_i4, 0)

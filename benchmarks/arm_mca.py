@@ -47,17 +47,23 @@ KERNELS = {
     # the few-row kernels (rd_neon_few.c): one row over 8 panels or two over 4 (16 fmla an
     # iteration either way; B bytes an iteration: FEW_BYTES)
     **{f"rd_few_neon_{t}": (f"rd_few_neon_{t}_plain", "fmla") for t in ("f32", "bf16w", "i8w", "f8w", "f4w", "i4w")},
+    # w4a8 (rd_neon_w4a8.c): 4-bit weights decoded by tbl into sdot; the few-row loop of one
+    # row over 4 panels (8 sdot an iteration)
+    "rd_w4a8_neon_i4": ("wn_i4_rows12", "sdot"),
+    "rd_w4a8_few_neon_i4": ("rd_w4n_few_0_1_4", "sdot"),
+    "rd_w4a8_few_neon_f4": ("rd_w4n_few_1_1_4", "sdot"),
 }
 #: bytes of B one iteration of a few-row kernel's loop reads (a step of 8 panels of 8 columns,
-#: one row)
+#: one row; w4a8: a quad step of 4 panels)
 FEW_BYTES = {"rd_few_neon_f32": 256, "rd_few_neon_bf16w": 128, "rd_few_neon_i8w": 64, "rd_few_neon_f8w": 64,
-             "rd_few_neon_f4w": 32, "rd_few_neon_i4w": 32}
+             "rd_few_neon_f4w": 32, "rd_few_neon_i4w": 32, "rd_w4a8_few_neon_i4": 64, "rd_w4a8_few_neon_f4": 64}
 MATTR = "+bf16,+i8mm,+dotprod"
 PROBE = {  # one independent instance of each instruction, for the pipes
     "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",
     "bfmmla": "bfmmla v{d}.4s, v0.8h, v1.8h",
     "usmmla": "usmmla v{d}.4s, v0.16b, v1.16b",
     "udot": "udot v{d}.4s, v0.16b, v1.4b[0]",
+    "sdot": "sdot v{d}.4s, v0.16b, v1.4b[0]",
     "fmla.2d": "fmla v{d}.2d, v0.2d, v1.d[0]",
 }
 
@@ -120,7 +126,7 @@ def asm_of(body):
 def build(cc, out):
     """Compile the NEON kernel files with `cc` into `out`; object paths."""
     objs = []
-    for name in ("rd_neon.c", "rd_neon_dot.c", "rd_neon_few.c"):
+    for name in ("rd_neon.c", "rd_neon_dot.c", "rd_neon_few.c", "rd_neon_w4a8.c"):
         obj = os.path.join(out, name + ".o")
         subprocess.run(shlex.split(cc) + ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-c",
                                          os.path.join(REPO, "csrc", "kernels", name), "-I",
@@ -145,7 +151,9 @@ def main():
         for cc in ccs:
             objs = build(cc, tmp)
             for symbol, (rows12, insn) in KERNELS.items():
-                bodies = [b for o in objs for sym in (symbol, rows12) if sym for b in loops(o, sym, objdump)]
+                # (gcc may clone a static body with a constant argument folded in)
+                names = [n for sym in (symbol, rows12) if sym for n in (sym, sym + ".constprop.0")]
+                bodies = [b for o in objs for sym in names for b in loops(o, sym, objdump)]
                 op = insn.split(".")[0]
                 if not bodies:
                     print(f"{shlex.split(cc)[0]:<14} {symbol:<27} (no loop found)")

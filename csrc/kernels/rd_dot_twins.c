@@ -166,10 +166,10 @@ rd_u8s8mmla_twin_12x8(rd_int kc, const void *a_, const void *b_, void *c, rd_int
  * or added as mode says, the later ones added), the scale of an F4 column
  * 2^(e - 128). */
 static void
-rd_w4a8_twin(int ct, rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
-             int mode)
+rd_w4a8_twin(int ct, int NR, rd_int kc, const void *a_, const void *b_, void *c, rd_int rs_c, rd_int cs_c, int m,
+             int n, int mode)
 {
-    enum { MR = 12, NR = 32 };
+    enum { MR = 12, NRMAX = 32 };
     const uint8_t *a = (const uint8_t *)a_, *b = (const uint8_t *)b_;
     const rd_int kq = (kc + 3) / 4 * 4;
     const char *tb = (const char *)b_ + NR / 2 * kq;
@@ -181,7 +181,7 @@ rd_w4a8_twin(int ct, rd_int kc, const void *a_, const void *b_, void *c, rd_int 
     for (rd_int r = 0; p < kc; r++) {
         rd_int end = p + (r == 0 ? h.first : h.tile);
         end = end < kc ? end : kc;
-        uint32_t sum[MR][NR];
+        uint32_t sum[MR][NRMAX];
         memset(sum, 0, sizeof sum);
         for (; p < end; p++) {
             const uint8_t *ap = a + p / 4 * 4 * MR + p % 4, *bp = b + p / 4 * 2 * NR + p % 4;
@@ -192,7 +192,7 @@ rd_w4a8_twin(int ct, rd_int kc, const void *a_, const void *b_, void *c, rd_int 
                     sum[i][j] += (uint32_t)(((int32_t)ap[4 * i] - 128) * v);
             }
         }
-        float acc[MR][NR];
+        float acc[MR][NRMAX];
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) {
                 float sb;
@@ -202,23 +202,21 @@ rd_w4a8_twin(int ct, rd_int kc, const void *a_, const void *b_, void *c, rd_int 
                     memcpy(&sb, tb + RD_QRUN(r, NR, 0) + 4 * (size_t)j, sizeof sb);
                 acc[i][j] = (float)(int32_t)sum[i][j] * (sa[i] * sb);
             }
-        rd_s_store_edge(&acc[0][0], NR, (float *)c, rs_c, cs_c, m, n, r > 0 || mode == RD_ADD ? RD_ADD : RD_STORE);
+        rd_s_store_edge(&acc[0][0], NRMAX, (float *)c, rs_c, cs_c, m, n,
+                        r > 0 || mode == RD_ADD ? RD_ADD : RD_STORE);
     }
 }
 
-static void
-rd_w4a8_twin_i4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
-                int mode)
-{
-    rd_w4a8_twin(RD_CT_U8S8_I4, kc, a, b, c, rs_c, cs_c, m, n, mode);
+#define RD_W4A8_TWIN(NAME, CT, NR)                                           \
+static void NAME(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n, \
+                 int mode)                                                  \
+{                                                                           \
+    rd_w4a8_twin(CT, NR, kc, a, b, c, rs_c, cs_c, m, n, mode);              \
 }
-
-static void
-rd_w4a8_twin_f4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
-                int mode)
-{
-    rd_w4a8_twin(RD_CT_U8S8_F4, kc, a, b, c, rs_c, cs_c, m, n, mode);
-}
+RD_W4A8_TWIN(rd_w4a8_twin_i4_12x32, RD_CT_U8S8_I4, 32)
+RD_W4A8_TWIN(rd_w4a8_twin_f4_12x32, RD_CT_U8S8_F4, 32)
+RD_W4A8_TWIN(rd_w4a8_twin_i4_12x8, RD_CT_U8S8_I4, 8)
+RD_W4A8_TWIN(rd_w4a8_twin_f4_12x8, RD_CT_U8S8_F4, 8)
 
 static int
 rd_twin_runnable(void)
@@ -235,13 +233,17 @@ RD_TWIN_FAMILY(rd_family_neon_bf16_twin, "neon-bf16-twin", RD_CT_BF16MMA,
                RD_NEON_BF16_DESC(rd_bf16mmla_twin_12x8))
 const rd_family_t rd_family_avx512_vnni_twin = {
     "avx512-vnni-twin", rd_twin_runnable,
-    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32), [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_twin_i4),
-     [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_twin_f4)},
+    {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32), [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_twin_i4_12x32),
+     [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_twin_f4_12x32)},
     1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
 RD_TWIN_FAMILY(rd_family_avx_vnni_twin, "avx-vnni-twin", RD_CT_U8S8,
                RD_AVXVNNI_DESC(rd_u8s8dot_twin_6x16))
 RD_TWIN_FAMILY(rd_family_neon_i8mm_twin, "neon-i8mm-twin", RD_CT_U8S8MMA,
                RD_NEON_I8_DESC(rd_u8s8mmla_twin_12x8))
-RD_TWIN_FAMILY(rd_family_neon_dot_twin, "neon-dot-twin", RD_CT_U8S8,
-               RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8))
+const rd_family_t rd_family_neon_dot_twin = {
+    "neon-dot-twin", rd_twin_runnable,
+    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8), [RD_CT_U8S8_I4] = RD_NEON_I8_DESC(rd_w4a8_twin_i4_12x8),
+     [RD_CT_U8S8_F4] = RD_NEON_I8_DESC(rd_w4a8_twin_f4_12x8)},
+    1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+};

@@ -40,6 +40,7 @@
 
 #include "rd_neon_body.h"
 #include "rd_neon_insn.h"
+#include "rd_neon_w4a8.h"
 
 /* --------------------------------------------------- int8 quads (UDOT) */
 
@@ -274,9 +275,15 @@ const rd_family_t rd_family_neon_i8mm = {
     "neon-i8mm", rd_neon_i8mm_runnable,
     {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
 };
+/* (with the w4a8 kernels of rd_neon_w4a8.c: 4-bit weights, int8 rows) */
 const rd_family_t rd_family_neon_dot = {
     "neon-dot", rd_neon_dot_runnable,
-    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_neon_dot_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_neon_dot_12x8),
+     [RD_CT_U8S8_I4] = RD_NEON_I8_DESC(rd_w4a8_neon_i4),
+     [RD_CT_U8S8_F4] = RD_NEON_I8_DESC(rd_w4a8_neon_f4)},
+    0, {{NULL, 0, 0}},
+    {[RD_CT_U8S8_I4] = {rd_w4a8_few_neon_i4, 4, rd_w4a8_neon_i4},
+     [RD_CT_U8S8_F4] = {rd_w4a8_few_neon_f4, 4, rd_w4a8_neon_f4}},
 };
 
 #endif /* RD_HAVE_ARM_KERNELS */

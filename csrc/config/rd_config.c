@@ -9,35 +9,37 @@
 #include "rd_frame.h"
 
 const rd_ctype_desc_t rd_ctypes[RD_CT_COUNT] = {
-    /*             name       packed A        packed B        output          k_unit (scale_size 0) */
-    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1, 0, 0},
-    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1, 0, 0},
-    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
-    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1, 0, 0},
+    /* name, bytes of a packed A / packed B / output element, k_unit, bytes a row
+     * of A's scales (and B's, unless the last field says), 4-bit B, bytes a
+     * column of B's scales where not A's (0: as A's) */
+    [RD_CT_F32] = {"float32", sizeof(float), sizeof(float), sizeof(float), 1, 0, 0, 0},
+    [RD_CT_F64] = {"float64", sizeof(double), sizeof(double), sizeof(double), 1, 0, 0, 0},
+    [RD_CT_F32_BF16W] = {"float32-bfloat16w", sizeof(float), 2, sizeof(float), 1, 0, 0, 0},
+    [RD_CT_F32_F16W] = {"float32-float16w", sizeof(float), 2, sizeof(float), 1, 0, 0, 0},
     /* int16 k-pairs, each micro-panel followed by one float scale a row */
-    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float), 0},
+    [RD_CT_I8I32] = {"int8-int32", 2, 2, sizeof(float), 2, sizeof(float), 0, 0},
     /* one-byte B panels of prepacked quantized weights, each micro-panel
      * followed by its rd_qtrailer_t and scales (not counted here: the
      * trailer's size depends on the block, see rd_prepack) */
-    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
-    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1, 0, 0},
+    [RD_CT_F32_I8W] = {"float32-int8w", sizeof(float), 1, sizeof(float), 1, 0, 0, 0},
+    [RD_CT_F32_F8W] = {"float32-float8w", sizeof(float), 1, sizeof(float), 1, 0, 0, 0},
     /* bfloat16 k-pairs (vdpbf16ps) */
-    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2, 0, 0},
+    [RD_CT_BF16DP] = {"bfloat16-dot", 2, 2, sizeof(float), 2, 0, 0, 0},
     /* int8 k-quads (vpdpbusd), each micro-panel followed by an int32 sum,
      * a float scale and an int32 zero point a row */
-    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12, 0},
+    [RD_CT_U8S8] = {"int8-dot", 1, 1, sizeof(float), 4, 12, 0, 0},
     /* AMX tiles: A row after row (int8: each row followed by its sum, scale
      * and zero point), B as the two types above */
-    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2, 0, 0},
-    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12, 0},
+    [RD_CT_BF16TILE] = {"bfloat16-tile", 2, 2, sizeof(float), 2, 0, 0, 0},
+    [RD_CT_U8S8TILE] = {"int8-tile", 1, 1, sizeof(float), 4, 12, 0, 0},
     /* 4-bit B panels (two values a byte), each micro-panel followed by its
      * rd_qtrailer_t and one e8m0 exponent a column per scale run */
-    [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
-    [RD_CT_F32_I4W] = {"float32-int4w", sizeof(float), 1, sizeof(float), 1, 0, 1},
+    [RD_CT_F32_F4W] = {"float32-float4w", sizeof(float), 1, sizeof(float), 1, 0, 1, 0},
+    [RD_CT_F32_I4W] = {"float32-int4w", sizeof(float), 1, sizeof(float), 1, 0, 1, 0},
     /* Arm's MMLA types: blocks of 8 int8 / 4 bfloat16 steps (int8: each
      * micro-panel followed by the trailers of int8-dot) */
-    [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 8, 12, 0},
-    [RD_CT_BF16MMA] = {"bfloat16-mmla", 2, 2, sizeof(float), 4, 0, 0},
+    [RD_CT_U8S8MMA] = {"int8-mmla", 1, 1, sizeof(float), 8, 12, 0, 0},
+    [RD_CT_BF16MMA] = {"bfloat16-mmla", 2, 2, sizeof(float), 4, 0, 0, 0},
     /* w4a8: int8 k-quads of A with the int8-dot row trailer, 4-bit k-quads
      * of B, each micro-panel followed by one scale a column (a float; an
      * e8m0 exponent byte for MXFP4) */

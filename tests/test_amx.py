@@ -402,9 +402,13 @@ def test_auto_takes_the_faster_bfloat16_path_on_this_cpu():
     ratio = dot / runtime.peak_gflops("neon" if arm else "avx512", threads=1, seconds=0.2)
     dot = {"compute": "bfloat16-mmla", "kernel": "neon-bf16"} if arm else \
         {"compute": "bfloat16-dot", "kernel": "avx512-bf16"}
-    if ratio > 1.3:
+    # (an instrumented build times its probes with the sanitizers' overheads:
+    # its ratios moved between 0.7 and 5.6 from run to run on one machine, so
+    # there only the choice's agreement with its own measurement is checked)
+    timed = os.environ.get("RAGGEDDOT_SANITIZED_BUILD") != "1"
+    if timed and ratio > 1.3:
         assert served == dot, ratio
-    elif ratio < 0.77:
+    elif timed and ratio < 0.77:
         assert served["compute"] == "float32", ratio
     assert (info["bf16dot_vs_fma"] >= 1.0) == (served == dot)
 

@@ -34,16 +34,21 @@ rd_now(void)
 
 #if defined(RD_HAVE_X86_KERNELS) || defined(RD_HAVE_ARM_KERNELS)
 /* The rate of the bfloat16 dot instruction (probe `dot`) over that of the
- * float32 FMAs (`fma`), in flops: one thread, `chunk` iterations of each (a
- * fraction of a millisecond), best of three rounds after the vector unit
- * is awake.  rd_bf16dot_vs_fma of each architecture. */
+ * float32 FMAs (`fma`), in flops: one thread, each probe run for a
+ * millisecond (whole chunks of `chunk` iterations), best of five rounds
+ * after both have run once (the vector unit awake, their code and data
+ * paged in).  Single chunks of a fraction of a millisecond, best of three,
+ * read 0.7-1.5 where the sustained ratio is 1.7 (an instrumented build,
+ * measured), and their decision flipped.  About 12 ms, once a process.
+ * rd_bf16dot_vs_fma of each architecture. */
 static double
 rd_dot_over_fma(double (*fma)(double, long), double (*dot)(double, long), long chunk)
 {
     double f_best = 0.0, d_best = 0.0;
     (void)fma(0.0, chunk);
-    for (int round = 0; round < 3; round++) {
-        const double f = fma(0.0, chunk), d = dot(0.0, chunk);
+    (void)dot(0.0, chunk);
+    for (int round = 0; round < 5; round++) {
+        const double f = fma(1e-3, chunk), d = dot(1e-3, chunk);
         f_best = f > f_best ? f : f_best;
         d_best = d > d_best ? d : d_best;
     }

@@ -106,6 +106,8 @@ def _unpack_quantized(p):
     while pc < k:
         if p.ctype in _W4A8.values():  # [kq / 4, 2 NR] bytes, then the trailer of runs
             depth = min(kc, k - pc)
+            r = (pc + depth) % p._qtile     # (a block ends where a tile starts: rd_w4a8_depth)
+            depth = depth - r if pc + depth < k and 0 < r < depth else depth
             kq = -(-depth // 4) * 4
             first, tile = min(p._qtile - pc % p._qtile, depth), min(p._qtile, depth)
             runs = 1 if depth <= first else 1 + -(-(depth - first) // tile)

@@ -43,10 +43,15 @@ def _int8_values(q):
     return v.astype(np.int64), s, q.shape[1] // s.shape[1]
 
 
+KC = 2048   # the contraction's cache block of every family serving w4a8 (and int8-dot)
+
+
 def _oracle(xq, q, group_sizes):
     """ragged_dot of the int8 QArray rows xq (one scale a row) and q, as the
-    w4a8 semantics define it, in NumPy: per row, group and run, the exact
-    integer sum, scaled in float32 and added in order."""
+    w4a8 semantics define it, in NumPy: per row, group and run (a scale tile
+    along k, cut every KC steps from its start, as the int8 products cut
+    their blocks), the exact integer sum, scaled in float32 and added in
+    order."""
     a = np.asarray(xq.qvalue).astype(np.int64)
     sa = np.asarray(xq.scale, dtype=np.float32).reshape(-1)
     v, s, tile = _int8_values(q)
@@ -56,10 +61,10 @@ def _oracle(xq, q, group_sizes):
     for e, size in enumerate(group_sizes):
         for i in range(row, row + size):
             acc = None
-            for t in range(s.shape[1]):
-                p0, p1 = t * tile, min(k, (t + 1) * tile)
+            cuts = sorted({c for t0 in range(0, k, tile) for c in range(t0, min(k, t0 + tile), KC)} | {k})
+            for p0, p1 in zip(cuts[:-1], cuts[1:]):
                 total = a[i, p0:p1] @ v[e, p0:p1]
-                f = total.astype(np.float32) * (sa[i] * s[e, t])
+                f = total.astype(np.float32) * (sa[i] * s[e, p0 // tile])
                 acc = f if acc is None else (acc + f).astype(np.float32)
             out[i] = acc
         row += size
@@ -67,7 +72,8 @@ def _oracle(xq, q, group_sizes):
 
 
 CASES = [("int4", 32, 256, 70), ("int4", 128, 512, 64), ("int4", 12, 96, 33), ("int4", None, 223, 40),
-         ("mxfp4", 32, 224, 97), ("mxfp4", 32, 64, 31)]
+         ("mxfp4", 32, 224, 97), ("mxfp4", 32, 64, 31), ("mxfp4", 32, 2080, 40), ("int4", 96, 2112, 33),
+         ("int4", 2200, 4400, 24)]
 
 
 @pytest.mark.skipif(not FAMILIES, reason="no kernel family serves w4a8 products on this build")

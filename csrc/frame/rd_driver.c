@@ -209,8 +209,9 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
         for (rd_int pc = 0; pc < K; pc += kc) {
             kc = K - pc < KC ? K - pc : KC;
             if (cl->scale_size) {
-                /* (w4a8 weights hold runs of scales in their blocks) */
-                rd_int ra = rd_scale_room(a, 0, pc), rb = rd_ctype_w4a8(cl->plan->ct) ? kc : rd_scale_room(b, 1, pc);
+                /* (w4a8 weights hold runs of scales in their blocks, cut as prepack cut them) */
+                rd_int ra = rd_scale_room(a, 0, pc);
+                rd_int rb = rd_ctype_w4a8(cl->plan->ct) ? rd_w4a8_depth(b->qtile, pc, kc, K) : rd_scale_room(b, 1, pc);
                 kc = kc < ra ? kc : ra;
                 kc = kc < rb ? kc : rb;
                 if (b2 != NULL && !rd_ctype_w4a8(cl->plan->ct)) {

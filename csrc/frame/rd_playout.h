@@ -71,6 +71,19 @@ rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
     return bytes;
 }
 
+/* The depth of a w4a8 block (RD_CT_U8S8_I4 / F4) at p, kc deep at most,
+ * of a contraction of k in scale tiles qtile deep: one that would end inside
+ * a tile it does not start in ends at that tile's start instead, so that
+ * its runs are the blocks of the one-byte int8 layout (cut at the tiles,
+ * and within a tile every KC steps from its start) and the bits theirs.
+ * The prepacking and the driver both cut by it. */
+static inline rd_int
+rd_w4a8_depth(rd_int qtile, rd_int p, rd_int kc, rd_int k)
+{
+    const rd_int r = qtile > 0 ? (p + kc) % qtile : 0;
+    return p + kc < k && r != 0 && r < kc ? kc - r : kc;
+}
+
 /* The depth of the layout's block at p of a contraction of k: KC, less at
  * the end, and for panels with a row of scales a column (scale_size; not
  * the w4a8 ones, whose trailers hold runs) also ending at the next scale
@@ -81,6 +94,8 @@ rd_pblock_depth(const rd_playout_t *L, rd_int p, rd_int k)
     rd_int kc = k - p < L->KC ? k - p : L->KC;
     if (L->scale_size && !L->nibbles && L->qtile > 0 && L->qtile - p % L->qtile < kc)
         kc = L->qtile - p % L->qtile;
+    if (L->scale_size && L->nibbles)
+        kc = rd_w4a8_depth(L->qtile, p, kc, k);
     return kc;
 }
 

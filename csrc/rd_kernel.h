@@ -386,10 +386,43 @@ rd_e8m0_to_float(unsigned e)
     return v.f;
 }
 
+/* The e8m0 exponent of a power-of-two float32 scale in [2^-127, 2^127]
+ * (rd_e8m0_to_float's inverse; 0.0f, a padding column's, gives 0). */
+static inline unsigned
+rd_float_to_e8m0(float s)
+{
+    union { float f; unsigned u; } v;
+    v.f = s;
+    return v.u == 0x00400000u ? 0u : v.u >> 23;
+}
+
 static inline rd_int
 rd_qruns(rd_int first, rd_int tile, rd_int kc)
 {
     return kc <= first ? 1 : 1 + (kc - first + tile - 1) / tile;
+}
+
+/* The first step of run r of a block whose trailer is h (from the block's
+ * start), and the end of that run in a block of kc steps. */
+static inline rd_int
+rd_qrun_start(const rd_qtrailer_t *h, rd_int r)
+{
+    return r == 0 ? 0 : h->first + (r - 1) * h->tile;
+}
+
+static inline rd_int
+rd_qrun_end(const rd_qtrailer_t *h, rd_int r, rd_int kc)
+{
+    const rd_int end = rd_qrun_start(h, r + 1);
+    return end < kc ? end : kc;
+}
+
+/* Whether the B trailers of compute type ct hold e8m0 exponent bytes (the
+ * 4-bit float layouts), not float scales. */
+static inline int
+rd_ctype_e8m0(int ct)
+{
+    return ct == RD_CT_F32_F4W || ct == RD_CT_U8S8_F4;
 }
 
 enum { RD_STORE = 0, RD_ADD = 1, RD_STREAM = 2 };

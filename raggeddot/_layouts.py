@@ -109,9 +109,7 @@ def _unpack_quantized(p):
             r = (pc + depth) % p._qtile     # (a block ends where a tile starts: rd_w4a8_depth)
             depth = depth - r if pc + depth < k and 0 < r < depth else depth
             kq = -(-depth // 4) * 4
-            first, tile = min(p._qtile - pc % p._qtile, depth), min(p._qtile, depth)
-            runs = 1 if depth <= first else 1 + -(-(depth - first) // tile)
-            step = nr * kq // 2 + _TRAILER + runs * nr * (1 if p.qtype == "mxfp4" else 4)
+            step = nr * kq // 2 + _TRAILER + _runs(pc, depth, p._qtile) * nr * (1 if p.qtype == "mxfp4" else 4)
             block = flat[:, start:start + panels * step].reshape(g, panels, step)[:, :, :nr * kq // 2]
             block = block.reshape(g, panels, kq // 4, nr // 2, 4)
             both = np.concatenate([block & 0xF, block >> 4], axis=3)       # codes [g, panels, kq/4, nr, 4]
@@ -169,13 +167,18 @@ def _unpack_float4(p):
     return QArray(values, p._scale.copy(), None, p.qtype)
 
 
+def _runs(pc, kc, qtile):
+    """Runs of the block at ``pc`` (``kc`` deep) within the scale tiles along
+    k, ``qtile`` deep (rd_qruns of rd_ptrailer's trailer)."""
+    first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
+    return 1 if kc <= first else 1 + -(-(kc - first) // tile)
+
+
 def _f4panel_bytes(nr, pc, kc, qtile):
     """Bytes of one micro-panel of 4-bit weights in the block at ``pc``
     (``kc`` deep): the values, the trailer header, one exponent byte a
     column per run (rd_ppanel_bytes)."""
-    first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
-    runs = 1 if kc <= first else 1 + -(-(kc - first) // tile)
-    return nr * kc // 2 + _TRAILER + runs * nr
+    return nr * kc // 2 + _TRAILER + _runs(pc, kc, qtile) * nr
 
 
 def _qpanel_bytes(nr, pc, kc, qtile, zp, nibbles=False):
@@ -184,6 +187,4 @@ def _qpanel_bytes(nr, pc, kc, qtile, zp, nibbles=False):
     trailer header, then per run of the block within one scale tile along k
     (``qtile`` deep) ``nr`` scales (and ``nr`` zero points). The C layout's
     rule (rd_ppanel_bytes)."""
-    first, tile = min(qtile - pc % qtile, kc), min(qtile, kc)
-    runs = 1 if kc <= first else 1 + -(-(kc - first) // tile)
-    return (nr * kc // 2 if nibbles else nr * kc) + _TRAILER + runs * nr * 4 * (2 if zp else 1)
+    return (nr * kc // 2 if nibbles else nr * kc) + _TRAILER + _runs(pc, kc, qtile) * nr * 4 * (2 if zp else 1)

@@ -312,7 +312,7 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
         return _prepack_as(q, w, dt, w4)
     if q.qtype in ("float4_e2m1fn", "mxfp4"):
         if _pow2_scales(w):
-            return _prepack_float4(q, w, dt, fn)
+            return _prepack_as(q, w, dt, _F4LAYOUT)     # 4 bits a weight, an exponent byte a column and run
         w = _as_float8(w)       # float scales: the same values one byte a weight
     ctype = _QLAYOUT[w.qtype]
     if lhs == np.int8 and ctype == "float32-int8w" \
@@ -325,7 +325,9 @@ def _prepack_quantized(q, transpose_rhs, shape_doc, fn, lhs_dtype=None):
 
 def _prepack_as(q, w, dt, ctype):
     """prepack of QArray weights ``w [g, k, n]`` (``q`` as given) in the
-    layout of ``ctype``, whose C layout reads them as they are."""
+    layout of ``ctype``, whose C layout reads them as they are (4-bit
+    weights with power-of-two scales, _F4LAYOUT: 4 bits a weight and one
+    exponent byte a column per scale run, 4.25 bits a weight for MXFP4)."""
     g, k, n = w.shape
     storage = np.dtype(w.qvalue.dtype)
     qtile = w.tile_shape[1]
@@ -346,21 +348,6 @@ def _int4_values(q):
         return False
     x = np.asarray(q.qvalue).view(np.int8)
     return x.size == 0 or bool(x.min() >= -8 and x.max() <= 7)
-
-
-def _prepack_float4(q, w, dt, fn):
-    """prepack of 4-bit weights ``w [g, k, n]`` with power-of-two scales:
-    4 bits a weight, one byte a column per scale run (4.25 bits a weight for
-    MXFP4, whose runs are 32 deep)."""
-    g, k, n = w.shape
-    storage = np.dtype(w.qvalue.dtype)
-    qtile = w.tile_shape[1]
-    per_group, nr, kc, kernel = gw.prepack_layout(_F4LAYOUT, storage.name, k, n, qtile, False)
-    buf = _aligned(g * per_group)
-    if buf.size:
-        gw.prepack(gw.operand(w, np.dtype(np.float32), gw.PACKED), buf, _F4LAYOUT, kc, nr)
-    kept = (q.qtype, storage, qtile, np.array(w.scale, copy=True), None)
-    return PackedRhs(buf, (g, k, n), dt, _F4LAYOUT, nr, kc, kernel, per_group, kept)
 
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)

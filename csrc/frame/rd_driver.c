@@ -133,7 +133,7 @@ rd_b_panel(const rd_call_t *cl, const rd_block_t *b, rd_int pc, rd_int jc, rd_in
         const rd_int KC = cl->scale_size && kd->kc > RD_I32_KC_MAX ? RD_I32_KC_MAX : kd->kc;
         const rd_playout_t L = {KC, NR, b->panels, cl->k_unit, cl->b_size, b->qtile, b->qzp,
                                 rd_b_scale_size(cl->plan->ct),
-                                rd_ctypes[cl->plan->ct].b_nibbles, cl->plan->ct == RD_CT_F32_F4W};
+                                rd_ctypes[cl->plan->ct].b_nibbles, rd_ctype_e8m0(cl->plan->ct)};
         *bstep = rd_ppanel_bytes(&L, pc, kc);
         return (const char *)b->p + rd_pblock_offset(&L, pc) + (size_t)((b->j0 + jc) / NR) * *bstep;
     }

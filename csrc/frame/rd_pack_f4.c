@@ -117,6 +117,14 @@ rd_pack_f4_q4_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_in
  * trailer after each).  The codes of float4_e2m1fn operands (addressed in
  * nibbles), or the low 4 bits of int4 values held in int8.
  */
+/* The 4-bit code at element offset `at` of src: of a float4_e2m1fn operand
+ * (addressed in nibbles), or the low 4 bits of an int4 value held in int8. */
+static inline unsigned
+rd_nibble_code(const void *src, int int4, rd_int at)
+{
+    return int4 ? (uint8_t)((const int8_t *)src)[at] & 0x0fu : rd_f4_code((uintptr_t)src + (uintptr_t)at);
+}
+
 static void
 rd_pack_nibbles(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst_, int int4)
 {
@@ -128,15 +136,8 @@ rd_pack_nibbles(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs
         for (rd_int i = 0; i < have; i++) {
             const int shift = i < h ? 0 : 4;
             uint8_t *col = dst + (i < h ? i : i - h);
-            if (int4) {
-                const int8_t *x = (const int8_t *)src + (i0 + i) * rs;
-                for (rd_int p = 0; p < depth; p++)
-                    col[p * h] |= (uint8_t)(((uint8_t)x[p * cs] & 0x0fu) << shift);
-            } else {
-                const uintptr_t x = (uintptr_t)src + (uintptr_t)((i0 + i) * rs);
-                for (rd_int p = 0; p < depth; p++)
-                    col[p * h] |= (uint8_t)(rd_f4_code(x + (uintptr_t)(p * cs)) << shift);
-            }
+            for (rd_int p = 0; p < depth; p++)
+                col[p * h] |= (uint8_t)(rd_nibble_code(src, int4, (i0 + i) * rs + p * cs) << shift);
         }
         dst += (rd_int)h * depth;
     }
@@ -184,29 +185,20 @@ rd_pack_w4a8(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, i
         for (rd_int i = 0; i < have; i++) {
             const int shift = i < h ? 0 : 4;
             uint8_t *col = dst + 4 * (i < h ? i : i - h);
-            for (rd_int p = 0; p < depth; p++) {
-                unsigned code;
-                if (int4)
-                    code = (uint8_t)((const int8_t *)src)[(i0 + i) * rs + p * cs] & 0x0fu;
-                else
-                    code = rd_f4_code((uintptr_t)src + (uintptr_t)((i0 + i) * rs + p * cs));
-                col[p / 4 * 2 * r + p % 4] |= (uint8_t)(code << shift);
-            }
+            for (rd_int p = 0; p < depth; p++)
+                col[p / 4 * 2 * r + p % 4] |= (uint8_t)(rd_nibble_code(src, int4, (i0 + i) * rs + p * cs) << shift);
         }
         uint8_t *tr = dst + (rd_int)h * kq;
         memcpy(tr, &head, sizeof head);
         for (rd_int run = 0; run < runs; run++) {
             /* the tile along the depth of the run's first step */
-            const rd_int t = (qb->p0 + (run == 0 ? 0 : head.first + (run - 1) * head.tile)) / qb->tp;
+            const rd_int t = (qb->p0 + rd_qrun_start(&head, run)) / qb->tp;
             for (rd_int i = 0; i < r; i++) {
                 const float s = i < have ? scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps] : 0.0f;
                 if (int4)
                     memcpy(tr + RD_QRUN(run, r, 0) + 4 * (size_t)i, &s, sizeof s);
-                else {
-                    uint32_t u;
-                    memcpy(&u, &s, sizeof u);
-                    tr[RD_F4RUN(run, r) + (size_t)i] = (uint8_t)(u == 0x00400000u || i >= have ? 0 : u >> 23);
-                }
+                else
+                    tr[RD_F4RUN(run, r) + (size_t)i] = (uint8_t)rd_float_to_e8m0(s);
             }
         }
         dst += (rd_int)h * kq + (rd_int)trailer;

@@ -37,7 +37,7 @@ typedef struct {
     int nibbles;        /* 4-bit panels (RD_CT_F32_F4W, RD_CT_F32_I4W): NR/2
                            bytes a step */
     int e8m0;           /* ... with one exponent byte a column per run after
-                           them (RD_CT_F32_F4W), else RD_QRUN's trailer */
+                           them (rd_ctype_e8m0), else RD_QRUN's trailer */
 } rd_playout_t;
 
 /* The trailer of the block at pc, kc deep: the block's runs within the
@@ -54,12 +54,11 @@ rd_ptrailer(const rd_playout_t *L, rd_int pc, rd_int kc)
 static inline size_t
 rd_ppanel_bytes(const rd_playout_t *L, rd_int pc, rd_int kc)
 {
-    if (L->nibbles) {   /* (w4a8: k-quads, scale_size 4 or 1 for the float or e8m0 scales) */
+    if (L->nibbles) {   /* (w4a8 too: its k-quads, the same trailers) */
         const rd_qtrailer_t h = rd_ptrailer(L, pc, kc);
         const rd_int runs = rd_qruns(h.first, h.tile, kc);
-        const int e8m0 = L->e8m0 || L->scale_size == 1;
         return (size_t)L->NR / 2 * (size_t)rd_round_up(kc, L->k_unit)
-               + (e8m0 ? RD_F4RUN(runs, L->NR) : RD_QRUN(runs, L->NR, L->qzp));
+               + (L->e8m0 ? RD_F4RUN(runs, L->NR) : RD_QRUN(runs, L->NR, L->qzp));
     }
     size_t bytes = (size_t)L->NR * (size_t)rd_round_up(kc, L->k_unit) * L->b_size;
     if (L->scale_size)

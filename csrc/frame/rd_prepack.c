@@ -16,7 +16,7 @@ rd_playout(const rd_plan_t *plan, rd_int n, rd_int qtile, int qzp)
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     const rd_int NR = plan->k.nr;
     rd_playout_t L = {plan->k.kc, NR, (n + NR - 1) / NR, ct->k_unit, ct->b_size, qtile, qzp, rd_b_scale_size(plan->ct),
-                      ct->b_nibbles, plan->ct == RD_CT_F32_F4W};
+                      ct->b_nibbles, rd_ctype_e8m0(plan->ct)};
     if (ct->scale_size && L.KC > RD_I32_KC_MAX)   /* rd_gemm_block's int32 limit */
         L.KC = RD_I32_KC_MAX;
     return L;
@@ -51,16 +51,6 @@ rd_prepack_bytes(const rd_plan_t *plan, rd_dtype_t dtype, rd_int k, rd_int n, rd
     return rd_pblock_offset(&L, k);
 }
 
-/* The e8m0 exponent of a power-of-two float32 scale in [2^-127, 2^127]
- * (the caller checked that it is one: rd_pow2_scale). */
-static uint8_t
-rd_float_to_e8m0(float s)
-{
-    uint32_t u;
-    memcpy(&u, &s, sizeof u);
-    return u == 0x00400000u ? 0 : (uint8_t)(u >> 23);
-}
-
 /* The trailer of one micro-panel of group g's block at pc (kc deep), whose
  * columns start at column j0 of n: the header, then per run the scales
  * (and zero points) of the columns, 0 past n.  q: the weights' scales, of
@@ -75,13 +65,14 @@ rd_put_trailer(const rd_playout_t *L, const rd_scales_t *q, rd_int g, rd_int pc,
     const rd_int runs = rd_qruns(h.first, h.tile, kc);
     for (rd_int r = 0; r < runs; r++) {
         /* the tile along k of the run's first step */
-        const rd_int t = (pc + (r == 0 ? 0 : h.first + (r - 1) * h.tile)) / L->qtile;
+        const rd_int t = (pc + rd_qrun_start(&h, r)) / L->qtile;
         if (L->e8m0) {
             /* 4-bit float panels: the exponent of each power-of-two scale */
             uint8_t *er = (uint8_t *)(dst + RD_F4RUN(r, L->NR));
             for (rd_int j = 0; j < L->NR; j++) {
                 const rd_int col = j0 + j;
-                er[j] = col < n ? rd_float_to_e8m0(s[g / q->tg * q->gs + t * q->rs + col / q->tc * q->cs]) : 127;
+                const rd_int at = g / q->tg * q->gs + t * q->rs + col / q->tc * q->cs;
+                er[j] = (uint8_t)(col < n ? rd_float_to_e8m0(s[at]) : 127);
             }
             continue;
         }

@@ -121,6 +121,17 @@ NAME(rd_int kc, const void *a_, const void *b_, void *c_, rd_int rs_c,      \
         BODY4(kc, a, b, c, rs_c, cs_c, m, n, accumulate);                   \
 }
 
+/* acc += u8 x s8 quads (vpdpbusd), written as an instruction with its
+ * accumulator tied: gcc 12 gives the intrinsic's accumulator a register
+ * of its own, copies it every step and spills the accumulators of a
+ * 24-accumulator loop to the stack (the int8-dot and w4a8 kernels). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __m512i
+rd_avx512_dpbusd(__m512i acc, __m512i u, __m512i s)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
 /* The float32 scales 2^(e - 127) of 16 e8m0 exponents (e 0: 2^-127, a
  * subnormal), for the 4-bit panels (RD_CT_F32_F4W). */
 RD_AVX512 static inline __m512

@@ -48,16 +48,6 @@ rd_dpbf16_native(__m512 acc, __m512i a, __m512i b)
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* vpdpbusd written as an instruction with its accumulator tied: gcc 12
- * gives the intrinsic's accumulator a register of its own, copies it every
- * step and spills the 24 accumulators of the loop to the stack. */
-RD_VNNI_TARGET static inline __m512i
-rd_dpbusd_native(__m512i acc, __m512i a, __m512i b)
-{
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-    return acc;
-}
-
 /* ------------------------------------------------------- bfloat16 pairs */
 
 /* One pair step of row i: A's pair broadcast, against both B vectors. */
@@ -185,7 +175,7 @@ NAME(rd_int kc, const T *a_, const TB *b, T *c, rd_int rs_c, rd_int cs_c,   \
  * rd_s_store_edge add only for RD_ADD, so RD_STREAM stores plainly. */
 #define TB int8_t
 
-#define DOT rd_dpbusd_native
+#define DOT rd_avx512_dpbusd
 RD_U_BODY(u_rows4, RD_VNNI_TARGET, 4, ROWS4)
 RD_U_BODY(u_rows8, RD_VNNI_TARGET, 8, ROWS8)
 RD_U_BODY(u_rows12, RD_VNNI_TARGET, 12, ROWS12)

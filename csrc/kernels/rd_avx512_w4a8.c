@@ -44,15 +44,6 @@ static const uint8_t rd_w4_tables[2][2][16] = {
      {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116}},
 };
 
-/* acc += u8 x s8 quads (vpdpbusd), the accumulator tied (see the int8-dot
- * kernel: gcc otherwise copies it every step). */
-RD_W4_TARGET static RD_W4_INLINE __m512i
-rd_w4_dp(__m512i acc, __m512i u, __m512i s)
-{
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-    return acc;
-}
-
 RD_W4_TARGET static RD_W4_INLINE __m512i
 rd_w4_table(int f4, int offset)
 {
@@ -82,14 +73,9 @@ rd_w4_scales(int f4, const char *tr, rd_int r, __m512 *s0, __m512 *s1)
         *s1 = _mm512_loadu_ps(sv + 64);
         return;
     }
-    /* (e << 23, or 2^-127's bits for e 0: the larger) */
-    const char *ev = tr + RD_F4RUN(r, 32);
-    const __m512i sub = _mm512_set1_epi32(0x00400000);
-    const __m512 half = _mm512_set1_ps(0.5f);
-    const __m512i e0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)ev));
-    const __m512i e1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(ev + 16)));
-    *s0 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(e0, 23), sub)), half);
-    *s1 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(e1, 23), sub)), half);
+    const uint8_t *ev = (const uint8_t *)tr + RD_F4RUN(r, 32);
+    *s0 = _mm512_mul_ps(rd_avx512_e8m0(ev), _mm512_set1_ps(0.5f));
+    *s1 = _mm512_mul_ps(rd_avx512_e8m0(ev + 16), _mm512_set1_ps(0.5f));
 }
 
 /* RD_CT_U8S8's epilogue of a run's sums: (float)(S - 128 x) * (sa * sb),
@@ -100,14 +86,6 @@ RD_W4_TARGET static RD_W4_INLINE __m512
 rd_w4_finish(__m512i s, __m512i x128, __m512 sa, __m512 sb)
 {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, x128)), _mm512_mul_ps(sa, sb));
-}
-
-/* The steps [p, end) of run r of a block of kc steps whose trailer is h. */
-static inline rd_int
-rd_w4_run_end(const rd_qtrailer_t *h, rd_int p, rd_int r, rd_int kc)
-{
-    const rd_int end = p + (r == 0 ? h->first : h->tile);
-    return end < kc ? end : kc;
 }
 
 /* ------------------------------------------------------- micro-kernels
@@ -122,8 +100,8 @@ rd_w4_run_end(const rd_qtrailer_t *h, rd_int p, rd_int r, rd_int kc)
 #define W_STEP(i)                                                           \
     {                                                                       \
         const __m512i av = _mm512_set1_epi32(a32[i]);                       \
-        c##i##0 = rd_w4_dp(c##i##0, av, b0);                                \
-        c##i##1 = rd_w4_dp(c##i##1, av, b1);                                \
+        c##i##0 = rd_avx512_dpbusd(c##i##0, av, b0);                                \
+        c##i##1 = rd_avx512_dpbusd(c##i##1, av, b1);                                \
     }
 #define W_FINISH(i)                                                         \
     const __m512 f##i##0 = rd_w4_finish(c##i##0, cb0, _mm512_set1_ps(sa[i]), sb0); \
@@ -147,14 +125,14 @@ NAME(rd_int kc, const void *a_, const void *b_, float *c, rd_int rs_c, rd_int cs
     ROWS(W_DECL)                                                            \
     rd_int p = 0;                                                           \
     for (rd_int r = 0; p < kc; r++) {                                       \
-        const rd_int end = rd_w4_run_end(&h, p, r, kc);                     \
+        const rd_int end = rd_qrun_end(&h, r, kc);                     \
         __m512i cb0 = _mm512_setzero_si512(), cb1 = _mm512_setzero_si512(); \
         ROWS(W_ZERO)                                                        \
         for (; p < end; p += 4) {                                           \
             __m512i b0, b1;                                                 \
             rd_w4_decode(b, tab, &b0, &b1);                                 \
-            cb0 = rd_w4_dp(cb0, ones, b0);                                  \
-            cb1 = rd_w4_dp(cb1, ones, b1);                                  \
+            cb0 = rd_avx512_dpbusd(cb0, ones, b0);                                  \
+            cb1 = rd_avx512_dpbusd(cb1, ones, b1);                                  \
             ROWS(W_STEP)                                                    \
             a32 += 12;                                                      \
             b += 64;                                                        \
@@ -243,7 +221,7 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const char *a,
             out[i][q][0] = out[i][q][1] = _mm512_setzero_ps();
     rd_int p = 0;
     for (rd_int r = 0; p < kc; r++) {
-        const rd_int end = rd_w4_run_end(&h, p, r, kc);
+        const rd_int end = rd_qrun_end(&h, r, kc);
         /* the sums, and the sums to take 128 times back out: of the row
          * (x[0]), or of each panel's columns (x[q][half]) */
         __m512i acc[4][4][2], x[4][2];
@@ -258,21 +236,21 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const char *a,
                 av[i] = _mm512_set1_epi32(a32[p / 4 * 12 + i]);
             if (rowsum) {
                 av[0] = _mm512_xor_si512(av[0], _mm512_set1_epi8((char)0x80));
-                x[0][0] = rd_w4_dp(x[0][0], ones, av[0]);
+                x[0][0] = rd_avx512_dpbusd(x[0][0], ones, av[0]);
             }
             for (int q = 0; q < P; q++) {
                 __m512i b0, b1;
                 rd_w4_decode(b + q * bstep + p * 16, tab, &b0, &b1);
                 if (rowsum) {
-                    acc[0][q][0] = rd_w4_dp(acc[0][q][0], b0, av[0]);
-                    acc[0][q][1] = rd_w4_dp(acc[0][q][1], b1, av[0]);
+                    acc[0][q][0] = rd_avx512_dpbusd(acc[0][q][0], b0, av[0]);
+                    acc[0][q][1] = rd_avx512_dpbusd(acc[0][q][1], b1, av[0]);
                     continue;
                 }
-                x[q][0] = rd_w4_dp(x[q][0], ones, b0);
-                x[q][1] = rd_w4_dp(x[q][1], ones, b1);
+                x[q][0] = rd_avx512_dpbusd(x[q][0], ones, b0);
+                x[q][1] = rd_avx512_dpbusd(x[q][1], ones, b1);
                 for (int i = 0; i < R; i++) {
-                    acc[i][q][0] = rd_w4_dp(acc[i][q][0], av[i], b0);
-                    acc[i][q][1] = rd_w4_dp(acc[i][q][1], av[i], b1);
+                    acc[i][q][0] = rd_avx512_dpbusd(acc[i][q][0], av[i], b0);
+                    acc[i][q][1] = rd_avx512_dpbusd(acc[i][q][1], av[i], b1);
                 }
             }
         }

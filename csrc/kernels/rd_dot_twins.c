@@ -179,8 +179,7 @@ rd_w4a8_twin(int ct, int NR, rd_int kc, const void *a_, const void *b_, void *c,
     memcpy(&h, tb, sizeof h);
     rd_int p = 0;
     for (rd_int r = 0; p < kc; r++) {
-        rd_int end = p + (r == 0 ? h.first : h.tile);
-        end = end < kc ? end : kc;
+        const rd_int end = rd_qrun_end(&h, r, kc);
         uint32_t sum[MR][NRMAX];
         memset(sum, 0, sizeof sum);
         for (; p < end; p++) {

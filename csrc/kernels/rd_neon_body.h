@@ -80,6 +80,27 @@ rd_neon_e8m0(const uint8_t *e, float32x4_t *s0, float32x4_t *s1)
     *s1 = vreinterpretq_f32_u32(vbslq_u32(vceqzq_u32(hi), sub, vshlq_n_u32(hi, 23)));
 }
 
+/* 4 columns of a row of C (cols of them valid), stored or added: whole
+ * where contiguous, else column by column (the few-row kernels' edge) */
+static inline __attribute__((always_inline)) void
+rd_neon_put4(float32x4_t v, float *c, rd_int cs_c, rd_int cols, int mode)
+{
+    if (cols <= 0)
+        return;
+    if (cols >= 4 && cs_c == 1) {
+        vst1q_f32(c, mode == RD_ADD ? vaddq_f32(vld1q_f32(c), v) : v);
+        return;
+    }
+    float t[4];
+    vst1q_f32(t, v);
+    for (rd_int j = 0; j < cols && j < 4; j++) {
+        if (mode == RD_ADD)
+            c[j * cs_c] += t[j];
+        else
+            c[j * cs_c] = t[j];
+    }
+}
+
 /* Dispatch on the number of valid rows. */
 #define RD_NEON_KERNEL(NAME, TA, TB, BODY4, BODY8, BODY12)                  \
 static void                                                                 \

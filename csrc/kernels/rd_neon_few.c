@@ -96,25 +96,7 @@ rd_few_e8m0(const uint8_t *e, float32x4_t *s0, float32x4_t *s1)
     rd_neon_e8m0(e, s0, s1);
 }
 
-/* 4 columns of a row of C from an accumulator (cols of them valid) */
-FEW_ATTR static RD_INLINE void
-rd_few_put(float32x4_t v, float *c, rd_int cs_c, rd_int cols, int mode)
-{
-    if (cols <= 0)
-        return;
-    if (cols >= 4 && cs_c == 1) {
-        vst1q_f32(c, mode == RD_ADD ? vaddq_f32(vld1q_f32(c), v) : v);
-        return;
-    }
-    float t[4];
-    vst1q_f32(t, v);
-    for (rd_int j = 0; j < cols && j < 4; j++) {
-        if (mode == RD_ADD)
-            c[j * cs_c] += t[j];
-        else
-            c[j * cs_c] = t[j];
-    }
-}
+#define rd_few_put rd_neon_put4
 
 #include "rd_few_body.h"
 

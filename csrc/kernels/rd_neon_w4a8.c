@@ -74,14 +74,6 @@ rd_w4n_scales(int f4, const uint8_t *tr, rd_int r, float32x4_t *s0, float32x4_t 
     *s1 = vmulq_n_f32(*s1, 0.5f);
 }
 
-/* The steps [p, end) of run r of a block of kc steps whose trailer is h. */
-static inline rd_int
-rd_w4n_run_end(const rd_qtrailer_t *h, rd_int p, rd_int r, rd_int kc)
-{
-    const rd_int end = p + (r == 0 ? h->first : h->tile);
-    return end < kc ? end : kc;
-}
-
 /* ------------------------------------------------------- micro-kernels */
 
 #define WN_DECL(i, A, L) int32x4_t c##i##0, c##i##1;
@@ -116,7 +108,7 @@ NAME(rd_int kc, const uint8_t *a, const uint8_t *b, float *c, rd_int rs_c,  \
     ROWS(WN_DECL)                                                           \
     rd_int p = 0;                                                           \
     for (rd_int r = 0; p < kc; r++) {                                       \
-        const rd_int end = rd_w4n_run_end(&h, p, r, kc);                    \
+        const rd_int end = rd_qrun_end(&h, r, kc);                    \
         ROWS(WN_ZERO)                                                       \
         for (; p < end; p += 4) {                                           \
             int8x16_t b0, b1;                                               \
@@ -166,7 +158,8 @@ rd_w4a8_neon_f4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, r
 
 /* ------------------------------------------------------ few-row kernels */
 
-/* 4 columns of a row of C (cols of them valid; 0 past them), and back. */
+/* 4 columns of a row of C (cols of them valid; 0 past them): the loads
+ * that rd_neon_put4 stores back. */
 static inline float32x4_t
 rd_w4n_get4(const float *c, rd_int cs_c, rd_int cols)
 {
@@ -176,19 +169,6 @@ rd_w4n_get4(const float *c, rd_int cs_c, rd_int cols)
     for (rd_int j = 0; j < cols && j < 4; j++)
         t[j] = c[j * cs_c];
     return vld1q_f32(t);
-}
-
-static inline void
-rd_w4n_put4(float32x4_t v, float *c, rd_int cs_c, rd_int cols)
-{
-    if (cols >= 4 && cs_c == 1) {
-        vst1q_f32(c, v);
-        return;
-    }
-    float t[4];
-    vst1q_f32(t, v);
-    for (rd_int j = 0; j < cols && j < 4; j++)
-        c[j * cs_c] = t[j];
 }
 
 /* R rows x P panels (constants: the loops unroll, the sums and the C tile
@@ -210,7 +190,7 @@ rd_w4n_few_body(const int F4, const int R, const int P, rd_int kc, const uint8_t
             out[i][q][0] = out[i][q][1] = vdupq_n_f32(0.0f);
     rd_int p = 0;
     for (rd_int r = 0; p < kc; r++) {
-        const rd_int end = rd_w4n_run_end(&h, p, r, kc);
+        const rd_int end = rd_qrun_end(&h, r, kc);
         int32x4_t acc[4][4][2];
         for (int i = 0; i < R; i++)
             for (int q = 0; q < P; q++)
@@ -261,8 +241,8 @@ rd_w4n_few_body(const int F4, const int R, const int P, rd_int kc, const uint8_t
     for (int i = 0; i < R; i++)
         for (int q = 0; q < P; q++) {
             float *cq = c + i * rs_c + q * 8 * cs_c;
-            rd_w4n_put4(out[i][q][0], cq, cs_c, n - q * 8);
-            rd_w4n_put4(out[i][q][1], cq + 4 * cs_c, cs_c, n - q * 8 - 4);
+            rd_neon_put4(out[i][q][0], cq, cs_c, n - q * 8, RD_STORE);
+            rd_neon_put4(out[i][q][1], cq + 4 * cs_c, cs_c, n - q * 8 - 4, RD_STORE);
         }
 }
 

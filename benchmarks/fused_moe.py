@@ -29,7 +29,9 @@ import common as C  # noqa: E402
 def layer(args, dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.T, args.d), dtype=np.float32).astype(dtype, copy=False)
-    router = rng.standard_normal((args.d, args.E), dtype=np.float32) * np.float32(0.1)
+    # the router in the layer's dtype too (a float32 one would make the whole layer float32,
+    # the experts' products then on the widening FMA path, not the 16-bit kernels)
+    router = (rng.standard_normal((args.d, args.E), dtype=np.float32) * np.float32(0.1)).astype(dtype)
     shapes = ((args.E, args.d, args.f), (args.E, args.d, args.f), (args.E, args.f, args.d))
     ws = []
     for s in shapes:      # no temporary as large as a weight (the peak measure starts after them)

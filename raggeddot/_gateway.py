@@ -430,13 +430,17 @@ def sort_by_expert(topk_idx, num_experts, capacity):
     return _core.moe_sort(_indices(topk_idx), num_experts, capacity)
 
 
-def gather_rows(x, indices, scale=None):
+def gather_rows(x, indices, scale=None, out_dtype=None):
     """``out[i] = x[indices[i]]`` (times ``scale[i]``): x ``[T, d]``,
     indices ``[n]`` in ``[0, T)``, scale ``[n]`` or None; ``out [n, d]`` in
-    x's compute dtype."""
+    x's compute dtype, or in ``out_dtype`` (float16 or bfloat16, for
+    float32 x): each scaled row computed in float32 and rounded once to
+    nearest even (:func:`narrow`'s values, without the float32 array)."""
     ct = compute_dtype(x.dtype)
     if scale is not None:
         scale = operand(np.asarray(scale), ct, CONTIGUOUS)
+    if out_dtype is not None and np.dtype(out_dtype).itemsize == 2 and ct == np.float32:
+        return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale, np.empty(0, out_dtype))
     rows = x.dtype if x.dtype.itemsize == 2 else ct   # 16-bit rows: copied as they are (float32 when scaled)
     return _core.gather_rows(operand(x, rows, ROWS), _indices(indices), scale)
 

@@ -23,7 +23,7 @@ import pytest
 import raggeddot
 from raggeddot import _core, _gateway as gw, reference
 
-from helpers import check_close
+from helpers import HALF_DTYPES, check_close, dtype_id
 
 PACKAGE = pathlib.Path(raggeddot.__file__).parent
 COMPUTE_ENTRY_POINTS = {
@@ -365,6 +365,23 @@ def test_gathers(rng, dtype):
     y = x[idx].astype(np.float64) * scale[:, None]
     want = np.stack([w[0, 0] * y[0] + w[0, 1] * y[3], w[1, 1] * y[1]])
     check_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("half", HALF_DTYPES, ids=dtype_id)
+def test_gather_rows_into_16bit(rng, half):
+    """float32 rows gathered and scaled into a 16-bit array: the float32
+    gather's values rounded once (narrow), bit for bit, scaled or not, on
+    rows longer than the kernel's chunk; 16-bit narrowing of other rows is
+    refused by the binding."""
+    x = rng.standard_normal((7, 1100)).astype(np.float32)
+    idx = np.array([6, 0, 3, 3, 1])
+    for scale in (None, rng.standard_normal(5).astype(np.float32)):
+        got = gw.gather_rows(x, idx, scale, out_dtype=half)
+        want = gw.narrow(np.ascontiguousarray(gw.gather_rows(x, idx, scale)), half)
+        assert got.dtype == half
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    with pytest.raises(TypeError, match="narrow"):
+        _core.gather_rows(x.astype(np.float64), idx, None, np.empty(0, half))
 
 
 def _gated(gate, up, activation, limit):

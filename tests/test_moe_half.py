@@ -58,6 +58,28 @@ def test_forward_is_the_16bit_composition(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
+def test_down_gradient_is_the_16bit_composition(rng, dtype):
+    """The experts' outputs' cotangent is 16-bit like the other hidden
+    cotangents: each slot's ``weight * d_out[t]`` rounded once, so the down
+    weights' gradient is tgmm of the 16-bit ``a`` and that 16-bit cotangent,
+    bit for bit (one expert a token, weight 1, a float32 d_out whose values
+    the rounding changes)."""
+    x, rw, w0, w1, wo = _layer(rng, dtype)
+    out, aux = raggeddot.moe_block(x, rw, w0, w1, wo, top_k=1, norm_topk_prob=True, return_aux=True)
+    _, vjp_fn = raggeddot.moe_block_vjp(x, rw, w0, w1, wo, top_k=1, norm_topk_prob=True)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    assert (d_out.astype(dtype).astype(np.float32) != d_out).any()
+    dwo = vjp_fn(d_out)["wo"]
+    order = np.argsort(aux["topk_indices"].ravel(), kind="stable")
+    xs, gs = x[order], aux["group_sizes"]
+    h0, h1 = raggeddot.ragged_dot(xs, w0, gs), raggeddot.ragged_dot(xs, w1, gs)
+    a = _core.gated_act(h0.astype(np.float32), h1.astype(np.float32), _core.ACTIVATIONS["silu"], 7.0).astype(dtype)
+    want = raggeddot.tgmm(a.T, d_out[order].astype(dtype), gs, preferred_element_type=dtype)
+    assert dwo.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(_bits(dwo), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
 def test_hidden_activations_take_half_the_memory(rng, dtype):
     """With f >> d the layer's memory is its hidden activations: in 16 bits
     the traced peak of forward and backward is well under the float32

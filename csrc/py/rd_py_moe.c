@@ -130,14 +130,37 @@ rd_gather_rows_half(rd_int n, rd_int d, const uint16_t *x, rd_int x_rs, rd_dtype
     }
 }
 
+/* gather_rows of float32 rows into 16-bit ones: each row scaled in
+ * float32 (by 1 without scales), then rounded to nearest even once (the
+ * values of the float32 gather, then narrow). */
+static void
+rd_gather_rows_narrow(rd_int n, rd_int d, const float *x, rd_int x_rs, const long long *src,
+                      const float *scale, uint16_t *out, rd_dtype_t dt)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n * d > 65536)
+#endif
+    for (rd_int i = 0; i < n; i++) {
+        float buf[512];
+        const float *row = x + (rd_int)src[i] * x_rs;
+        const float s = scale == NULL ? 1.0f : scale[i];
+        for (rd_int c0 = 0; c0 < d; c0 += 512) {
+            const rd_int w = d - c0 < 512 ? d - c0 : 512;
+            for (rd_int c = 0; c < w; c++)
+                buf[c] = s * row[c0 + c];
+            rd_narrow(buf, out + i * d + c0, dt, (size_t)w, 0);
+        }
+    }
+}
+
 static PyObject *
 rd_py_gather_rows(PyObject *self, PyObject *args)
 {
-    PyObject *ox, *osrc, *oscale;
-    rd_arg_t x, src, scale;
+    PyObject *ox, *osrc, *oscale, *onarrow = Py_None;
+    rd_arg_t x, src, scale, narrow;
     const void *scale_data;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &ox, &osrc, &oscale))
+    if (!PyArg_ParseTuple(args, "OOO|O", &ox, &osrc, &oscale, &onarrow))
         return NULL;
     if (rd_arg_array(ox, "x", 2, RD_ANY_STORAGE, RD_ROWS, &x) != 0)
         return NULL;
@@ -146,6 +169,15 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_TypeError, "'x' has dtype %s, expected float32, float64, float16 or bfloat16",
                      PyArray_DESCR(x.arr)->typeobj->tp_name);
         return NULL;
+    }
+    if (onarrow != Py_None) {
+        if (rd_arg_array(onarrow, "narrow", 1, RD_ANY_STORAGE, 0, &narrow) != 0)
+            return NULL;
+        if (x.dtype != RD_F32 || (narrow.dtype != RD_F16 && narrow.dtype != RD_BF16)) {
+            PyErr_SetString(PyExc_TypeError, "gather_rows: 'narrow' (a float16 or bfloat16 array) "
+                            "takes float32 'x'");
+            return NULL;
+        }
     }
     /* 16-bit rows: scales float32, scaled rows float32 */
     const int ct_num = half ? NPY_FLOAT32 : x.type_num;
@@ -160,7 +192,11 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
      * each call cost as much as the gather); rd_pool_array takes a
      * reference */
     PyArray_Descr *descr;
-    if (half && scale_data != NULL)
+    if (onarrow != Py_None) {
+        descr = PyArray_DESCR(narrow.arr);
+        Py_INCREF(descr);
+    }
+    else if (half && scale_data != NULL)
         descr = PyArray_DescrFromType(NPY_FLOAT32);
     else {
         descr = PyArray_DESCR(x.arr);
@@ -172,7 +208,11 @@ rd_py_gather_rows(PyObject *self, PyObject *args)
     const rd_moe_ops_t *ops = &rd_moe_ops[rd_arg_ctype(&x)];
     rd_int rs = dims[1] > 0 ? x.stride[0] : 0;
     Py_BEGIN_ALLOW_THREADS
-    if (half)
+    if (onarrow != Py_None)
+        rd_gather_rows_narrow(dims[0], dims[1], (const float *)x.data, rs,
+                              (const long long *)src.data, (const float *)scale_data,
+                              (uint16_t *)PyArray_DATA(out), (rd_dtype_t)narrow.dtype);
+    else if (half)
         rd_gather_rows_half(dims[0], dims[1], (const uint16_t *)x.data, rs, (rd_dtype_t)x.dtype,
                             (const long long *)src.data, (const float *)scale_data, PyArray_DATA(out));
     else
@@ -388,7 +428,8 @@ PyMethodDef rd_moe_methods[] = {
      " capacity < 0 keeps every assignment, dropped ones get slot -1"},
     {"gather_rows", rd_py_gather_rows, METH_VARARGS,
      "gather_rows(x [T, d], indices [n] int64, scale [n] or None) -> out [n, d], out[i] = scale[i] * x[indices[i]];"
-     " float16 / bfloat16 x: rows copied as they are, or with a float32 scale widened into a float32 out"},
+     " float16 / bfloat16 x: rows copied as they are, or with a float32 scale widened into a float32 out;"
+     " float32 x with narrow (a float16 or bfloat16 array): out of its dtype, each scaled row rounded once"},
     {"gather_reduce", rd_py_gather_reduce, METH_VARARGS,
      "gather_reduce(y [n, d], indices [T, k] int64, weights [T, k] or None, ordered=False) -> out [T, d],"
      " out[t] = sum_j weights[t, j] * y[indices[t, j]] (index -1 skipped), j in order or (ordered)"

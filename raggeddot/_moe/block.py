@@ -440,7 +440,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
     routing, the combine (a float32 sum of the 16-bit expert outputs) and
     the shared experts stay float32, and the output is rounded once. Their
     memory is then half the float32 layer's. The backward keeps its hidden
-    cotangents (``d_a``, ``d_h0``, ``d_h1``) 16-bit the same way and returns
+    cotangents (``d_y``, ``d_a``, ``d_h0``, ``d_h1``) 16-bit the same way and returns
     16-bit gradients, each accumulated in float32. Give float32 x to keep
     float32 hidden activations with 16-bit weights.
 

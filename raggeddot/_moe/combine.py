@@ -13,6 +13,7 @@ number of threads: the two give the same bits.
 a dropped assignment (slot -1) adding nothing. Backward, for ``d_out``::
 
     d_y[slot_of[t, j]]   = topk_weights[t, j] * d_out[t]               [N, d]
+                           (in y's dtype: rounded once for 16-bit y)
     d_topk_weights[t, j] = <d_out[t], y[slot_of[t, j]]>  (0 if dropped) [T, k]
 
 Forward mode (:func:`jvp`), the combine being bilinear in y and the weights::
@@ -55,12 +56,18 @@ def forward(y, plan, topk_weights):
 def backward(res, d_out):
     """Backward of :func:`forward` for ``d_out [T, d]`` (compute dtype,
     contiguous rows). Returns ``(d_y [N, d], d_topk_weights [T, k])``
-    (``d_topk_weights`` None when the combine is unweighted)."""
+    (``d_topk_weights`` None when the combine is unweighted). ``d_y`` has
+    y's dtype: 16-bit expert outputs get a 16-bit cotangent, each row
+    ``weight * d_out[t]`` computed in float32 and rounded once, as the
+    other hidden cotangents are (the experts' backward products then run
+    on the 16-bit kernels)."""
     w, y = res.topk_weights, res.y
+    hidden = y.dtype if y.dtype.itemsize == 2 else None
     if w is None:   # unweighted (the weights went into the experts' inputs)
-        return gw.gather_rows(d_out, res.plan.token_of_slot), None
+        return gw.gather_rows(d_out, res.plan.token_of_slot, out_dtype=hidden), None
     # each slot receives its token's cotangent times its router weight
-    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan.slot_of, w, y.shape[0]))
+    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan.slot_of, w, y.shape[0]),
+                         out_dtype=hidden)
     return d_y, slot_dots(d_out, y, res.plan.slot_of)
 
 

@@ -82,6 +82,15 @@ def cases():
     yield "ragged_dot bf16 widened", "ref", rd(*bfr)
     yield "tgmm f32", "ref", lambda: raggeddot.tgmm(f32[0][:m].T.copy(), ct, sizes)
     yield "moe_block f32", "ref", lambda: raggeddot.moe_block(x, router, *ws, top_k=2)
+    # the activations' exponential (its own, not the platform's libm) forward and backward
+    yield "moe_block swiglu_oai f32", "ref", lambda: raggeddot.moe_block(x, router, *ws, top_k=2,
+                                                                          activation="swiglu_oai")
+
+    def grads():
+        out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+        return np.concatenate([g.ravel() for g in vjp_fn(values(gen_ct, out.shape, np.float32)).values()])
+    gen_ct = Xorshift(11)
+    yield "moe_block vjp f32", "ref", grads
     for fam in ("avx512-bf16-twin", "neon-bf16-twin", "amx-twin"):
         yield "ragged_dot bf16 exact", fam, rd(*bf)
         yield "ragged_dot bf16", fam, rd(*bfr)

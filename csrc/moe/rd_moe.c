@@ -49,9 +49,54 @@ rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
     return kept;
 }
 
+/* e^x of a float, the same bits on every CPU and compiler: computed in
+ * double (x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to r^11,
+ * relative error under 1e-14, times 2^n built from n's bits) and rounded once
+ * to float, so correctly rounded but where e^x lies within 1e-14 of a midpoint
+ * between floats.  Only IEEE +, -, * and conversions: the activations' loops
+ * vectorize it (libm's expf is a call a value, and its bits are the
+ * platform's).  x beyond [-104, 89] is clamped (e^x then 0 or infinity in
+ * float); NaN stays NaN. */
+static inline float
+rd_expf(float xf)
+{
+    uint32_t u;                                   /* the clamp on the bits: a compare and */
+    memcpy(&u, &xf, sizeof u);                    /* select of doubles stops gcc vectorizing */
+    const uint32_t a = u & 0x7fffffffu, lim = (u >> 31) ? 0x42d00000u : 0x42b20000u;  /* 104, 89 */
+    u = a > lim && a <= 0x7f800000u ? (u & 0x80000000u) | lim : u;
+    float xc;
+    memcpy(&xc, &u, sizeof xc);
+    const double x = (double)xc;
+    const double shift = 0x1.8p52;                /* adding it rounds to an integer */
+    const double t = x * 0x1.71547652b82fep0 + shift;
+    const double n = t - shift;                   /* round(x / ln2) */
+    const double r = x - n * 0x1.62e42fefa39efp-1;
+    double p = 1.0 / 39916800;
+    p = p * r + 1.0 / 3628800;
+    p = p * r + 1.0 / 362880;
+    p = p * r + 1.0 / 40320;
+    p = p * r + 1.0 / 5040;
+    p = p * r + 1.0 / 720;
+    p = p * r + 1.0 / 120;
+    p = p * r + 1.0 / 24;
+    p = p * r + 1.0 / 6;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);               /* n in the low bits of t's mantissa */
+    bits = (bits + 1023u) << 52;                  /* 2^n: n + 1023 in [873, 1152] */
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return (float)(p * scale);
+}
+
+/* The elementwise activations work in chunks of this many values. */
+#define RD_ACT_CHUNK 4096
+
 #define RD_T float
 #define RD_FN(x) rd_s_##x
-#define RD_EXP expf
+#define RD_EXP rd_expf
 #define RD_ERF erff
 #define RD_TANH tanhf
 #include "rd_moe_impl.h"

@@ -190,41 +190,117 @@ RD_FN(sigmoid)(RD_T x)
 #define RD_SQRT2_PI 0.79788456080286535588   /* sqrt(2/pi) */
 #define RD_INV_SQRT_2PI 0.39894228040143267794
 
+/* gated_act over n <= RD_ACT_CHUNK values: one loop a kind, so that the
+ * compiler vectorizes those whose functions are inline (silu, relu,
+ * swiglu_oai with rd_expf); cloned for the widest vectors, each clone the
+ * same IEEE operations on each element (no contraction), so the same bits. */
+static RD_WIDEST_CLONES void
+RD_FN(act_chunk)(rd_int n, int kind, RD_T lim, RD_T alp, const RD_T *gate, const RD_T *up, RD_T *out)
+{
+    switch (kind) {
+    case RD_ACT_SILU:
+        for (rd_int i = 0; i < n; i++)
+            out[i] = gate[i] * RD_FN(sigmoid)(gate[i]) * up[i];
+        break;
+    case RD_ACT_GELU:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            out[i] = (RD_T)0.5 * g * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2)) * up[i];
+        }
+        break;
+    case RD_ACT_GELU_TANH:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            const RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
+            out[i] = (RD_T)0.5 * g * ((RD_T)1 + RD_TANH(z)) * up[i];
+        }
+        break;
+    case RD_ACT_RELU:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            out[i] = (g > 0 ? g : (g != g ? g : (RD_T)0)) * up[i];
+        }
+        break;
+    default: /* RD_ACT_SWIGLU_OAI */
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i], u = up[i];
+            const RD_T gc = g > lim ? lim : g;
+            const RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
+            out[i] = gc * RD_FN(sigmoid)(alp * gc) * (uc + (RD_T)1);
+        }
+    }
+}
+
 static void
 RD_FN(gated_act)(rd_int n, int kind, double limit, double alpha, const void *gate_,
                  const void *up_, void *out_)
 {
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     RD_T *out = (RD_T *)out_;
-    const RD_T lim = (RD_T)limit, alp = (RD_T)alpha;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif
-    for (rd_int i = 0; i < n; i++) {
-        const RD_T g = gate[i], u = up[i];
-        RD_T a;
-        switch (kind) {
-        case RD_ACT_SILU:
-            a = g * RD_FN(sigmoid)(g) * u;
-            break;
-        case RD_ACT_GELU:
-            a = (RD_T)0.5 * g * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2)) * u;
-            break;
-        case RD_ACT_GELU_TANH: {
-            RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
-            a = (RD_T)0.5 * g * ((RD_T)1 + RD_TANH(z)) * u;
-            break;
+    for (rd_int c = 0; c < n; c += RD_ACT_CHUNK)
+        RD_FN(act_chunk)(n - c < RD_ACT_CHUNK ? n - c : RD_ACT_CHUNK, kind, (RD_T)limit, (RD_T)alpha, gate + c,
+                         up + c, out + c);
+}
+
+/* gated_act_grad over n <= RD_ACT_CHUNK values (as act_chunk). */
+static RD_WIDEST_CLONES void
+RD_FN(act_grad_chunk)(rd_int n, int kind, RD_T lim, RD_T alp, const RD_T *gate, const RD_T *up,
+                      const RD_T *d_out, RD_T *d_gate, RD_T *d_up)
+{
+    switch (kind) {
+    case RD_ACT_SILU:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i], s = RD_FN(sigmoid)(g);
+            const RD_T dact = s * ((RD_T)1 + g * ((RD_T)1 - s));
+            d_gate[i] = d_out[i] * dact * up[i];
+            d_up[i] = d_out[i] * (g * s);
         }
-        case RD_ACT_RELU:
-            a = (g > 0 ? g : (g != g ? g : (RD_T)0)) * u;
-            break;
-        default: { /* RD_ACT_SWIGLU_OAI */
-            RD_T gc = g > lim ? lim : g;
-            RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
-            a = gc * RD_FN(sigmoid)(alp * gc) * (uc + (RD_T)1);
+        break;
+    case RD_ACT_GELU:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            const RD_T cdf = (RD_T)0.5 * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2));
+            const RD_T dact = cdf + g * (RD_T)RD_INV_SQRT_2PI * RD_EXP((RD_T)-0.5 * g * g);
+            d_gate[i] = d_out[i] * dact * up[i];
+            d_up[i] = d_out[i] * (g * cdf);
         }
+        break;
+    case RD_ACT_GELU_TANH:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            const RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
+            const RD_T th = RD_TANH(z);
+            const RD_T act = (RD_T)0.5 * g * ((RD_T)1 + th);
+            const RD_T dact = (RD_T)0.5 * ((RD_T)1 + th)
+                              + (RD_T)0.5 * g * ((RD_T)1 - th * th) * (RD_T)RD_SQRT2_PI
+                                * ((RD_T)1 + (RD_T)3 * (RD_T)0.044715 * g * g);
+            d_gate[i] = d_out[i] * dact * up[i];
+            d_up[i] = d_out[i] * act;
         }
-        out[i] = a;
+        break;
+    case RD_ACT_RELU:
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i];
+            const RD_T act = g > 0 ? g : (g != g ? g : (RD_T)0);
+            const RD_T dact = g > 0 ? (RD_T)1 : (g != g ? g : (RD_T)0);
+            d_gate[i] = d_out[i] * dact * up[i];
+            d_up[i] = d_out[i] * act;
+        }
+        break;
+    default: /* RD_ACT_SWIGLU_OAI: clip passes the gradient inside the limits */
+        for (rd_int i = 0; i < n; i++) {
+            const RD_T g = gate[i], u = up[i], dy = d_out[i];
+            const RD_T gc = g > lim ? lim : g;
+            const RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
+            const RD_T s = RD_FN(sigmoid)(alp * gc);
+            const RD_T glu = gc * s;
+            const RD_T dglu = g > lim ? (RD_T)0 : s * ((RD_T)1 + alp * gc * ((RD_T)1 - s));
+            d_gate[i] = dy * dglu * (uc + (RD_T)1);
+            d_up[i] = (u > lim || u < -lim) ? (RD_T)0 : dy * glu;
+        }
     }
 }
 
@@ -235,51 +311,10 @@ RD_FN(gated_act_grad)(rd_int n, int kind, double limit, double alpha, const void
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     const RD_T *d_out = (const RD_T *)d_out_;
     RD_T *d_gate = (RD_T *)d_gate_, *d_up = (RD_T *)d_up_;
-    const RD_T lim = (RD_T)limit, alp = (RD_T)alpha;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif
-    for (rd_int i = 0; i < n; i++) {
-        const RD_T g = gate[i], u = up[i], dy = d_out[i];
-        RD_T act, dact;
-        switch (kind) {
-        case RD_ACT_SILU: {
-            RD_T s = RD_FN(sigmoid)(g);
-            act = g * s;
-            dact = s * ((RD_T)1 + g * ((RD_T)1 - s));
-            break;
-        }
-        case RD_ACT_GELU: {
-            RD_T cdf = (RD_T)0.5 * ((RD_T)1 + RD_ERF(g * (RD_T)RD_SQRT1_2));
-            act = g * cdf;
-            dact = cdf + g * (RD_T)RD_INV_SQRT_2PI * RD_EXP((RD_T)-0.5 * g * g);
-            break;
-        }
-        case RD_ACT_GELU_TANH: {
-            RD_T z = (RD_T)RD_SQRT2_PI * (g + (RD_T)0.044715 * g * g * g);
-            RD_T th = RD_TANH(z);
-            act = (RD_T)0.5 * g * ((RD_T)1 + th);
-            dact = (RD_T)0.5 * ((RD_T)1 + th)
-                   + (RD_T)0.5 * g * ((RD_T)1 - th * th) * (RD_T)RD_SQRT2_PI
-                     * ((RD_T)1 + (RD_T)3 * (RD_T)0.044715 * g * g);
-            break;
-        }
-        case RD_ACT_RELU:
-            act = g > 0 ? g : (g != g ? g : (RD_T)0);
-            dact = g > 0 ? (RD_T)1 : (g != g ? g : (RD_T)0);
-            break;
-        default: { /* RD_ACT_SWIGLU_OAI: clip passes the gradient inside the limits */
-            RD_T gc = g > lim ? lim : g;
-            RD_T uc = u > lim ? lim : (u < -lim ? -lim : u);
-            RD_T s = RD_FN(sigmoid)(alp * gc);
-            RD_T glu = gc * s;
-            RD_T dglu = g > lim ? (RD_T)0 : s * ((RD_T)1 + alp * gc * ((RD_T)1 - s));
-            d_gate[i] = dy * dglu * (uc + (RD_T)1);
-            d_up[i] = (u > lim || u < -lim) ? (RD_T)0 : dy * glu;
-            continue;
-        }
-        }
-        d_gate[i] = dy * dact * u;
-        d_up[i] = dy * act;
-    }
+    for (rd_int c = 0; c < n; c += RD_ACT_CHUNK)
+        RD_FN(act_grad_chunk)(n - c < RD_ACT_CHUNK ? n - c : RD_ACT_CHUNK, kind, (RD_T)limit, (RD_T)alpha,
+                              gate + c, up + c, d_out + c, d_gate + c, d_up + c);
 }

@@ -554,7 +554,8 @@ def gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, activation, limit, alpha=1
     then :func:`gated_act_grad`, bit for bit, without the d_a array. lhs
     ``[m, k]``, w ``[g, k, n]`` (as :func:`operand` reads them for
     ``layout="packed"``), h0, h1, dh0, dh1 ``[m, n]`` of one dtype with
-    contiguous rows and one row stride. Returns ``(dh0, dh1)``."""
+    contiguous rows, h0 and h1 of one row stride, dh0 and dh1 of one (the
+    halves of one ``[m, 2n]`` array, say). Returns ``(dh0, dh1)``."""
     ct = compute_dtype(h0.dtype)
     _core.gated_grad_rows(operand(lhs, ct, PACKED), operand(w, ct, PACKED), bounds, h0, h1, dh0, dh1,
                           _core.ACTIVATIONS[activation], float(limit), float(alpha))

@@ -67,6 +67,34 @@ def test_fused_gate_up_equals_the_separate_passes(rng, monkeypatch, family, dtyp
             assert np.array_equal(_bits(np.asarray(grads[name])), _bits(np.asarray(g))), name
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["edf", "efd"])
+def test_concatenated_gate_up_gradient_in_one_pass(rng, monkeypatch, dtype, layout):
+    """With gate and up concatenated, the fused backward writes dh0 and dh1
+    side by side and takes both weight gradients in one contraction over the
+    rows (one call where the separate passes make two): the same bits."""
+    T, d, f, E = 90, 40, 56, 6
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(dtype)
+    w01 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype)
+    wo = (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype)
+    if layout == "efd":
+        w01, wo = w01.transpose(0, 2, 1).copy(), wo.transpose(0, 2, 1).copy()
+    kw = dict(top_k=2, gate_up="concat", weights_layout=layout)
+    d_out = rng.standard_normal((T, d)).astype(dtype)
+    contracts = []
+    real = gw.contract
+    monkeypatch.setattr(gw, "contract", lambda *a, **k: contracts.append(1) or real(*a, **k))
+    grads = raggeddot.moe_block_vjp(x, router, w01, None, wo, **kw)[1](d_out)
+    fused_calls = len(contracts)
+    monkeypatch.setattr(experts, "_fused", lambda *a: False)
+    want = raggeddot.moe_block_vjp(x, router, w01, None, wo, **kw)[1](d_out)
+    assert len(contracts) - fused_calls == fused_calls + 1     # down, gate, up apart; down, gate+up fused
+    for name, g in want.items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(grads[name])), _bits(np.asarray(g))), name
+
+
 def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, monkeypatch):
     """moe_block without a backward asks the fused pass for a only, reading
     the tokens' rows through the dispatch's index (no [N, d] copy of them);
@@ -165,6 +193,8 @@ def test_the_gated_bindings_refuse_bad_arguments():
          "'b0' must be"),
         (lambda: _core.gated_grad_rows(x, w, b, a, a, a, a[:, :5], 0, 1.0, 1.0), "'dh1' must have"),
         (lambda: _core.gated_grad_rows(x, w, b, a, None, a, a, 0, 1.0, 1.0), "must be arrays"),
+        (lambda: _core.gated_grad_rows(x, w, b, a, a, np.zeros((4, 12), np.float32)[:, :6], a, 0, 1.0, 1.0),
+         "'dh1' must have the shape, dtype and row stride of 'dh0'"),
     ]
     for call, message in bad:
         with pytest.raises((ValueError, TypeError), match=message):

@@ -314,8 +314,8 @@ rd_gated_grad_epilogue(void *ctx_, rd_int g, rd_int r0, rd_int c0, rd_int rows, 
     (void)t1_;
     for (rd_int i = 0; i < rows; i++) {
         char *da = (char *)t0_ + (size_t)(i * ld) * es;
-        const size_t at = (size_t)((r0 + i) * o->rs + c0) * os;
-        char *d0 = (char *)o->dh0 + at, *d1 = (char *)o->dh1 + at;
+        const size_t at = (size_t)((r0 + i) * o->rs + c0) * os, d_at = (size_t)((r0 + i) * o->d_rs + c0) * os;
+        char *d0 = (char *)o->dh0 + d_at, *d1 = (char *)o->dh1 + d_at;
         if (!half) {
             ops->gated_act_grad(cols, o->kind, o->limit, o->alpha, (const char *)o->h0 + at,
                                 (const char *)o->h1 + at, da, d0, d1);

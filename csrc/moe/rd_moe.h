@@ -161,8 +161,9 @@ void rd_gated_epilogue(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, r
                        void *t1, rd_int ld);
 
 /* The backward's fused first product (rd_gated_grad_epilogue): d_a of the
- * compute type ct from the product, rounded to dt; h0, h1 (read), dh0, dh1
- * (written) [rows, n] of dt, rows rs elements apart. */
+ * compute type ct from the product, rounded to dt; h0, h1 (read) [rows, n]
+ * of dt, rows rs elements apart; dh0, dh1 (written) likewise, rows d_rs
+ * apart. */
 typedef struct {
     rd_ctype_t ct;
     rd_dtype_t dt;
@@ -170,7 +171,7 @@ typedef struct {
     double limit, alpha;
     const void *h0, *h1;
     void *dh0, *dh1;
-    rd_int rs;
+    rd_int rs, d_rs;
 } rd_gated_grad_t;
 void rd_gated_grad_epilogue(void *ctx, rd_int g, rd_int r0, rd_int c0, rd_int rows, rd_int cols, void *t0,
                             void *t1, rd_int ld);

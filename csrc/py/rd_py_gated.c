@@ -33,10 +33,12 @@ rd_gated_bias(PyObject *obj, const char *name, int type_num, rd_int ng, rd_int n
     return 0;
 }
 
-/* An optional [m, n] array of the hidden dtype with the row stride of a
- * (the array named `ref`). */
+/* An optional [m, n] array of the hidden dtype with the shape of a (the
+ * array named `ref`) and the row stride rs (any when rs < 0); its row
+ * stride into *out_rs when given. */
 static int
-rd_gated_out(PyObject *obj, const char *name, const char *ref, const rd_arg_t *a, void **data)
+rd_gated_out_rs(PyObject *obj, const char *name, const char *ref, const rd_arg_t *a, rd_int rs, void **data,
+                rd_int *out_rs)
 {
     *data = NULL;
     if (obj == Py_None)
@@ -44,12 +46,21 @@ rd_gated_out(PyObject *obj, const char *name, const char *ref, const rd_arg_t *a
     rd_arg_t o;
     if (rd_arg_array(obj, name, 2, a->type_num, RD_AS_OUTPUT | RD_ROWS, &o) != 0)
         return -1;
-    if (o.dim[0] != a->dim[0] || o.dim[1] != a->dim[1] || o.stride[0] != a->stride[0]) {
+    if (o.dim[0] != a->dim[0] || o.dim[1] != a->dim[1] || (rs >= 0 && o.stride[0] != rs)) {
         PyErr_Format(PyExc_ValueError, "'%s' must have the shape, dtype and row stride of '%s'", name, ref);
         return -1;
     }
     *data = o.data;
+    if (out_rs != NULL)
+        *out_rs = o.stride[0];
     return 0;
+}
+
+/* An optional [m, n] array of the hidden dtype with the row stride of a. */
+static int
+rd_gated_out(PyObject *obj, const char *name, const char *ref, const rd_arg_t *a, void **data)
+{
+    return rd_gated_out_rs(obj, name, ref, a, a->stride[0], data, NULL);
 }
 
 /* The hidden activations' array `name` (float32, float64, float16 or
@@ -236,7 +247,8 @@ PyDoc_STRVAR(gated_grad_rows_doc,
 "array or a QArray tuple as ragged_rows reads it), then\n"
 "dh0[r], dh1[r] = gated_act_grad(h0[r], h1[r], d_a).  lhs [m, k], w [g, k,\n"
 "n] arrays the packing reads; h0, h1, dh0, dh1 [m, n] of one dtype (float32,\n"
-"float64, bfloat16, float16) with contiguous rows and one row stride.  The\n"
+"float64, bfloat16, float16) with contiguous rows, h0 and h1 of one row\n"
+"stride, dh0 and dh1 of one (views of one [m, 2n] array, say).  The\n"
 "values of ragged_rows into d_a then gated_act_grad, bit for bit.");
 
 static PyObject *
@@ -256,8 +268,10 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     rd_gated_grad_t o;
     memset(&o, 0, sizeof o);
     void *h1 = NULL, *d0 = NULL, *d1 = NULL;
-    if (rd_gated_out(oh1, "h1", "h0", &h0, &h1) != 0 || rd_gated_out(od0, "dh0", "h0", &h0, &d0) != 0 ||
-        rd_gated_out(od1, "dh1", "h0", &h0, &d1) != 0)
+    rd_int d_rs = 0;       /* dh0 and dh1: one row stride, maybe not h0's (views of one [m, 2n]) */
+    if (rd_gated_out(oh1, "h1", "h0", &h0, &h1) != 0 ||
+        rd_gated_out_rs(od0, "dh0", "h0", &h0, -1, &d0, &d_rs) != 0 ||
+        rd_gated_out_rs(od1, "dh1", "dh0", &h0, d_rs, &d1, NULL) != 0)
         return NULL;
     if (h1 == NULL || d0 == NULL || d1 == NULL) {
         PyErr_SetString(PyExc_TypeError, "'h1', 'dh0' and 'dh1' must be arrays");
@@ -285,6 +299,7 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     o.dh0 = d0;
     o.dh1 = d1;
     o.rs = h0.stride[0];
+    o.d_rs = d_rs;
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {

@@ -422,8 +422,10 @@ def backward(experts, res, d_y):
     # down projection, and the activation's gradient: fused in the product's
     # epilogue where the weights are plain arrays (no [rows, f] array of d_a)
     wo_t = _transposed(experts.wo)
+    dh = None       # [count, 2f]: dh0 and dh1 side by side, where the fused product writes them
     if count and f and _fused(dy, wo_t, wo_t):
-        dh0, dh1 = _buffer((count, f), hd), _buffer((count, f), hd)
+        dh = _buffer((count, 2 * f), hd)
+        dh0, dh1 = dh[:, :f], dh[:, f:]
         gw.gated_grad_rows(dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation, experts.limit,
                            experts.alpha)
     else:
@@ -446,11 +448,16 @@ def backward(experts, res, d_y):
         dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed, hd)
         dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed, hd)
         return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)
-    # fused: both gradients written through the views the forward read
+    # fused: both gradients written through the views the forward read; with
+    # gate and up concatenated, in one pass over the rows (xs packed once for
+    # both: each column's sum is the one the two products take)
     shape = (n, 2 * f, d) if experts.transposed else (n, d, 2 * f)
     dw = _buffer(shape, hd)
-    for dh, view in zip((dh0, dh1), split_gate_up(dw, 1 if experts.transposed else 2, experts.gate_up)):
-        _weight_grad(xs.T, dh, bounds, n, experts.transposed, hd, out=view)
+    if dh is not None and experts.gate_up == "concat":
+        _weight_grad(xs.T, dh, bounds, n, experts.transposed, hd, out=dw)
+    else:
+        for dh_half, view in zip((dh0, dh1), split_gate_up(dw, 1 if experts.transposed else 2, experts.gate_up)):
+            _weight_grad(xs.T, dh_half, bounds, n, experts.transposed, hd, out=view)
     db = None
     if db0 is not None:
         db = np.empty((n, 2 * f), dtype=ct)

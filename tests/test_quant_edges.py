@@ -18,6 +18,7 @@ import pytest
 
 import raggeddot
 from raggeddot import QArray, quant
+from raggeddot import _gateway as gw
 
 QTYPES = ["int8", "int4", "float8_e4m3fn", "float4_e2m1fn", "mxfp4"]
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -75,10 +76,20 @@ def test_non_finite_operands_quantized_by_the_call(rng):
     x[7, 1] = np.inf
     ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
           for s in ((E, d, f), (E, d, f), (E, f, d))]
-    with pytest.raises(ValueError, match=r"^moe_block: the experts' input rows .* activation_qtype, holds "
-                                         r"1 non-finite value"):
-        raggeddot.moe_block(x, rng.standard_normal((d, E)).astype(np.float32), *ws, top_k=1,
-                            activation_qtype="int8")
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    # plain and prepacked int8 weights (the kernels quantize the rows and find the infinity from its
+    # row's scale), and float32 weights (quantize() does)
+    for weights in (ws, [raggeddot.prepack(w, lhs_dtype=np.int8) for w in ws],
+                    [raggeddot.dequantize(w) for w in ws]):
+        for xs in (x, x.astype(ml_dtypes.bfloat16)):
+            with pytest.raises(ValueError, match=r"^moe_block: the experts' input rows .* activation_qtype, "
+                                                 r"holds 1 non-finite value \(the first, inf, at"):
+                raggeddot.moe_block(xs, router.astype(xs.dtype), *weights, top_k=1, activation_qtype="int8")
+    # the kernels' own refusal, before they write anything
+    out = np.full((10, f), 3.0, np.float32)
+    with pytest.raises(ValueError, match="'lhs' holds an infinity or a NaN"):
+        gw.rows(x, ws[0], np.array([0, 2, 5, 8, 10]), out, quantize_lhs=True)
+    assert (out == 3.0).all()
 
 
 # ---------------------------------------------------------------------------

@@ -455,6 +455,9 @@ rd_row_scales(const void *x, rd_dtype_t dtype, rd_int m, rd_int k, rd_int rs, rd
     if (dtype != RD_F32 && dtype != RD_BF16)
         return -1;
     const int bf16 = dtype == RD_BF16;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (m * k > 262144)
+#endif
     for (rd_int i = 0; i < m; i++) {
         const float amax = rd_absmax((const char *)x + i * rs * (bf16 ? 2 : 4), bf16, k, cs);
         const float s = amax / 127.5f;

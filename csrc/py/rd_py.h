@@ -69,6 +69,12 @@ PyObject *rd_gemm_result(int rc);
 int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
                    rd_scales_t *q);
 
+/* The ValueError of rd_run_gemm when lhs, quantized to int8 per row while
+ * packed, holds an infinity or a NaN (nothing is written then); the
+ * Python callers replace it by one naming their function and argument. */
+#define RD_NON_FINITE_ROWS "'lhs' holds an infinity or a NaN, which its int8 quantization per row cannot " \
+    "represent (the row's scale would be infinite or NaN)"
+
 /* The parts of a grouped GEMM call the prepacked product shares
  * (py/rd_py_matmul.c): a float out array of `ndim` dimensions; the run of
  * the product without the GIL (ragged rows, or with `contract` ragged

@@ -299,14 +299,24 @@ rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_
     float *scales = NULL;
     if (quantize_lhs && rd_dynamic_scales(a, m, k, &scales) != 0)
         return NULL;
-    int rc;
+    int rc = 0, finite = 1;
     Py_BEGIN_ALLOW_THREADS
-    if (scales != NULL)
+    if (scales != NULL) {
+        /* a row holding an infinity or a NaN has a non-finite scale: the
+         * check of the values costs nothing more than their scales */
         rd_row_scales(a->p, a->dtype, m, k, a->rs, a->cs, scales);
-    rc = contract ? rd_ragged_contract(plan, k, n, ng, bounds, a, b, c, accumulate)
-                  : rd_ragged_rows(plan, k, n, ng, bounds, a, b, c, accumulate);
+        for (rd_int i = 0; i < m; i++)
+            finite &= scales[i] - scales[i] == 0.0f;
+    }
+    if (finite)
+        rc = contract ? rd_ragged_contract(plan, k, n, ng, bounds, a, b, c, accumulate)
+                      : rd_ragged_rows(plan, k, n, ng, bounds, a, b, c, accumulate);
     Py_END_ALLOW_THREADS
     free(scales);
+    if (!finite) {
+        PyErr_SetString(PyExc_ValueError, RD_NON_FINITE_ROWS);
+        return NULL;
+    }
     return rd_gemm_result(rc);
 }
 

@@ -198,11 +198,16 @@ def _rows(x, w, bounds, out, accumulate=False):
     it."""
     deferred = isinstance(x, _Deferred)
     lhs = x.rows if deferred else x
-    if isinstance(w, PackedRhs):
-        lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
+    try:
         if isinstance(w, PackedRhs):
-            return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
-    return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
+            lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
+            if isinstance(w, PackedRhs):
+                return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
+        return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
+    except ValueError:
+        if deferred:    # the kernels found an infinity or a NaN in the rows: the message naming them
+            refuse_non_finite(x.rows, x.qtype, "moe_block", _QUANTIZED_ROWS)
+        raise
 
 
 class _Deferred(NamedTuple):
@@ -217,16 +222,22 @@ class _Deferred(NamedTuple):
         return quantize(self.rows, self.qtype, channelwise_axes=(0,))
 
 
+_QUANTIZED_ROWS = ("the experts' input rows (x, or the activations of the gate and up products), quantized "
+                   "per row for activation_qtype,")
+
+
 def _quantized_rows(rows, qtype, *weights):
     """``rows [r, d]`` quantized per row (one absmax scale a row), or None
     without activation quantization; a :class:`_Deferred` when the kernels
-    can quantize them while packing for every product with ``weights``."""
+    can quantize them while packing for every product with ``weights``
+    (they refuse an infinity or a NaN from the rows' scales before writing
+    anything, so no pass of their own checks the rows: :func:`_rows` names
+    them in the error)."""
     if qtype is None:
         return None
-    refuse_non_finite(rows, qtype, "moe_block", "the experts' input rows (x, or the activations of the "
-                      "gate and up products), quantized per row for activation_qtype,")
     if weights and all(_in_kernel(rows, w, qtype) for w in weights):
         return _Deferred(rows, qtype)
+    refuse_non_finite(rows, qtype, "moe_block", _QUANTIZED_ROWS)
     return quantize(rows, qtype, channelwise_axes=(0,))
 
 

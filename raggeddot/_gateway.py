@@ -516,7 +516,8 @@ def gated_act_grad(gate, up, d_out, activation, limit, alpha=1.702):
                                 float(alpha))
 
 
-def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=1.702, rows=None):
+def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=1.702, rows=None,
+               quantize_lhs=False):
     """The gate and up products of the experts in one pass: for each group
     j, rows r in ``[bounds[j], bounds[j + 1])``, ``h0 = lhs[r] @ w0[j] (+
     b0[j])``, ``h1 = lhs[r] @ w1[j] (+ b1[j])`` rounded to ``a``'s dtype,
@@ -531,7 +532,10 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     ``rows``: None, or int64 ``[m]`` indices into lhs's rows (lhs ``[T,
     k]``): row i of the product reads ``lhs[rows[i]]``, gathered while the
     kernels pack it (an MoE layer's dispatch without the ``[m, k]`` copy).
-    Returns ``a``."""
+    ``quantize_lhs``: float32 or bfloat16 lhs rows quantized to int8 per row
+    while packed (no ``rows``), times int8 QArray weights or two int8 dot
+    layouts: the values of :func:`rows` with ``quantize_lhs`` into h0 and
+    h1. Returns ``a``."""
     ct = compute_dtype(a.dtype)
     biases = [None if b is None else np.ascontiguousarray(b, dtype=ct) for b in (b0, b1)]
     if getattr(w0, "ctype", None) is not None:     # two PackedRhs of one layout
@@ -541,7 +545,7 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     else:
         weights = (operand(w0, ct, PACKED), operand(w1, ct, PACKED))
     _core.gated_rows(operand(lhs, ct, PACKED), *weights, bounds, a, h0, h1, *biases, _core.ACTIVATIONS[activation],
-                     float(limit), float(alpha), None if rows is None else _indices(rows))
+                     float(limit), float(alpha), None if rows is None else _indices(rows), bool(quantize_lhs))
     return a
 
 

@@ -92,3 +92,35 @@ def test_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
     assert np.array_equal(raggeddot.moe_block(*args, top_k=2), want)
     with pytest.raises(MemoryError, match=r"^moe_block_vjp: out of memory for the layer's activations"):
         raggeddot.moe_block_vjp(*args, top_k=2)
+
+
+def test_w8a8_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
+    """With int8 weights and activation_qtype="int8" the kernels quantize
+    the rows while they pack them (no int8 copies) and the gate and up
+    products run as one pass (h0 and h1 not stored): the forward's
+    pre-check counts what it allocates, not those arrays."""
+    if not raggeddot.runtime.build_info()["products"]["int8"]["compute"].startswith("int8-"):
+        pytest.skip("no int8 dot products on this CPU: the rows are quantized by quantize()")
+    T, d, f, E = 4096, 64, 256, 4
+    x = rng.standard_normal((T, d)).astype(np.float32)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    ws = [raggeddot.quantize(rng.standard_normal(s).astype(np.float32), "int8", channelwise_axes=(0, 2))
+          for s in ((E, d, f), (E, d, f), (E, f, d))]
+    counted = []
+    check = v.check_fits
+
+    def spy(arrays):
+        counted.append(sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in arrays))
+        return check(arrays)
+    monkeypatch.setattr(v, "check_fits", spy)
+    raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    N = 2 * T
+    assert peak <= counted[0] + (1 << 20)
+    assert counted[0] < peak + N * f * 4, (counted[0], peak)     # not h0 and h1, nor int8 copies

@@ -14,7 +14,7 @@ from raggeddot import _gateway as gw
 from raggeddot import runtime
 from raggeddot._moe import experts
 
-from helpers import FUSED_FAMILIES, bits
+from helpers import DOT_KERNELS, FUSED_FAMILIES, bits
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -106,9 +106,9 @@ def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, 
     ws = [rng.standard_normal(s).astype(np.float32) for s in ((E, d, f), (E, d, f), (E, f, d))]
     seen, gathers = [], []
     real, real_gather = gw.gated_rows, gw.gather_rows
-    monkeypatch.setattr(gw, "gated_rows", lambda lhs, w0, w1, b, a, h0, h1, *r, rows=None:
+    monkeypatch.setattr(gw, "gated_rows", lambda lhs, w0, w1, b, a, h0, h1, *r, rows=None, **k:
                         seen.append((h0 is not None, rows is not None, lhs.shape))
-                        or real(lhs, w0, w1, b, a, h0, h1, *r, rows=rows))
+                        or real(lhs, w0, w1, b, a, h0, h1, *r, rows=rows, **k))
     monkeypatch.setattr(gw, "gather_rows", lambda *a, **k: gathers.append(1) or real_gather(*a, **k))
     raggeddot.moe_block(x, router, *ws, top_k=2)
     assert seen == [(False, True, (T, d))] and gathers == []
@@ -143,6 +143,48 @@ def test_fused_pass_reads_prepacked_weights(rng, monkeypatch, family, dtype, qty
         monkeypatch.setattr(experts, "_fused", lambda *a: None)
         want = raggeddot.moe_block(x, router, *packed, top_k=2)
         want_out, want_fn = raggeddot.moe_block_vjp(x, router, *packed, top_k=2)
+        want_grads = want_fn(np.ones_like(out))
+    assert np.array_equal(_bits(fused), _bits(want)) and np.array_equal(_bits(out), _bits(want_out))
+    for name, g in want_grads.items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(g)), _bits(np.asarray(grads[name]))), name
+
+
+W8A8_FAMILIES = ["auto"] + DOT_KERNELS["int8-dot"] + DOT_KERNELS["int8-tile"][:1] + DOT_KERNELS["int8-mmla"][:1]
+
+
+@pytest.mark.parametrize("family", W8A8_FAMILIES)
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("weights", ["int8", "int8-zp", "int8-prepacked", "int4", "mxfp4", "mxfp4-prepacked"])
+def test_w8a8_gate_and_up_in_one_pass(rng, monkeypatch, family, dtype, weights):
+    """With activation_qtype="int8" the gate and up products run as one pass
+    where the kernels quantize the rows while they pack them (once for both
+    weights), the activation in their epilogue: the bits of the separate
+    products on the same rows and weights, forward and backward."""
+    T, d, f, E = 70, 64, 96, 4
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(np.float32)
+    raw = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float32) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    qtype = weights.split("-")[0]
+    kw = dict(channelwise_axes=(0, 2), tiled_axes={1: 32}) if qtype == "mxfp4" else dict(channelwise_axes=(0, 2))
+    ws = [raggeddot.quantize(w, qtype, **kw) for w in raw]
+    if weights == "int8-zp":
+        ws = [raggeddot.quantize(w + 0.05, "int8", channelwise_axes=(0, 2), calibration_method="minmax")
+              for w in raw]
+    calls = []
+    real = gw.gated_rows
+    monkeypatch.setattr(gw, "gated_rows", lambda *a, **k: calls.append(k.get("quantize_lhs")) or real(*a, **k))
+    with runtime.configured(kernel=family):
+        if weights.endswith("prepacked"):
+            ws = [raggeddot.prepack(w, lhs_dtype=np.int8) for w in ws]
+        kw = dict(top_k=2, activation_qtype="int8")
+        fused = raggeddot.moe_block(x, router, *ws, **kw)
+        out, fn = raggeddot.moe_block_vjp(x, router, *ws, **kw)
+        grads = fn(np.ones_like(out))
+        assert calls == [True, True], calls
+        monkeypatch.setattr(experts, "_fused", lambda *a: None)
+        want = raggeddot.moe_block(x, router, *ws, **kw)
+        want_out, want_fn = raggeddot.moe_block_vjp(x, router, *ws, **kw)
         want_grads = want_fn(np.ones_like(out))
     assert np.array_equal(_bits(fused), _bits(want)) and np.array_equal(_bits(out), _bits(want_out))
     for name, g in want_grads.items():

@@ -237,6 +237,10 @@ RD_FN(gated_act)(rd_int n, int kind, double limit, double alpha, const void *gat
 {
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     RD_T *out = (RD_T *)out_;
+    if (n <= RD_ACT_CHUNK) {   /* a row of a fused product's epilogue: no parallel region (each cost a system call) */
+        RD_FN(act_chunk)(n, kind, (RD_T)limit, (RD_T)alpha, gate, up, out);
+        return;
+    }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif
@@ -311,6 +315,10 @@ RD_FN(gated_act_grad)(rd_int n, int kind, double limit, double alpha, const void
     const RD_T *gate = (const RD_T *)gate_, *up = (const RD_T *)up_;
     const RD_T *d_out = (const RD_T *)d_out_;
     RD_T *d_gate = (RD_T *)d_gate_, *d_up = (RD_T *)d_up_;
+    if (n <= RD_ACT_CHUNK) {   /* as gated_act */
+        RD_FN(act_grad_chunk)(n, kind, (RD_T)limit, (RD_T)alpha, gate, up, d_out, d_gate, d_up);
+        return;
+    }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(rd_get_num_threads()) if (n > 65536)
 #endif

@@ -83,6 +83,13 @@ int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int
  * operand holds int8 values with integral zero points; whether every
  * scale of a quantized operand is a power of two. */
 int rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out);
+/* A float lhs quantized to int8 per row while packed (py/rd_py_matmul.c):
+ * rd_dynamic_scales gives it a new buffer of m scales (a->q; free it after
+ * the call; -1 with MemoryError), rd_fill_row_scales fills them (no GIL
+ * needed) and says whether every one is finite (no infinity, no NaN in
+ * the rows). */
+int rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales);
+int rd_fill_row_scales(const rd_in_t *a, rd_int m, rd_int k, float *scales);
 PyObject *rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_int k, rd_int n,
                       rd_int ng, const rd_int *bounds, rd_in_t *a, const rd_in_t *b, const rd_out_t *c,
                       int accumulate);

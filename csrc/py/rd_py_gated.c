@@ -97,7 +97,8 @@ typedef struct {
 } rd_gated_w_t;
 
 static int
-rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *lhs, rd_gated_w_t *w)
+rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *lhs, int quantize_lhs,
+                 rd_gated_w_t *w)
 {
     const int pair = ow1 != NULL;
     const char *n0 = pair ? "w0" : "w", *n1 = "w1";
@@ -117,11 +118,12 @@ rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *
             rd_arg_array(pair ? ob1 : ob0, pair ? n1 : n0, 1, NPY_UINT8, RD_CONTIG, &buf1) != 0)
             return -1;
         const size_t per = rd_prepack_bytes(&w->plan, (rd_dtype_t)pdt, pk, pn, pqtile, pqzp);
-        if (rd_ctype_int8_dot(w->plan.ct) || (per == 0 && pk > 0 && pn > 0) ||
+        if (rd_ctype_int8_dot(w->plan.ct) != quantize_lhs || (per == 0 && pk > 0 && pn > 0) ||
             (size_t)buf0.dim[0] != per * (size_t)pg || (size_t)buf1.dim[0] != per * (size_t)pg ||
             (pg > 0 && per > 0 && (((uintptr_t)buf0.data | (uintptr_t)buf1.data) & 63) != 0)) {
-            PyErr_Format(PyExc_ValueError, "prepacked '%s' must be %s of float products of one shape, "
-                         "64-byte aligned", pair ? "w0' and 'w1" : n0, pair ? "two layouts" : "a layout");
+            PyErr_Format(PyExc_ValueError, "prepacked '%s' must be %s of %s products of one shape, "
+                         "64-byte aligned", pair ? "w0' and 'w1" : n0, pair ? "two layouts" : "a layout",
+                         quantize_lhs ? "int8 dot" : "float");
             return -1;
         }
         const rd_int panels = (pn + w->plan.k.nr - 1) / w->plan.k.nr;
@@ -150,9 +152,21 @@ rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *
             w->b[1] = (rd_in_t){.p = w1.data, .dtype = (rd_dtype_t)w1.dtype, .gs = w1.stride[0],
                                 .rs = w1.stride[1], .cs = w1.stride[2], .q = q1};
         w->g = w0.dim[0], w->k = w0.dim[1], w->n = w0.dim[2];
-        rd_plan_init(&w->plan, rd_float_product(base, (rd_dtype_t)lhs->dtype, (rd_dtype_t)w0.dtype, q0.s != NULL, 0));
+        if (quantize_lhs) {   /* int8 weights times the rows quantized per row while packed */
+            if (base != RD_CT_F32 || !rd_int8_exact(ow0, &w0) || (pair && !rd_int8_exact(ow1, &w1))
+                || rd_int8_product() == RD_CT_I8I32) {
+                PyErr_SetString(PyExc_TypeError, "quantizing 'lhs' while packing takes int8 quantized weights "
+                                "and a float32 result, on a CPU with int8 dot products");
+                return -1;
+            }
+            rd_plan_init(&w->plan, rd_int8_product());
+        }
+        else
+            rd_plan_init(&w->plan, rd_float_product(base, (rd_dtype_t)lhs->dtype, (rd_dtype_t)w0.dtype,
+                                                    q0.s != NULL, 0));
     }
-    if (rd_packer(w->plan.ct, (rd_dtype_t)lhs->dtype, 0) == NULL ||
+    if ((quantize_lhs ? lhs->dtype != RD_F32 && lhs->dtype != RD_BF16
+                      : rd_packer(w->plan.ct, (rd_dtype_t)lhs->dtype, 0) == NULL) ||
         rd_ctypes[w->plan.ct].c_size != rd_ctypes[base].c_size) {
         PyErr_Format(PyExc_TypeError, "a %s product cannot read 'lhs' (%s) or the weights, or write %s",
                      rd_ctypes[w->plan.ct].name, PyArray_DESCR(lhs->arr)->typeobj->tp_name, rd_ctypes[base].name);
@@ -162,7 +176,7 @@ rd_gated_weights(PyObject *ow0, PyObject *ow1, rd_ctype_t base, const rd_arg_t *
 }
 
 PyDoc_STRVAR(gated_rows_doc,
-"gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha, rows=None)\n\n"
+"gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, kind, limit, alpha, rows=None, quantize_lhs=False)\n\n"
 "The gate and up products of an MoE layer's experts in one pass: for each\n"
 "group g, rows r in [bounds[g], bounds[g+1]): h0 = lhs[r] @ w0[g] (+ b0[g]),\n"
 "h1 = lhs[r] @ w1[g] (+ b1[g]), rounded to a's dtype (written to h0, h1 when\n"
@@ -175,27 +189,34 @@ PyDoc_STRVAR(gated_rows_doc,
 "[bounds[0], bounds[g]) are left as they are.  w0 may instead be the tuple\n"
 "(buf0, buf1, dtype, ctype, g, k, n, kc, nr, qtile, qzp) of two prepacked\n"
 "layouts of one kind (w1 then ignored).  rows: None, or int64 [m]:\n"
-"row i of the product is row rows[i] of lhs (gathered while packed).");
+"row i of the product is row rows[i] of lhs (gathered while packed).\n"
+"quantize_lhs: a float32 or bfloat16 lhs quantized to int8 per row while\n"
+"packed, times int8 QArray weights (or two int8 dot layouts), the values of\n"
+"ragged_rows with quantize_lhs; no rows index then.");
 
 static PyObject *
 rd_py_gated_rows(PyObject *self, PyObject *args)
 {
     PyObject *olhs, *ow0, *ow1, *obounds, *oa, *oh0, *oh1, *ob0, *ob1, *oidx = Py_None;
-    int kind;
+    int kind, quantize_lhs = 0;
     double limit, alpha;
     rd_arg_t lhs, a;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOidd|O", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
-                          &kind, &limit, &alpha, &oidx))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOidd|Op", &olhs, &ow0, &ow1, &obounds, &oa, &oh0, &oh1, &ob0, &ob1,
+                          &kind, &limit, &alpha, &oidx, &quantize_lhs))
         return NULL;
+    if (quantize_lhs && oidx != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "gated_rows quantizes 'lhs' read in place, not through 'rows'");
+        return NULL;
+    }
     if (rd_gated_hidden(oa, "a", RD_AS_OUTPUT, kind, &a) != 0)
         return NULL;
     const rd_ctype_t base = a.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0)
         return NULL;
     rd_gated_w_t w;
-    if (rd_gated_weights(ow0, ow1, base, &lhs, &w) != 0)
+    if (rd_gated_weights(ow0, ow1, base, &lhs, quantize_lhs, &w) != 0)
         return NULL;
     /* with a row index, row i of the product is row rows[i] of lhs */
     rd_arg_t idx;
@@ -230,11 +251,22 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
                  .ridx = ridx};
-    int rc = 0;
+    float *scales = NULL;
+    if (quantize_lhs && rd_dynamic_scales(&x, m, k, &scales) != 0)
+        return NULL;
+    int rc = 0, finite = 1;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], &w.b[1], rd_gated_epilogue, &o, 0);
+        if (scales != NULL)
+            finite = rd_fill_row_scales(&x, m, k, scales);
+        if (finite)
+            rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], &w.b[1], rd_gated_epilogue, &o, 0);
         Py_END_ALLOW_THREADS
+    }
+    free(scales);
+    if (!finite) {
+        PyErr_SetString(PyExc_ValueError, RD_NON_FINITE_ROWS);
+        return NULL;
     }
     return rd_gemm_result(rc);
 }
@@ -280,7 +312,7 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     const rd_ctype_t base = h0.dtype == RD_F64 ? RD_CT_F64 : RD_CT_F32;
     rd_gated_w_t w;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_gated_weights(ow, NULL, base, &lhs, &w) != 0)
+        rd_gated_weights(ow, NULL, base, &lhs, 0, &w) != 0)
         return NULL;
     const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.g, n = w.n;
     if (w.k != k || h0.dim[0] != m || h0.dim[1] != n) {
@@ -347,7 +379,7 @@ rd_py_combine_rows(PyObject *self, PyObject *args)
     const int ct_num = base == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
     rd_gated_w_t w;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_gated_weights(ow, NULL, base, &lhs, &w) != 0 ||
+        rd_gated_weights(ow, NULL, base, &lhs, 0, &w) != 0 ||
         rd_arg_array(oout, "out", 2, ct_num, RD_AS_OUTPUT | RD_ROWS, &out) != 0 ||
         rd_arg_array(otok, "tokens", 1, NPY_INT64, RD_CONTIG, &tok) != 0 ||
         rd_arg_indices(&tok, "tokens", 0, out.dim[0]) != 0 ||

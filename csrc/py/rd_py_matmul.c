@@ -276,7 +276,7 @@ rd_parse_gemm(PyObject *args, int rhs_ndim, int out_ndim, rd_arg_t *lhs, rd_scal
 /* A float lhs [m, k] quantized to int8 while packed: its per-row scales
  * (filled by rd_row_scales before the call) in a new buffer *scales,
  * described in a->q as tiles of 1 x k. */
-static int
+int
 rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
 {
     *scales = (float *)malloc(sizeof(float) * (size_t)(m > 0 ? m : 1));
@@ -292,6 +292,18 @@ rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales)
     return 0;
 }
 
+int
+rd_fill_row_scales(const rd_in_t *a, rd_int m, rd_int k, float *scales)
+{
+    /* a row holding an infinity or a NaN has a non-finite scale: the check
+     * of the values costs nothing more than their scales */
+    rd_row_scales(a->p, a->dtype, m, k, a->rs, a->cs, scales);
+    int finite = 1;
+    for (rd_int i = 0; i < m; i++)
+        finite &= scales[i] - scales[i] == 0.0f;
+    return finite;
+}
+
 PyObject *
 rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_int k, rd_int n, rd_int ng,
             const rd_int *bounds, rd_in_t *a, const rd_in_t *b, const rd_out_t *c, int accumulate)
@@ -301,13 +313,8 @@ rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_
         return NULL;
     int rc = 0, finite = 1;
     Py_BEGIN_ALLOW_THREADS
-    if (scales != NULL) {
-        /* a row holding an infinity or a NaN has a non-finite scale: the
-         * check of the values costs nothing more than their scales */
-        rd_row_scales(a->p, a->dtype, m, k, a->rs, a->cs, scales);
-        for (rd_int i = 0; i < m; i++)
-            finite &= scales[i] - scales[i] == 0.0f;
-    }
+    if (scales != NULL)
+        finite = rd_fill_row_scales(a, m, k, scales);
     if (finite)
         rc = contract ? rd_ragged_contract(plan, k, n, ng, bounds, a, b, c, accumulate)
                       : rd_ragged_rows(plan, k, n, ng, bounds, a, b, c, accumulate);

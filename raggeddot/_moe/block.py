@@ -87,10 +87,12 @@ def activations(layer, keep=True):
     at once, following its branches: the router's logits and scores
     ``[T, E]``, the dispatch's index (two int64 ``[N]``), the dispatched
     rows ``[N, d]`` (none where the gate and up pass reads the tokens
-    through the index), their int8 copy with activation quantization, ``a``
-    ``[N, f]`` (with ``h0`` and ``h1`` where the gate and up products run
-    apart, or ``keep`` keeps them; ``a``'s int8 copy), the experts' outputs
-    ``[N, d]`` (none where the combine runs in the down product's epilogue)
+    through the index), their int8 copy with activation quantization (none
+    where the kernels quantize them while they pack them), ``a`` ``[N, f]``
+    (with ``h0`` and ``h1`` where the gate and up products run apart, or
+    ``keep`` keeps them; ``a``'s int8 copy as the rows'), the experts'
+    outputs ``[N, d]`` (none where the combine runs in the down product's
+    epilogue)
     and the result ``[T, d]`` (N = T * top_k); checked against the
     machine's memory before the first is allocated."""
     T, d = layer.x.shape
@@ -98,13 +100,15 @@ def activations(layer, keep=True):
     ct = layer.compute_dtype
     hd = ct if layer.x_hidden is None else layer.x_hidden.dtype
     rows = layer.x if layer.x_hidden is None else layer.x_hidden
-    fused = experts.fuses(layer.experts, rows)
-    gathered = not keep and layer.weights_on != "input" and fused
-    combined = not keep and experts.combines(layer.experts, rows)
+    ex = layer.experts
+    gathered = not keep and layer.weights_on != "input" and experts.fuses(ex, rows)
+    combined = not keep and experts.combines(ex, rows)
     held = [((T, E), ct), ((T, E), ct), ((N,), np.int64), ((N,), np.int64)]
     held += [] if gathered else [((N, d), hd)]
-    held += [((N, d), np.int8), ((N, f), np.int8)] if layer.experts.act_qtype is not None else []
-    held += [((N, f), hd)] * (3 if keep or not fused else 1)
+    if ex.act_qtype is not None:    # int8 copies, where the kernels do not quantize while they pack
+        held += [] if experts.in_kernel(ex, rows, ex.w0, ex.w1) else [((N, d), np.int8)]
+        held += [] if experts.in_kernel(ex, rows, ex.wo) else [((N, f), np.int8)]
+    held += [((N, f), hd)] * (3 if keep or not experts.gate_up_one_pass(ex, rows) else 1)
     held += [((T, d), ct)] if combined else [((N, d), hd), ((T, d), ct)]
     return held
 

@@ -277,6 +277,24 @@ class Gathered(NamedTuple):
         return (self.index.shape[0], self.x.shape[1])
 
 
+def in_kernel(experts, x, *weights):
+    """Whether rows of ``x``'s dtype are quantized (activation_qtype) by
+    the kernels while they pack them for every product with ``weights``:
+    no int8 copy of them is made."""
+    q = experts.act_qtype
+    return q is not None and all(_in_kernel(x, w, q) for w in weights)
+
+
+def gate_up_one_pass(experts, x):
+    """Whether the gate and up products of rows of ``x``'s dtype run as one
+    pass (gw.gated_rows), with activation quantization or without: then
+    ``h0`` and ``h1`` are stored only when the forward keeps them."""
+    if experts.act_qtype is None:
+        return bool(_fused(x, experts.w0, experts.w1))
+    return in_kernel(experts, x, experts.w0, experts.w1) and \
+        bool(_fused_int8(x, experts.w0, experts.w1))
+
+
 def fuses(experts, x):
     """Whether the experts' forward over rows of ``x`` (an array of the
     rows' dtype) runs its gate and up products as one pass and can read the
@@ -304,14 +322,42 @@ def combines(experts, x):
         and bool(_fused(x, experts.wo, experts.wo))
 
 
+#: The layouts of int8 dot products (rows quantized to int8 per row meet them).
+_INT8_DOT = ("int8-dot", "int8-mmla", "int8-int4-dot", "int8-mxfp4-dot")
+
+
+def _fused_int8(rows, w0, w1):
+    """The gate and up weights as the one-pass product of rows the kernels
+    quantize per row reads them (gw.gated_rows with quantize_lhs), or None:
+    two int8 QArrays of one kind (integral zero points), or two PackedRhs
+    that multiply such rows in one int8 dot layout."""
+    if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
+        (_, p0), (_, p1) = (meet(w, rows, np.dtype(np.float32), "moe_block", "w0/w1", quantize_lhs=True)
+                            for w in (w0, w1))
+        same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and p0.ctype == p1.ctype in _INT8_DOT \
+            and p0.shape == p1.shape and (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
+            (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
+        return (p0, p1) if same else None
+    if isinstance(w0, QArray) and isinstance(w1, QArray) and w0.qvalue.dtype == w1.qvalue.dtype == np.int8 \
+            and w0.shape == w1.shape and np.shape(w0.scale) == np.shape(w1.scale) \
+            and (w0.zero_point is None) == (w1.zero_point is None) \
+            and all(gw.quantizes_in_kernel(rows, w, "int8") for w in (w0, w1)):
+        return w0, w1
+    return None
+
+
 def _fused(lhs, w0, w1):
     """The gate and up weights as the one-pass product of ``lhs`` reads them
     (gw.gated_rows), or None where it does not run: a plain float lhs (no
     activation quantization), and plain weights of one dtype the packing
     reads, two QArrays of one kind, or two PackedRhs that multiply it in one
-    float layout (the ones ``meet`` gives, made once and kept)."""
+    float layout (the ones ``meet`` gives, made once and kept); or rows the
+    kernels quantize to int8 (a :class:`_Deferred`) and :func:`_fused_int8`'s
+    weights."""
     if isinstance(lhs, Gathered):
         lhs = lhs.x
+    if isinstance(lhs, _Deferred):
+        return _fused_int8(lhs.rows, w0, w1)
     if not isinstance(lhs, np.ndarray):
         return None
     ct = gw.compute_dtype(lhs.dtype)
@@ -395,10 +441,16 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
         count = last - first
         a = _buffer((count, f), hd)
         h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
+        deferred = isinstance(lhs, _Deferred)
         if count and f:
-            gw.gated_rows(lhs.x if gathered else lhs, *fused, bounds, a, h0, h1, experts.b0,
-                          experts.b1, experts.activation, experts.limit, experts.alpha,
-                          rows=lhs.index if gathered else None)
+            try:
+                gw.gated_rows(lhs.x if gathered else lhs.rows if deferred else lhs, *fused, bounds, a, h0, h1,
+                              experts.b0, experts.b1, experts.activation, experts.limit, experts.alpha,
+                              rows=lhs.index if gathered else None, quantize_lhs=deferred)
+            except ValueError:
+                if deferred:    # the kernels found an infinity or a NaN in the rows
+                    refuse_non_finite(lhs.rows, lhs.qtype, "moe_block", _QUANTIZED_ROWS)
+                raise
     else:
         h0 = product(lhs, experts.w0, experts.b0, last - first)
         h1 = product(lhs, experts.w1, experts.b1, last - first)

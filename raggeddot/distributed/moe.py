@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
+from .._moe import aux as moe_aux
 from .._moe import block, combine, dispatch, experts, route, shared
 from .._moe.config import LOAD_BALANCE, ROUTER_WEIGHTS_ON, capacity_of, prepare
 from ._mpi import abort_on_error, agree, check_comm, ordered_sum
@@ -227,14 +228,14 @@ def _seq_counts(layer, steps, S):
 
 def _aux_stats(comm, layer, res, tokens):
     """Collective: the :class:`AuxStats` of every rank's tokens."""
-    _, prob_sum, _ = block.aux_sums(layer, res.steps)
+    _, prob_sum, _ = moe_aux.aux_sums(layer, res.steps)
     S = _sequence_length(layer) if layer.load_balance == "maxtext" else None
     seq = 0.0
     if S:       # E * sum_e (c_be / S) * (sum_s p_bse / S) over this rank's sequences b
         B = layer.x.shape[0] // S
-        seq_probs = block._probs(layer, res.steps).reshape(B, S, -1).sum(axis=1)
+        seq_probs = moe_aux._probs(layer, res.steps).reshape(B, S, -1).sum(axis=1)
         seq = float(np.sum(layer.num_experts * (_seq_counts(layer, res.steps, S) / S) * seq_probs / S))
-    prob_sum, scalars = ordered_sum(comm, [prob_sum, np.array([block.z_sum(res.steps), seq], dtype=np.float64)])
+    prob_sum, scalars = ordered_sum(comm, [prob_sum, np.array([moe_aux.z_sum(res.steps), seq], dtype=np.float64)])
     return AuxStats(res.counts.sum(axis=0).astype(np.float64), prob_sum, int(tokens.sum()),
                     float(scalars[0]), S, float(scalars[1]))
 
@@ -252,8 +253,8 @@ def _aux(layer, res, stats):
     """moe_block's aux dict for this rank's tokens, its statistics over all
     ranks' tokens."""
     kept = res.exchange.kept
-    aux = block.aux_dict(_loss_layer(layer, stats), res.steps, stats.counts, stats.prob_sum, stats.T,
-                         kept.sum(axis=0), int(res.counts.sum() - kept.sum()), z_total=stats.z_total)
+    aux = moe_aux.aux_dict(_loss_layer(layer, stats), res.steps, stats.counts, stats.prob_sum, stats.T,
+                           kept.sum(axis=0), int(res.counts.sum() - kept.sum()), z_total=stats.z_total)
     if layer.load_balance == "maxtext" and stats.S is not None:
         B = stats.T // stats.S if stats.S else 0
         aux["load_balance_loss"] = stats.seq_sum / B if B else 0.0
@@ -273,7 +274,7 @@ def _aux_logits_cotangent(layer, res, stats, scalars, g):
     if g is not None:
         d_logits += g
     if T and scalars:
-        probs = block._probs(layer, steps)
+        probs = moe_aux._probs(layer, steps)
         d_probs = np.zeros((T, E), dtype=layer.compute_dtype)
         c = scalars.get("load_balance_loss")
         if c:
@@ -282,11 +283,11 @@ def _aux_logits_cotangent(layer, res, stats, scalars, g):
                 slope = np.repeat(E * (_seq_counts(layer, steps, stats.S) / stats.S) / (stats.S * B),
                                   stats.S, axis=0)
             else:
-                slope = block._balance_slope(_loss_layer(layer, stats), steps, stats.counts, stats.T)
+                slope = moe_aux._balance_slope(_loss_layer(layer, stats), steps, stats.counts, stats.T)
             d_probs += c * slope
         c = scalars.get("router_z_loss")
         if c:       # d(lse^2)/d logits = 2 lse softmax(logits), over the T tokens of every rank
-            d_logits += (c * 2.0 / stats.T) * block._logsumexp(logits)[:, None] * probs
+            d_logits += (c * 2.0 / stats.T) * moe_aux._logsumexp(logits)[:, None] * probs
         d_logits += probs * (d_probs - np.sum(d_probs * probs, axis=1, keepdims=True))
     return d_logits
 
@@ -434,7 +435,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, *, comm, **kwargs):
     def gradients(d_out, d_aux):
         error, g, scalars, g_logits = None, None, {}, None
         try:
-            scalars, g_logits = block.aux_cotangents(layer, d_aux, FN_VJP)
+            scalars, g_logits = moe_aux.aux_cotangents(layer, d_aux, FN_VJP)
             if d_out is None:
                 g = np.zeros(layer.x.shape, dtype=layer.compute_dtype)
             else:

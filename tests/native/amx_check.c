@@ -937,6 +937,7 @@ run_grad(const case_t *c, const char *family, result_t *r)
         go.dh0 = obuf_at(d0, 0, 0, 0);
         go.dh1 = obuf_at(d1, 0, 0, 0);
         go.rs = d0->rs;
+        go.d_rs = d0->rs;
         r->rc = rd_gated_rows(&plan, k, n, ng, bounds, &dy.in, &w.in, NULL, rd_gated_grad_epilogue, &go, 0);
         r->tiles_ok = tiles_released(family);
         da = separate_rows(c, &plan, bounds, m, &dy, NULL, &w, &w.in, r);

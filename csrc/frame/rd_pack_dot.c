@@ -156,6 +156,49 @@ rd_quads_trailer(uint8_t *panel, rd_int kq, int r, rd_int have, rd_int row0, con
     }
 }
 
+#ifdef RD_HAVE_X86_KERNELS
+#include <immintrin.h>
+
+/* The whole k-quads (p < full) of a 32-row panel whose steps lie
+ * contiguous across the rows (rows 1 apart, steps cs apart: a row-major
+ * B), as rd_pack_i8_quads writes them: four steps' 32 bytes interleaved
+ * into 32 words by byte and word unpacks (the instruction's lanes put
+ * right by the 128-bit permutes), their sums over the signed bytes added
+ * to sums[32], then xor flip.  Returns the words written. */
+__attribute__((target("avx2"))) static rd_int
+rd_quads32_avx2(rd_int full, const int8_t *src, rd_int cs, uint32_t *d, int32_t *sums, uint32_t flip)
+{
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i fl = _mm256_set1_epi32((int32_t)flip);
+    __m256i s[4];
+    for (int j = 0; j < 4; j++)
+        s[j] = _mm256_loadu_si256((const __m256i *)(const void *)(sums + 8 * j));
+    for (rd_int p = 0; p < full; p += 4) {
+        const int8_t *x = src + p * cs;
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)x);
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + cs));
+        const __m256i x2 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 2 * cs));
+        const __m256i x3 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 3 * cs));
+        const __m256i t0 = _mm256_unpacklo_epi8(x0, x1), t1 = _mm256_unpackhi_epi8(x0, x1);
+        const __m256i t2 = _mm256_unpacklo_epi8(x2, x3), t3 = _mm256_unpackhi_epi8(x2, x3);
+        const __m256i q0 = _mm256_unpacklo_epi16(t0, t2), q1 = _mm256_unpackhi_epi16(t0, t2);
+        const __m256i q2 = _mm256_unpacklo_epi16(t1, t3), q3 = _mm256_unpackhi_epi16(t1, t3);
+        /* rows 0-7, 8-15, 16-23, 24-31 */
+        const __m256i w[4] = {_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q2, q3, 0x20),
+                              _mm256_permute2x128_si256(q0, q1, 0x31), _mm256_permute2x128_si256(q2, q3, 0x31)};
+        for (int j = 0; j < 4; j++) {
+            /* a word's four signed bytes summed: pairs (unsigned ones x signed), then the two pairs */
+            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, w[j]), ones16));
+            _mm256_storeu_si256((__m256i *)(void *)(d + 8 * j), _mm256_xor_si256(w[j], fl));
+        }
+        d += 32;
+    }
+    for (int j = 0; j < 4; j++)
+        _mm256_storeu_si256((__m256i *)(void *)(sums + 8 * j), s[j]);
+    return full / 4 * 32;
+}
+#endif
+
 RD_PACK_CLONES static void
 rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int cs,
                  int r, uint8_t *dst, const rd_qblock_t *qb, uint8_t shift)
@@ -173,7 +216,14 @@ rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int
             uint32_t *d = (uint32_t *)(void *)dst;
             for (int i = 0; i < r; i++)
                 sums[i] = 0;
-            for (rd_int p = 0; p < kq; p += 4) {
+            rd_int p0 = 0;
+#ifdef RD_HAVE_X86_KERNELS
+            if (r == 32 && full > 0 && rd_cpu()->avx2) {
+                d += rd_quads32_avx2(full, src + i0, cs, d, sums, flip);
+                p0 = full;
+            }
+#endif
+            for (rd_int p = p0; p < kq; p += 4) {
                 const int8_t *x0 = src + i0 + p * cs;
                 const int8_t *x1 = p + 1 < depth ? x0 + cs : NULL, *x2 = p + 2 < depth ? x0 + 2 * cs : NULL;
                 const int8_t *x3 = p + 3 < depth ? x0 + 3 * cs : NULL;

@@ -1,7 +1,8 @@
 """moe_block with its experts' fused passes (the gate and up products in one pass with the
 activation in their epilogue, the dispatch read while packing, the combine in the down
-product's epilogue, the backward's d_a product with the activation's gradient in its epilogue)
-against the same layer run as separate passes and against torch's expert loop (transformers'
+product's epilogue, the backward's d_a product with the activation's gradient in its epilogue;
+with int8 weights and activation_qtype="int8", the gate and up products' one pass over rows the
+kernels quantize once) against the same layer run as separate passes and against torch's expert loop (transformers'
 eager loop, benchmarks/moe_baselines.py; forward, and forward+backward by autograd) in the same
 dtype, in interleaved rounds (medians), each with its share of the peak of the instruction that
 serves the dtype's products here (AMX tiles, vdpbf16ps or BFMMLA for bfloat16 where served, else
@@ -126,6 +127,30 @@ def timings(args):
             print(f"  {'forward' if step_name == 'fwd' else 'forward+backward'}: " + ", ".join(parts))
 
 
+def w8a8_timings(args):
+    """The float32 layer with int8 weights (a scale per expert and column) and
+    activation_qtype="int8": the gate and up products one pass (the rows quantized by the
+    kernels once for both) against the separate products, forward only, % of the int8
+    instruction's peak."""
+    insn, peak = serving_peak("int8")
+    x, router, ws, _ = layer(args, np.float32)
+    qs = [raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in ws]
+    kw = dict(top_k=args.top_k, norm_topk_prob=True, activation_qtype="int8")
+
+    def fwd():
+        return raggeddot.moe_block(x, router, *qs, **kw)
+
+    if not np.array_equal(np.asarray(fwd()).view(np.uint8), np.asarray(separate(fwd)()).view(np.uint8)):
+        raise SystemExit("w8a8: the fused and separate passes disagree")
+    times = interleaved({"fused": fwd, "separate": separate(fwd)}, rounds=args.rounds, warmup=1, pause_s=0.1)
+    med = {n: summary(ts)["median"] for n, ts in times.items()}
+    flops = 3 * 2 * args.T * args.top_k * args.d * args.f
+    pct = {n: 100 * flops / t / 1e9 / peak for n, t in med.items()}
+    print(f"w8a8 int8 weights x int8 rows ({insn} peak {peak:.0f} GOP/s at these threads):")
+    print(f"  forward: fused {1e3 * med['fused']:.1f} ms ({pct['fused']:.0f}% of peak), separate "
+          f"{1e3 * med['separate']:.1f} ms ({pct['separate']:.0f}%): {med['separate'] / med['fused']:.3f}x")
+
+
 def high_water_kib():
     """This process's peak RSS (VmHWM: its own memory's, where getrusage's maxrss also counts
     a parent's from before the exec)."""
@@ -155,6 +180,8 @@ def main():
     print(f"T={args.T} d={args.d} f={args.f} E={args.E} top-{args.top_k}, "
           f"{raggeddot.get_num_threads()} threads")
     timings(args)
+    if raggeddot.runtime.build_info()["products"]["int8"]["compute"].startswith("int8-"):
+        w8a8_timings(args)
     mib = {}
     for how in ("fused", "separate"):
         cmd = [sys.executable, __file__, "--peak", how] + [f"--{k}={getattr(args, k.replace('-', '_'))}"

@@ -197,6 +197,37 @@ rd_quads32_avx2(rd_int full, const int8_t *src, rd_int cs, uint32_t *d, int32_t 
         _mm256_storeu_si256((__m256i *)(void *)(sums + 8 * j), s[j]);
     return full / 4 * 32;
 }
+
+/* The first `len` bytes (a multiple of 16: whole k-quads) of four rows of
+ * a panel whose steps are contiguous along each row (a row-major A): the
+ * rows' words transposed four quads at a time into the panel's word
+ * columns i .. i + 3 (r words a quad), their signed bytes summed into
+ * sums[0 .. 3], then xor flip. */
+__attribute__((target("avx2"))) static void
+rd_quads4rows_avx2(rd_int len, const int8_t *x, rd_int rs, int r, uint32_t *d, int32_t *sums, uint32_t flip)
+{
+    const __m128i ones8 = _mm_set1_epi8(1), ones16 = _mm_set1_epi16(1), fl = _mm_set1_epi32((int32_t)flip);
+    __m128i s[4] = {_mm_setzero_si128(), _mm_setzero_si128(), _mm_setzero_si128(), _mm_setzero_si128()};
+    for (rd_int p = 0; p < len; p += 16) {
+        __m128i v[4];
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm_loadu_si128((const __m128i *)(const void *)(x + j * rs + p));
+            s[j] = _mm_add_epi32(s[j], _mm_madd_epi16(_mm_maddubs_epi16(ones8, v[j]), ones16));
+        }
+        const __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpackhi_epi32(v[0], v[1]);
+        const __m128i t2 = _mm_unpacklo_epi32(v[2], v[3]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
+        const __m128i o[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t1, t3),
+                              _mm_unpackhi_epi64(t1, t3)};
+        uint32_t *dq = d + p / 4 * r;
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_si128((__m128i *)(void *)(dq + q * r), _mm_xor_si128(o[q], fl));
+    }
+    for (int j = 0; j < 4; j++) {
+        int32_t lanes[4];
+        _mm_storeu_si128((__m128i *)(void *)lanes, s[j]);
+        sums[j] = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    }
+}
 #endif
 
 RD_PACK_CLONES static void
@@ -250,10 +281,21 @@ rd_pack_i8_quads(rd_int rows, rd_int depth, const int8_t *src, rd_int rs, rd_int
     for (; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
         uint32_t *d = (uint32_t *)(void *)dst;
+        /* rows four at a time, the whole 16-byte stretches of their steps
+         * (a row-major A), the rest of each row below */
+        rd_int vec = 0, vrows = 0;
+#ifdef RD_HAVE_X86_KERNELS
+        if (cs == 1 && full >= 16 && rd_cpu()->avx2) {
+            vec = full / 16 * 16;
+            vrows = have / 4 * 4;
+            for (rd_int i = 0; i < vrows; i += 4)
+                rd_quads4rows_avx2(vec, src + (i0 + i) * rs, rs, r, d + i, sums + i, flip);
+        }
+#endif
         for (rd_int i = 0; i < have; i++) {
             const int8_t *x = src + (i0 + i) * rs;
-            int32_t acc = 0;
-            rd_int p = 0;
+            int32_t acc = i < vrows ? sums[i] : 0;
+            rd_int p = i < vrows ? vec : 0;
             if (cs == 1)   /* a row's steps contiguous (a row-major A): a word a quad */
                 for (; p < full; p += 4) {
                     uint32_t w;

@@ -198,8 +198,6 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                 for (rd_int i = 0; i < M; i++)
                     for (rd_int j = 0; j < N; j++)
                         memset(cs[q] + (i * c_rs + j * c_cs) * (rd_int)cz, 0, cz);
-        if (cl->done != NULL && tid == 0)
-            cl->done(cl->done_ctx, 0, 0, M, N);
         return;
     }
     /* NC blocks of whole panels when B is prepacked (its panels start every
@@ -253,7 +251,6 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
             const int few = b->panels > 0 && !streamed && cl->plan->few.ukr != NULL
                             && cl->plan->few.main == kd->ukr && i_end - lo <= cl->plan->few.mr
                             && (b2 == NULL || b2->panels > 0);
-            const int last = pc + kc >= K && cl->done != NULL;   /* C's rows complete after this block */
             for (rd_int ic = lo; ic < i_end; ic += MC) {
                 rd_int mc = i_end - ic < MC ? i_end - ic : MC;
                 rd_pack_block(cl, 0, a, ic, pc, mc, kc, MR, apack);
@@ -262,8 +259,6 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                         cl->plan->few.ukr(kc, apack, bpanel[q], bstep[q],
                                           cs[q] + (ic * c_rs + jc * c_cs) * (rd_int)cz, c_rs, c_cs, (int)mc, nc,
                                           mode);
-                    if (last)
-                        cl->done(cl->done_ctx, ic, jc, mc, nc);
                     continue;
                 }
                 for (rd_int jr = 0; jr < nc; jr += NR) {
@@ -284,8 +279,6 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
                         }
                     }
                 }
-                if (last)
-                    cl->done(cl->done_ctx, ic, jc, mc, nc);
             }
             if (shared) {
 #ifdef _OPENMP
@@ -492,8 +485,6 @@ rd_call_init(rd_call_t *cl, const rd_plan_t *plan, const rd_in_t *lhs, const rd_
 {
     const rd_ctype_desc_t *ct = &rd_ctypes[plan->ct];
     cl->plan = plan;
-    cl->done = NULL;
-    cl->done_ctx = NULL;
     cl->pack_a = cl->pack_b = NULL;
     cl->qpack_a = cl->qpack_b = NULL;
     if (lhs->q.s != NULL)

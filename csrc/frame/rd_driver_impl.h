@@ -23,11 +23,6 @@ typedef struct {
     size_t scale_size;              /* bytes a row of scales after each micro-panel */
     size_t q_size;                  /* bytes of an element of the operands' scales */
     int k_unit;
-    /* NULL, or called by rd_gemm_block as each block of C's rows is
-     * complete (its last KC block added): rows [i, i + m), columns [j, j +
-     * n) of the block's C, while they are still in cache */
-    void (*done)(void *ctx, rd_int i, rd_int j, rd_int m, rd_int n);
-    void *done_ctx;
 } rd_call_t;
 
 /* The part of an operand one tile reads: X[i][j] at p + (i*rs + j*cs)

@@ -17,24 +17,6 @@
 
 #define RD_GATED_TN ((rd_int)1024)
 
-/* A tile's epilogue, run on each block of its rows as rd_gemm_block
- * completes it (still in cache), not on the whole tile after it. */
-typedef struct {
-    rd_gated_epi_t epi;
-    void *ctx;
-    rd_int g, r0, c0, ld;
-    char *t0, *t1;
-    size_t cz;
-} rd_gated_done_t;
-
-static void
-rd_gated_done(void *ctx_, rd_int i, rd_int j, rd_int m, rd_int n)
-{
-    const rd_gated_done_t *d = (const rd_gated_done_t *)ctx_;
-    const size_t at = (size_t)(i * d->ld + j) * d->cz;
-    d->epi(d->ctx, d->g, d->r0 + i, d->c0 + j, m, n, d->t0 + at, d->t1 != NULL ? d->t1 + at : NULL, d->ld);
-}
-
 int
 rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
               const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx,
@@ -125,13 +107,9 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
                 rd_block_t b2;
                 if (w1 != NULL)
                     b2 = rd_block(w1, cl.b_src, cl.q_size, tile->g, 0, c0);
-                rd_gated_done_t done = {epi, ctx, tile->g, tile->r0, c0, ld, t0, w1 != NULL ? t1 : NULL,
-                                        cl.c_size};
-                rd_call_t tcl = cl;
-                tcl.done = rd_gated_done;
-                tcl.done_ctx = &done;
-                rd_gemm_block(&tcl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL,
+                rd_gemm_block(&cl, rows_t, cols, k, &a, &b, w1 != NULL ? &b2 : NULL, t0, w1 != NULL ? t1 : NULL,
                               ld, 1, 0, 0, apack, bpack, bpack2, 0, 1);
+                epi(ctx, tile->g, tile->r0, c0, rows_t, cols, t0, w1 != NULL ? t1 : NULL, ld);
             }
         }
         if (kd->release != NULL)

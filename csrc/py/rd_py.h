@@ -69,12 +69,6 @@ PyObject *rd_gemm_result(int rc);
 int rd_arg_operand(PyObject *obj, const char *name, int ndim, rd_ctype_t ct, int which, rd_arg_t *x,
                    rd_scales_t *q);
 
-/* The ValueError of rd_run_gemm when lhs, quantized to int8 per row while
- * packed, holds an infinity or a NaN (nothing is written then); the
- * Python callers replace it by one naming their function and argument. */
-#define RD_NON_FINITE_ROWS "'lhs' holds an infinity or a NaN, which its int8 quantization per row cannot " \
-    "represent (the row's scale would be infinite or NaN)"
-
 /* The parts of a grouped GEMM call the prepacked product shares
  * (py/rd_py_matmul.c): a float out array of `ndim` dimensions; the run of
  * the product without the GIL (ragged rows, or with `contract` ragged
@@ -86,8 +80,10 @@ int rd_arg_out(PyObject *oout, int ndim, rd_arg_t *out);
 /* A float lhs quantized to int8 per row while packed (py/rd_py_matmul.c):
  * rd_dynamic_scales gives it a new buffer of m scales (a->q; free it after
  * the call; -1 with MemoryError), rd_fill_row_scales fills them (no GIL
- * needed) and says whether every one is finite (no infinity, no NaN in
- * the rows). */
+ * needed): 0, or RD_RC_NON_FINITE when a row holds an infinity or a NaN,
+ * the code rd_gemm_result turns into a ValueError (run nothing then; the
+ * Python callers replace it by one naming their function and argument). */
+#define RD_RC_NON_FINITE (-3)
 int rd_dynamic_scales(rd_in_t *a, rd_int m, rd_int k, float **scales);
 int rd_fill_row_scales(const rd_in_t *a, rd_int m, rd_int k, float *scales);
 PyObject *rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_int k, rd_int n,

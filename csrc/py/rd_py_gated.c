@@ -254,20 +254,16 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
     float *scales = NULL;
     if (quantize_lhs && rd_dynamic_scales(&x, m, k, &scales) != 0)
         return NULL;
-    int rc = 0, finite = 1;
+    int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS
         if (scales != NULL)
-            finite = rd_fill_row_scales(&x, m, k, scales);
-        if (finite)
+            rc = rd_fill_row_scales(&x, m, k, scales);
+        if (rc == 0)
             rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], &w.b[1], rd_gated_epilogue, &o, 0);
         Py_END_ALLOW_THREADS
     }
     free(scales);
-    if (!finite) {
-        PyErr_SetString(PyExc_ValueError, RD_NON_FINITE_ROWS);
-        return NULL;
-    }
     return rd_gemm_result(rc);
 }
 

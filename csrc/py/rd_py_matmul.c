@@ -301,7 +301,7 @@ rd_fill_row_scales(const rd_in_t *a, rd_int m, rd_int k, float *scales)
     int finite = 1;
     for (rd_int i = 0; i < m; i++)
         finite &= scales[i] - scales[i] == 0.0f;
-    return finite;
+    return finite ? 0 : RD_RC_NON_FINITE;
 }
 
 PyObject *
@@ -311,19 +311,15 @@ rd_run_gemm(const rd_plan_t *plan, int contract, int quantize_lhs, rd_int m, rd_
     float *scales = NULL;
     if (quantize_lhs && rd_dynamic_scales(a, m, k, &scales) != 0)
         return NULL;
-    int rc = 0, finite = 1;
+    int rc = 0;
     Py_BEGIN_ALLOW_THREADS
     if (scales != NULL)
-        finite = rd_fill_row_scales(a, m, k, scales);
-    if (finite)
+        rc = rd_fill_row_scales(a, m, k, scales);
+    if (rc == 0)
         rc = contract ? rd_ragged_contract(plan, k, n, ng, bounds, a, b, c, accumulate)
                       : rd_ragged_rows(plan, k, n, ng, bounds, a, b, c, accumulate);
     Py_END_ALLOW_THREADS
     free(scales);
-    if (!finite) {
-        PyErr_SetString(PyExc_ValueError, RD_NON_FINITE_ROWS);
-        return NULL;
-    }
     return rd_gemm_result(rc);
 }
 
@@ -333,6 +329,11 @@ rd_gemm_result(int rc)
 {
     if (rc == -1)
         return PyErr_NoMemory();
+    if (rc == RD_RC_NON_FINITE) {
+        PyErr_SetString(PyExc_ValueError, "'lhs' holds an infinity or a NaN, which its int8 quantization per "
+                        "row cannot represent (the row's scale would be infinite or NaN)");
+        return NULL;
+    }
     if (rc != 0) {
         PyErr_SetString(PyExc_TypeError, "no packing routine for these operand dtypes");
         return NULL;

@@ -439,7 +439,7 @@ def gather_rows(x, indices, scale=None, out_dtype=None):
     ct = compute_dtype(x.dtype)
     if scale is not None:
         scale = operand(np.asarray(scale), ct, CONTIGUOUS)
-    if out_dtype is not None and np.dtype(out_dtype).itemsize == 2 and ct == np.float32:
+    if out_dtype is not None:   # (the binding refuses any other than float16 / bfloat16 of float32 rows)
         return _core.gather_rows(operand(x, ct, ROWS), _indices(indices), scale, np.empty(0, out_dtype))
     rows = x.dtype if x.dtype.itemsize == 2 else ct   # 16-bit rows: copied as they are (float32 when scaled)
     return _core.gather_rows(operand(x, rows, ROWS), _indices(indices), scale)

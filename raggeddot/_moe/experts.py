@@ -40,6 +40,7 @@ read as two strided views of it, never copied; their gradients are written
 into one array of the stored shape through the same views
 (:func:`split_gate_up`).
 """
+import contextlib
 import dataclasses
 from typing import NamedTuple, Optional
 
@@ -198,14 +199,23 @@ def _rows(x, w, bounds, out, accumulate=False):
     it."""
     deferred = isinstance(x, _Deferred)
     lhs = x.rows if deferred else x
-    try:
+    with _naming_rows(x):
         if isinstance(w, PackedRhs):
             lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
             if isinstance(w, PackedRhs):
                 return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
         return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
+
+
+@contextlib.contextmanager
+def _naming_rows(x):
+    """Where the kernels quantize ``x`` (a :class:`_Deferred`) and refuse
+    its infinities and NaNs from the rows' scales (a ValueError that cannot
+    name the call), the error that names moe_block and the first one."""
+    try:
+        yield
     except ValueError:
-        if deferred:    # the kernels found an infinity or a NaN in the rows: the message naming them
+        if isinstance(x, _Deferred):
             refuse_non_finite(x.rows, x.qtype, "moe_block", _QUANTIZED_ROWS)
         raise
 
@@ -330,20 +340,27 @@ def _fused_int8(rows, w0, w1):
     """The gate and up weights as the one-pass product of rows the kernels
     quantize per row reads them (gw.gated_rows with quantize_lhs), or None:
     two int8 QArrays of one kind (integral zero points), or two PackedRhs
-    that multiply such rows in one int8 dot layout."""
+    that multiply such rows in one int8 dot layout. The rows' caller made
+    them a :class:`_Deferred` only where the kernels quantize them for
+    both weights."""
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
         (_, p0), (_, p1) = (meet(w, rows, np.dtype(np.float32), "moe_block", "w0/w1", quantize_lhs=True)
                             for w in (w0, w1))
-        same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and p0.ctype == p1.ctype in _INT8_DOT \
-            and p0.shape == p1.shape and (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
-            (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
-        return (p0, p1) if same else None
+        return (p0, p1) if _one_layout(p0, p1) and p0.ctype in _INT8_DOT else None
     if isinstance(w0, QArray) and isinstance(w1, QArray) and w0.qvalue.dtype == w1.qvalue.dtype == np.int8 \
             and w0.shape == w1.shape and np.shape(w0.scale) == np.shape(w1.scale) \
-            and (w0.zero_point is None) == (w1.zero_point is None) \
-            and all(gw.quantizes_in_kernel(rows, w, "int8") for w in (w0, w1)):
+            and (w0.zero_point is None) == (w1.zero_point is None):
         return w0, w1
     return None
+
+
+def _one_layout(p0, p1):
+    """Whether ``p0`` and ``p1`` are PackedRhs of one layout (compute type,
+    shape, blocking, storage, scale tiles, zero points or none), which one
+    pass reads as a pair."""
+    return isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and p0.ctype == p1.ctype \
+        and p0.shape == p1.shape and (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
+        (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
 
 
 def _fused(lhs, w0, w1):
@@ -365,10 +382,7 @@ def _fused(lhs, w0, w1):
         return None
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
         (x0, p0), (x1, p1) = (meet(w, lhs, ct, "moe_block", "w0/w1") for w in (w0, w1))
-        same = isinstance(p0, PackedRhs) and isinstance(p1, PackedRhs) and x0 is lhs and x1 is lhs and \
-            p0.ctype == p1.ctype not in ("int8-dot", "int8-mmla") and p0.shape == p1.shape and \
-            (p0.kc, p0.nr, p0._storage, p0._qtile, p0._zero_point is None) == \
-            (p1.kc, p1.nr, p1._storage, p1._qtile, p1._zero_point is None)
+        same = x0 is lhs and x1 is lhs and _one_layout(p0, p1) and p0.ctype not in ("int8-dot", "int8-mmla")
         return (p0, p1) if same else None
     if isinstance(w0, np.ndarray) and isinstance(w1, np.ndarray) and w0.dtype == w1.dtype \
             and w0.dtype.isnative and gw._packing_reads(w0.dtype, ct):
@@ -443,14 +457,10 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
         h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
         deferred = isinstance(lhs, _Deferred)
         if count and f:
-            try:
+            with _naming_rows(lhs):
                 gw.gated_rows(lhs.x if gathered else lhs.rows if deferred else lhs, *fused, bounds, a, h0, h1,
                               experts.b0, experts.b1, experts.activation, experts.limit, experts.alpha,
                               rows=lhs.index if gathered else None, quantize_lhs=deferred)
-            except ValueError:
-                if deferred:    # the kernels found an infinity or a NaN in the rows
-                    refuse_non_finite(lhs.rows, lhs.qtype, "moe_block", _QUANTIZED_ROWS)
-                raise
     else:
         h0 = product(lhs, experts.w0, experts.b0, last - first)
         h1 = product(lhs, experts.w1, experts.b1, last - first)

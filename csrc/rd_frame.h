@@ -151,6 +151,10 @@ const char *rd_kernel_for(rd_ctype_t ct);
 /* The micro-kernel in force for a compute type (never NULL; its ukr is
  * NULL only for a dot-product type that no family serves now). */
 const rd_ukr_desc_t *rd_active_kernel(rd_ctype_t ct, const char **family);
+/* A number that changes whenever the selection (rd_set_kernel) or a
+ * blocking (rd_set_blocking) changes: what was decided from the selection
+ * in force may be kept while it stays the same. */
+unsigned long rd_selection_generation(void);
 /* Cache blocking of the kernel in force for `ct`; MC and NC are rounded up
  * to multiples of MR and NR.  Returns 0, or -1 for a size below 1 or a
  * type no kernel serves. */

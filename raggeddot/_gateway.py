@@ -331,9 +331,26 @@ def served(ctype):
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name). A dot type's layout is
     also served where the tile type that reads it is (AMX)."""
-    if _core.kernel_for(ctype) != "none":
-        return True
-    return any(_core.kernel_for(reader) != "none" for reader in _READERS.get(ctype, ()))
+    gen = _core.selection_generation()
+    hit = _SERVED.get(ctype)
+    if hit is not None and hit[0] == gen:
+        return hit[1]
+    now = _core.kernel_for(ctype) != "none" or \
+        any(_core.kernel_for(reader) != "none" for reader in _READERS.get(ctype, ()))
+    _SERVED[ctype] = (gen, now)
+    return now
+
+
+# served's answers, {ctype: (selection generation, served)}: a decode step
+# asks the same a few dozen times
+_SERVED = {}
+
+
+def selection():
+    """A number that changes whenever the kernel selection or a blocking
+    does (``runtime.set_kernel``, ``set_blocking``): decisions drawn from
+    the selection in force may be kept while it stays the same."""
+    return _core.selection_generation()
 
 
 def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):

@@ -93,7 +93,7 @@ class PackedRhs(v.Prepacked):
     """
 
     __slots__ = ("_buf", "shape", "dtype", "ctype", "nr", "kc", "kernel", "_per_group", "qtype",
-                 "_storage", "_qtile", "_scale", "_zero_point", "_kept", "_lock")
+                 "_storage", "_qtile", "_scale", "_zero_point", "_kept", "_lock", "_checks")
 
     def __init__(self, buf, shape, dtype, ctype, nr, kc, kernel, per_group, quant=None):
         self._buf = buf
@@ -110,9 +110,10 @@ class PackedRhs(v.Prepacked):
         # None: the plain weights, for products no layout serves
         self._kept = {}
         self._lock = threading.Lock()    # held while a layout of _kept is made
+        self._checks = {}   # check's answers for array lhs (see check)
 
     def __getstate__(self):    # (copy, deepcopy, pickle: the lock is not state)
-        return {name: getattr(self, name) for name in self.__slots__ if name != "_lock"}
+        return {name: getattr(self, name) for name in self.__slots__ if name not in ("_lock", "_checks")}
 
     def __setstate__(self, state):
         for name, value in state.items():
@@ -122,6 +123,7 @@ class PackedRhs(v.Prepacked):
             buf[...] = self._buf
             self._buf = buf
         self._lock = threading.Lock()
+        self._checks = {}
 
     ndim = 3
 
@@ -391,9 +393,13 @@ def _lhs_dtype(lhs_dtype, weights, fn, qtype=None):
 
 def _int8_exact(packed):
     """Whether the weights hold int8 values with integral zero points in
-    [-128, 127] (or none): those the int8 dot-product layout holds."""
-    return packed.ctype in _INT8_LAYOUTS or (
-        packed.qtype in ("int8", "int4") and gw.integral_zero_points(packed._zero_point))
+    [-128, 127] (or none): those the int8 dot-product layout holds (kept:
+    a PackedRhs's values and zero points are its own)."""
+    hit = packed._checks.get("int8_exact")
+    if hit is None:
+        hit = packed._checks["int8_exact"] = packed.ctype in _INT8_LAYOUTS or (
+            packed.qtype in ("int8", "int4") and gw.integral_zero_points(packed._zero_point))
+    return hit
 
 
 def _int8_lhs(lhs):
@@ -455,6 +461,16 @@ def check(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
     prepack). Each message names ``fn``, ``arg`` and the fix. Returns the
     compute type of the layout the product runs on (None: the plain
     weights)."""
+    # the answer for an array lhs (or none) depends on its dtype, the
+    # options, the layouts kept and the selection: kept while they stay the
+    # same (a decode step asks it a few times a product)
+    key = None
+    if lhs is None or isinstance(lhs, np.ndarray):
+        key = (None if lhs is None else lhs.dtype, ct, bool(quantize_lhs), bool(exact), len(packed._kept))
+        hit = packed._checks.get(key)
+        gen = gw.selection()
+        if hit is not None and hit[0] == gen:
+            return hit[1]
     own = _FLOAT64 if packed.ctype == "float64" else _FLOAT32
     if ct != own:
         plain = "the QArray" if packed.qtype else "the plain weights"
@@ -478,6 +494,8 @@ def check(packed, lhs, ct, fn, arg="rhs", quantize_lhs=False, exact=False):
             raise ValueError(f"{fn}: '{arg}' was prepacked for the {packed.kernel} kernels, in panels of "
                              f"{packed.nr} columns, but the {kernel} kernels serve its {ctype} products now "
                              f"and take panels of {nr}: {again}")
+    if key is not None:
+        packed._checks[key] = (gen, ctype)
     return ctype
 
 

@@ -6,6 +6,7 @@ this module imports no other of the package: the operands of a product
 (QArray, AsQArray, PackedRhs) are brought into shape by ``_operand``, and
 converted for the kernels by the gateway (``_gateway``).
 """
+import math
 import operator
 import os
 import reprlib
@@ -214,7 +215,7 @@ def check_fits(arrays):
     total = 0
     for shape, dtype in arrays:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        nbytes = math.prod(int(n) for n in shape) * dtype.itemsize     # (exact, any size)
         total += nbytes
         if nbytes > limit:
             raise MemoryError(f"cannot allocate {nbytes} bytes ({nbytes >> 20} MiB) for an array of shape "

@@ -146,12 +146,16 @@ def test_errors_name_what_is_wrong(rng):
         raggeddot.prepack(rhs.astype(np.int32))
     with pytest.raises(ValueError, match="'rhs'"):
         raggeddot.prepack(rhs[0])
+    # a call's checks of a PackedRhs are kept while the selection stays: they
+    # must not outlive a change of kernels, nor refuse it once restored
+    want = raggeddot.ragged_dot(lhs, packed, gs)
     others = [k for k in runtime.runnable_kernels() if k != packed.kernel]
     for kernel in others:
         with runtime.configured(kernel=kernel):
             if raggeddot.prepack(rhs).nr != packed.nr:
                 with pytest.raises(ValueError, match=r"^ragged_dot: 'rhs' was prepacked for the .* kernels.*prepack the weights again"):
                     raggeddot.ragged_dot(lhs, packed, gs)
+    np.testing.assert_array_equal(raggeddot.ragged_dot(lhs, packed, gs), want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

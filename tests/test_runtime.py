@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _core, runtime
+from raggeddot import _core, _gateway, runtime
 
 
 def test_build_info_describes_the_build():
@@ -34,6 +34,31 @@ def test_configured_keeps_automatic_selection_automatic():
         with runtime.configured(kernel="ref"):
             assert runtime.build_info()["kernel_selection"] == "ref"
         assert runtime.build_info()["kernel_selection"] == "auto"
+
+
+def test_selection_generation_moves_with_every_change_of_kernels():
+    """What the Python layer keeps of the selection (served types, a PackedRhs's checks) is
+    keyed by this number: set_kernel (even to the same family) and set_blocking change it,
+    the calls that do not change the selection leave it."""
+    with runtime.configured():
+        g0 = _core.selection_generation()
+        assert _core.selection_generation() == g0
+        runtime.set_kernel(runtime.get_kernel())
+        g1 = _core.selection_generation()
+        assert g1 != g0
+        b = runtime.build_info()["blocking"]["float32"]
+        runtime.set_blocking("float32", b["MC"], b["KC"], b["NC"])
+        g2 = _core.selection_generation()
+        assert g2 not in (g0, g1)
+        runtime.set_num_threads(runtime.get_num_threads())
+        assert _core.selection_generation() == g2
+        for kernel in runtime.runnable_kernels():
+            runtime.set_kernel(kernel)
+            assert _core.selection_generation() != g2
+            for ct in _core.PACKING_READS:     # its answers follow the selection
+                readers = {"bfloat16-dot": ("bfloat16-tile",), "int8-dot": ("int8-tile",)}.get(ct, ())
+                assert _gateway.served(ct) == any(_core.kernel_for(t) != "none" for t in (ct,) + readers)
+            g2 = _core.selection_generation()
 
 
 def test_configured_restores_every_setting_even_on_error():

@@ -56,9 +56,13 @@ rd_bf16dot_measured(void)
     return rd_bf16dot_ratio;
 }
 
+/* Bumped whenever the selection or a blocking changes (see rd_frame.h). */
+static unsigned long rd_generation;
+
 static void
 rd_select(const rd_family_t *family)
 {
+    rd_generation++;
     for (int ct = 0; ct < RD_CT_COUNT; ct++) {
         const rd_family_t *f = family;
         if (f == NULL || f->types[ct].ukr == NULL)
@@ -82,6 +86,13 @@ rd_ensure(void)
 {
     if (!rd_ready)
         rd_select(NULL);
+}
+
+unsigned long
+rd_selection_generation(void)
+{
+    rd_ensure();
+    return rd_generation;
 }
 
 static int
@@ -155,6 +166,7 @@ rd_set_blocking(rd_ctype_t ct, rd_int mc, rd_int kc, rd_int nc)
     k->mc = rd_round_up_to(mc, k->mr);
     k->kc = kc;
     k->nc = rd_round_up_to(nc, k->nr);
+    rd_generation++;
     return 0;
 }
 

@@ -277,6 +277,16 @@ rd_py_kernel_for(PyObject *self, PyObject *arg)
     return PyUnicode_FromString(rd_kernel_for((rd_ctype_t)ct));
 }
 
+/* selection_generation() -> a number that changes whenever set_kernel or
+ * set_blocking changes what serves the products. */
+static PyObject *
+rd_py_selection_generation(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromUnsignedLong(rd_selection_generation());
+}
+
 static PyObject *
 rd_py_set_blocking(PyObject *self, PyObject *args)
 {
@@ -574,6 +584,8 @@ PyMethodDef rd_runtime_methods[] = {
     {"set_kernel", rd_py_set_kernel, METH_O,
      "set_kernel(name) -> previous name; name in build_info()['simd'] or 'auto'"},
     {"get_kernel", rd_py_get_kernel, METH_NOARGS, "get_kernel() -> name of the kernel in use"},
+    {"selection_generation", rd_py_selection_generation, METH_NOARGS,
+     "selection_generation() -> a number that changes whenever set_kernel or set_blocking does"},
     {"kernel_for", rd_py_kernel_for, METH_O,
      "kernel_for(ctype) -> the family serving that compute type now, or 'none'"},
     {"kernel_table", rd_py_kernel_table, METH_NOARGS,

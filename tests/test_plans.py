@@ -54,9 +54,11 @@ def _operands(rng, sizes, k, n, ldb_pad=0):
 @pytest.mark.parametrize("kernel", STREAMING)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 16, 25])
 def test_stream_equals_packed_rows(kernel, rows):
-    """Rows around the streaming block (4) and the packed one (12); n across the strip."""
+    """Rows around the streaming block (4) and the packed one (12); n across the strip (up to
+    128 columns a strip of 1-4 rows is summed in registers: every count of vectors)."""
     rng = np.random.default_rng(rows)
-    for k, n in [(1, 1), (5, 17), (300, 33), (257, 511), (64, 512), (40, 513), (3, 1030), (1, 2047), (2, 2048), (1, 2049), (2, 2100)]:
+    for k, n in [(1, 1), (5, 17), (300, 33), (7, 48), (33, 64), (9, 80), (65, 100), (128, 112), (200, 128),
+                 (5, 129), (257, 511), (64, 512), (40, 513), (3, 1030), (1, 2047), (2, 2048), (1, 2049), (2, 2100)]:
         x, w, gs = _operands(rng, [rows, 0, rows + 1, 2], k, n, ldb_pad=3 if n % 2 else 0)
         with runtime.configured(kernel=kernel):
             packed = _with_plan(lambda: raggeddot.ragged_dot(x, w, gs), {"kernel": "main"})

@@ -99,19 +99,25 @@ RD_FN(pack)(rd_int rows, rd_int depth, const void *src_, rd_int rs, rd_int cs,
     for (; i0 < rows; i0 += r) {
         const RD_SRC *x = src + i0 * rs;
         rd_int full = rows - i0 >= r;
-        if (full && cs == 1) {
+        if (cs == 1) {
             /* each row is contiguous along p: read rows sequentially and
-             * scatter into the panel */
+             * scatter into the panel (a last panel of fewer rows zeroed
+             * whole first: one pass of wide stores, where zeroing its
+             * missing rows value by value cost more than its rows' values,
+             * a few rows of a decode step) */
+            const int have = full ? r : (int)(rows - i0);
             int i = 0;
+            if (!full)
+                memset(dst, 0, sizeof(RD_DST) * (size_t)r * (size_t)depth);
 #ifdef RD_WORDS8
             /* 4-byte values as they are: eight rows at a time transposed
              * in registers (rd_words8), the rest one by one */
             if (r % 8 == 0 || r > 8)
-                for (; i + 8 <= r; i += 8)
+                for (; i + 8 <= have; i += 8)
                     RD_WORDS8((const char *)(x + i * rs), (rd_int)sizeof(RD_SRC) * rs, depth,
                               (char *)(dst + i), r);
 #endif
-            for (; i < r; i++) {
+            for (; i < have; i++) {
                 const RD_SRC *row = x + i * rs;
                 RD_DST *col = dst + RD_AT(i, r);
 #if RD_SAME || defined(RD_HALVES)

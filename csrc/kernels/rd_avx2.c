@@ -150,6 +150,7 @@ RD_AVX2_SGEMM(rd_sgemm_avx2_f16w_6x16, uint16_t, S_LOAD_F16)
 #define SET1 _mm256_set1_ps
 #define FMA _mm256_fmadd_ps
 #define ZERO _mm256_setzero_ps
+#define RD_SREGS 16
 #include "rd_stream_body.h"
 RD_STREAM_KERNEL(rd_sgemm_avx2_stream_8x2048, s_stream)
 

@@ -356,6 +356,7 @@ rd_i8gemm_avx512_12x32(rd_int kc, const void *a_, const void *b_, void *c_, rd_i
 #define SET1 _mm512_set1_ps
 #define FMA _mm512_fmadd_ps
 #define ZERO _mm512_setzero_ps
+#define RD_SREGS 32
 #include "rd_stream_body.h"
 RD_STREAM_KERNEL(rd_sgemm_avx512_stream_8x2048, s_stream)
 

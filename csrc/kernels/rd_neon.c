@@ -341,6 +341,7 @@ rd_neon_loadm(int k, const float *p)
 #define SET1 vdupq_n_f32
 #define FMA(a, b, c) vfmaq_f32((c), (a), (b))
 #define ZERO() vdupq_n_f32(0.0f)
+#define RD_SREGS 32
 #include "rd_stream_body.h"
 RD_STREAM_KERNEL(rd_sgemm_neon_stream_8x2048, s_stream)
 

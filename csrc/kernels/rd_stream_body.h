@@ -15,7 +15,9 @@
  * from zero with one fused multiply-add per step, as the packed kernels
  * sum it, so the results are theirs bit for bit.
  *
- * The includer defines V (vector), W (lanes), MASK (a lane mask type),
+ * The includer defines V (vector), W (lanes), RD_SREGS (how many vector
+ * registers there are: m rows' sums and a row of B stay in them when
+ * (m + 1) times the strip's vectors, plus two, fit), MASK (a lane mask type),
  * MASK_ALL, MASK_FIRST(r) (the first r lanes), LOADM(k, p) (a masked load
  * that never reads the masked-off lanes), LOAD, STORE (aligned), SET1, FMA,
  * ZERO and the target attribute TARGET.
@@ -83,8 +85,59 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
     }                                                                       \
 }
 
-/* The kernel: the sums of the valid rows, then C (+)= them. */
+/* The sums of ROWS rows of A over a strip of at most NV vectors held in
+ * registers (a router's 32-256 columns, a few tokens): where the strip is
+ * that narrow, each row of B updating a buffer in L1 is bound by the loads
+ * and stores of its sums (and, for one or two vectors, by the store-to-load
+ * latency), while B itself is read from cache.  The same products, summed
+ * over p in the same order from zero: the bits of the buffered sums. */
+/* (the strip's loops unrolled whole, so that its sums stay in registers) */
+#define RD_SUNROLL _Pragma("GCC unroll 8")
+#define RD_SRZ(i) V acc##i[rd_snv];                                          \
+    RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                        \
+        acc##i[v] = ZERO();
+#define RD_SRF(i) {                                                         \
+        const V ai = SET1(a[RD_SMR * p + (i)]);                             \
+        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                    \
+            acc##i[v] = FMA(ai, bv[v], acc##i[v]);                          \
+    }
+#define RD_SRS(i) RD_SUNROLL for (int v = 0; v < rd_snv; v++)                          \
+        STORE(s + (i) * ld + v * W, acc##i[v]);
+#define RD_SREG_ROWS(NAME, ROWS, NV)                                        \
+TARGET static void                                                          \
+NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld, int n) \
+{                                                                           \
+    enum { rd_snv = NV };                                                   \
+    const MASK last = n % W ? MASK_FIRST(n % W) : MASK_ALL;                 \
+    ROWS(RD_SRZ)                                                            \
+    for (rd_int p = 0; p < kc; p++) {                                       \
+        const float *r = b + p * ldb;                                       \
+        V bv[rd_snv];                                                       \
+        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                    \
+            bv[v] = LOADM(v == rd_snv - 1 ? last : MASK_ALL, r + v * W);    \
+        ROWS(RD_SRF)                                                        \
+    }                                                                       \
+    ROWS(RD_SRS)                                                            \
+}
+
+#define RD_SREG_NV(P, ROWS)                                                 \
+RD_SREG_ROWS(P##_1, ROWS, 1)                                                \
+RD_SREG_ROWS(P##_2, ROWS, 2)                                                \
+RD_SREG_ROWS(P##_3, ROWS, 3)                                                \
+RD_SREG_ROWS(P##_4, ROWS, 4)                                                \
+RD_SREG_ROWS(P##_5, ROWS, 5)                                                \
+RD_SREG_ROWS(P##_6, ROWS, 6)                                                \
+RD_SREG_ROWS(P##_7, ROWS, 7)                                                \
+RD_SREG_ROWS(P##_8, ROWS, 8)
+
+/* The kernel: the sums of the valid rows (in registers where m rows of the
+ * strip's vectors fit in RD_SREGS of them, else in the buffer), then C
+ * (+)= them. */
 #define RD_STREAM_KERNEL(NAME, P)                                           \
+RD_SREG_NV(P##_r1, RD_SROWS1)                                               \
+RD_SREG_NV(P##_r2, RD_SROWS2)                                               \
+RD_SREG_NV(P##_r3, RD_SROWS3)                                               \
+RD_SREG_NV(P##_r4, RD_SROWS4)                                               \
 RD_STREAM_ROWS(P##_1, RD_SROWS1, 0)                                         \
 RD_STREAM_ROWS(P##_2, RD_SROWS2, 0)                                         \
 RD_STREAM_ROWS(P##_3, RD_SROWS3, 0)                                         \
@@ -99,14 +152,24 @@ NAME(rd_int kc, const void *a_, const void *b_, rd_int ldb, void *c,        \
 {                                                                           \
     typedef void (*rows_t)(rd_int, const float *, const float *, rd_int, float *, rd_int, int); \
     static const rows_t rows[RD_SMR] = {P##_1, P##_2, P##_3, P##_4, P##_5, P##_6, P##_7, P##_8}; \
+    static const rows_t regs[4][8] = {                                      \
+        {P##_r1_1, P##_r1_2, P##_r1_3, P##_r1_4, P##_r1_5, P##_r1_6, P##_r1_7, P##_r1_8}, \
+        {P##_r2_1, P##_r2_2, P##_r2_3, P##_r2_4, P##_r2_5, P##_r2_6, P##_r2_7, P##_r2_8}, \
+        {P##_r3_1, P##_r3_2, P##_r3_3, P##_r3_4, P##_r3_5, P##_r3_6, P##_r3_7, P##_r3_8}, \
+        {P##_r4_1, P##_r4_2, P##_r4_3, P##_r4_4, P##_r4_5, P##_r4_6, P##_r4_7, P##_r4_8}}; \
     float s[RD_SMR * (RD_SNR + 16)] __attribute__((aligned(64)));           \
     /* rows of sums 64 bytes more than a multiple of 64 apart: a sum's load \
      * then never matches the store of another row's 4 KiB apart, which the \
      * CPU would take for a dependence and wait on */                       \
     const int ld = (n + W - 1) / W * W + 16;                                \
-    for (int i = 0; i < m * ld; i += W)                                     \
-        STORE(s + i, ZERO());                                               \
-    rows[m - 1](kc, (const float *)a_, (const float *)b_, ldb, s, ld, n);   \
+    const int nv = (n + W - 1) / W;                                         \
+    if (m <= 4 && nv <= 8 && (m + 1) * nv + 2 <= RD_SREGS) {                \
+        regs[m - 1][nv - 1](kc, (const float *)a_, (const float *)b_, ldb, s, ld, n); \
+    } else {                                                                \
+        for (int i = 0; i < m * ld; i += W)                                 \
+            STORE(s + i, ZERO());                                           \
+        rows[m - 1](kc, (const float *)a_, (const float *)b_, ldb, s, ld, n); \
+    }                                                                       \
     rd_s_store_edge(s, (int)ld, (float *)c, rs_c, cs_c, m, n, mode == RD_ADD ? RD_ADD : RD_STORE); \
 }
 

@@ -1,26 +1,22 @@
 """Predicted speed of the ARM micro-kernels on cores we cannot run here.
 
-Compiles csrc/kernels/rd_neon.c and rd_neon_dot.c for aarch64 (gcc and/or
-clang cross compilers), cuts each micro-kernel's inner loop out of the
-object code (the loop of its 12-row body: the one with the most arithmetic
-instructions), and asks llvm-mca for the cycles an iteration takes on the
-scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1
-(Graviton 2, Ampere Altra) and Apple M4. Each loop's bound is its count of
-the instruction that does the work (fmla, bfmmla, usmmla, udot) over the
-number of pipes the model issues it to per cycle (measured on the model
-with a loop of independent copies of that instruction); the figure is the
-bound over the predicted cycles; for the few-row kernels (decoding, where
-memory bounds), the bytes of B an iteration reads over its cycles instead.
+Compiles the NEON kernel files of csrc/kernels for aarch64 (gcc and/or clang cross compilers),
+cuts each micro-kernel's inner loop out of the object code (the loop of its 12-row body: the one
+with the most arithmetic instructions), and asks llvm-mca for the cycles an iteration takes on
+the scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1 (Graviton 2, Ampere Altra)
+and Apple M4. Each loop's bound is its count of the instruction that does the work (fmla,
+bfmmla, usmmla, udot, sdot) over the number of pipes the model issues it to per cycle (measured
+on the model with a loop of independent copies of that instruction); the figure is the bound
+over the predicted cycles; for the few-row kernels (decoding, where memory bounds), the bytes of
+B an iteration reads over its cycles instead.
 
     python benchmarks/arm_mca.py [--cc aarch64-linux-gnu-gcc] [--cc "clang-19 --target=aarch64-linux-gnu"]
 
-Needs llvm-mca and llvm-objdump (Debian's llvm-19) and an aarch64 compiler
-(gcc-aarch64-linux-gnu, or clang with --target). A model, not a
-measurement: it says whether the loop can issue its multiply-adds as fast
-as the core's pipes take them, not what memory does.
+Needs llvm-mca and llvm-objdump (Debian's llvm-19) and an aarch64 compiler. A model, not a
+measurement: whether the loop can issue its multiply-adds as fast as the core's pipes take
+them, not what memory does.
 """
 import argparse
-import glob
 import os
 import re
 import shlex
@@ -31,19 +27,14 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPUS = ["neoverse-v2", "neoverse-n1", "apple-m4"]
-# kernel symbol: (its 12-row body's symbol, which a compiler may keep out
-# of line, and the instruction whose rate bounds it)
+SOURCES = ("rd_neon.c", "rd_neon_dot.c", "rd_neon_few.c", "rd_neon_w4a8.c")
+# kernel symbol: (its 12-row body's symbol, which a compiler may keep out of line, and the
+# instruction whose rate bounds it)
 KERNELS = {
-    "rd_sgemm_neon_12x8": ("s_rows12", "fmla"),
-    "rd_sgemm_neon_bf16w_12x8": ("sb_rows12", "fmla"),
-    "rd_sgemm_neon_f16w_12x8": ("sh_rows12", "fmla"),
-    "rd_sgemm_neon_i8w_12x8": ("si8_rows12", "fmla"),
-    "rd_sgemm_neon_f8w_12x8": ("sf8_rows12", "fmla"),
-    "rd_sgemm_neon_f4w_12x8": ("sf4_rows12", "fmla"),
-    "rd_dgemm_neon_6x8": (None, "fmla.2d"),
-    "rd_bf16mmla_neon_12x8": ("bfm_rows12", "bfmmla"),
-    "rd_u8s8mmla_neon_12x8": ("usm_rows12", "usmmla"),
-    "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
+    **{f"rd_sgemm_neon{w}_12x8": (f"s{b}_rows12", "fmla") for w, b in (
+        ("", ""), ("_bf16w", "b"), ("_f16w", "h"), ("_i8w", "i8"), ("_f8w", "f8"), ("_f4w", "f4"))},
+    "rd_dgemm_neon_6x8": (None, "fmla.2d"), "rd_bf16mmla_neon_12x8": ("bfm_rows12", "bfmmla"),
+    "rd_u8s8mmla_neon_12x8": ("usm_rows12", "usmmla"), "rd_u8s8dot_neon_dot_12x8": ("ss_rows12", "udot"),
     # the few-row kernels (rd_neon_few.c): one row over 8 panels or two over 4 (16 fmla an
     # iteration either way; B bytes an iteration: FEW_BYTES)
     **{f"rd_few_neon_{t}": (f"rd_few_neon_{t}_plain", "fmla") for t in ("f32", "bf16w", "i8w", "f8w", "f4w", "i4w")},
@@ -79,20 +70,17 @@ def mca(asm, cpu, mca_bin):
     """(cycles an iteration) predicted by llvm-mca for the loop `asm`."""
     out = subprocess.run([mca_bin, "-mtriple=aarch64", f"-mcpu={cpu}", f"-mattr={MATTR}", "-iterations=300"],
                          input=asm, capture_output=True, text=True, check=True).stdout
-    cycles = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
-    return cycles / 300.0
+    return int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / 300.0
 
 
 def pipes(insn, cpu, mca_bin):
     """Instances of `insn` the model issues a cycle (24 independent ones)."""
-    asm = "\n".join(PROBE[insn].format(d=8 + i) for i in range(24)) + "\n"
-    return 24.0 / mca(asm, cpu, mca_bin)
+    return 24.0 / mca("\n".join(PROBE[insn].format(d=8 + i) for i in range(24)) + "\n", cpu, mca_bin)
 
 
 def loops(obj, symbol, objdump):
-    """The innermost loops of `symbol` in `obj`: lists of instruction lines
-    between a backward branch's target and the branch, with no branch
-    between them."""
+    """The innermost loops of `symbol` in `obj`: lists of instruction lines between a backward
+    branch's target and the branch, with no branch between them."""
     text = subprocess.run([objdump, "-d", f"--mattr={MATTR}", "--no-show-raw-insn", f"--disassemble-symbols={symbol}",
                            obj], capture_output=True, text=True, check=True).stdout
     insns = []
@@ -115,23 +103,18 @@ def loops(obj, symbol, objdump):
 
 
 def asm_of(body):
-    """The loop as llvm-mca reads it: branch targets made symbolic."""
-    lines = []
-    for ins in body[:-1]:
-        lines.append(re.sub(r"<[^>]*>", "", ins))
-    lines.append("b.ne .")   # the closing branch (its target does not matter to the model)
-    return "\n".join(lines) + "\n"
+    """The loop as llvm-mca reads it: symbols dropped, the closing branch's target (which does
+    not matter to the model) made local."""
+    return "\n".join([re.sub(r"<[^>]*>", "", ins) for ins in body[:-1]] + ["b.ne ."]) + "\n"
 
 
 def build(cc, out):
     """Compile the NEON kernel files with `cc` into `out`; object paths."""
-    objs = []
-    for name in ("rd_neon.c", "rd_neon_dot.c", "rd_neon_few.c", "rd_neon_w4a8.c"):
-        obj = os.path.join(out, name + ".o")
+    objs = [os.path.join(out, name + ".o") for name in SOURCES]
+    for name, obj in zip(SOURCES, objs):
         subprocess.run(shlex.split(cc) + ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-c",
                                          os.path.join(REPO, "csrc", "kernels", name), "-I",
                                          os.path.join(REPO, "csrc"), "-o", obj], check=True)
-        objs.append(obj)
     return objs
 
 
@@ -162,13 +145,11 @@ def main():
                 body = max(bodies, key=lambda b: (sum(x.split()[0] == op for x in b if x.split()),
                                                   sum(x.split()[0].startswith("ld") for x in b if x.split())
                                                   if symbol in FEW_BYTES else 0))
-                count = sum(x.split()[0] == op for x in body if x.split())
-                cells = []
+                count, cells = sum(x.split()[0] == op for x in body if x.split()), []
                 for cpu in CPUS:
                     cyc = mca(asm_of(body), cpu, mca_bin)
-                    bound = count / rates[insn, cpu]
-                    cells.append(f"{cyc:8.2f} ({100 * bound / cyc:5.1f}%)" if symbol not in FEW_BYTES else
-                                 f"{cyc:8.2f} ({FEW_BYTES[symbol] / cyc:4.1f} B/c)")
+                    cells.append(f"{cyc:8.2f} ({100 * count / rates[insn, cpu] / cyc:5.1f}%)" if symbol not in
+                                 FEW_BYTES else f"{cyc:8.2f} ({FEW_BYTES[symbol] / cyc:4.1f} B/c)")
                 print(f"{shlex.split(cc)[0]:<14} {symbol:<27} {count:>9} " + " ".join(f"{c:>26}" for c in cells))
 
 

@@ -1,6 +1,7 @@
 """What the benchmark scripts share: the machine they ran on (CPU, NumPy's OpenBLAS and the
 core type it chose, load, stolen CPU time), the yardsticks measured at start (FMA peak, the
-peaks of the 16-bit and int8 instructions, read bandwidth), and text tables and JSON."""
+peaks of the 16-bit and int8 instructions, read bandwidth), medians of interleaved rounds, the
+checks before timing, text tables and JSON."""
 from __future__ import annotations
 
 import ctypes
@@ -14,7 +15,8 @@ import sys
 
 import numpy as np
 
-from raggeddot import runtime
+from raggeddot import runtime, specs
+from raggeddot._timing import interleaved, summary
 
 #: the instruction a bfloat16 or int8 product runs natively, by the family build_info() says
 #: serves it, and the peak_gflops isas probing it
@@ -23,8 +25,6 @@ NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdp
           "int8": {"amx": ("TDPBUSD", ("amx_int8",)), "avx512-vnni": ("vpdpbusd", ("avx512_vnni", "avx_vnni")),
                    "avx-vnni": ("vpdpbusd", ("avx_vnni",)), "neon-i8mm": ("USMMLA", ("neon_i8mm",)),
                    "neon-dot": ("UDOT", ("neon_dot",))}}
-#: the float32 FMA probe of each float family (peak_gflops' isa)
-FMA_ISA = {"avx512": "avx512", "avx2": "avx2", "neon": "neon"}
 
 
 def openblas(name: str, restype=ctypes.c_int):
@@ -69,6 +69,13 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def vm(key: str) -> int:
+    """This process's /proc/self/status figure ``key`` in bytes: VmRSS, VmHWM (its peak RSS: its
+    own memory's, where getrusage's maxrss also counts a parent's from before the exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
 def steal_seconds() -> float | None:
     """Total steal time of all CPUs (a VM's time taken by the hypervisor), from /proc/stat."""
     try:
@@ -90,30 +97,32 @@ def machine_info(extra: dict | None = None) -> dict:
             "loadavg_start": loadavg(), **(extra or {})}
 
 
+def serving(dtype: str) -> tuple[str, tuple]:
+    """(instruction, peak_gflops isas probing it) of the family that build_info() says serves
+    ``dtype``'s products (NATIVE), else ("", ())."""
+    family = runtime.build_info()["products"].get(dtype, {}).get("kernel")
+    return NATIVE.get(dtype, {}).get(family, ("", ()))
+
+
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
     """Measured while the process is quiet, each probe (runtime.peak_gflops) run for ``seconds``
     at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
-    peaks: the float32 FMA peaks of avx2 and avx512, or of neon on aarch64 (the best of two
-    runs); peak_isa: the one of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
-    basis}}, the yardstick of each low-precision product: bfloat16 and int8 the peak of the
-    instruction of the family that serves them (build_info()['products']: AMX tiles,
-    vdpbf16ps, vpdpbusd; basis 'native'), else bfloat16 the FMA peak (raggeddot widens to
-    float32: basis 'fma') and int8 none ('absent'); float16 the FMA peak.
-    read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads."""
+    peaks: the float32 FMA peaks of avx2 and avx512, or neon (the best of two runs); peak_isa:
+    that of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
+    basis}}: bfloat16 and int8 the peak of the instruction serving them (serving(); basis
+    'native'), else bfloat16 the FMA peak (widened: 'fma') and int8 none ('absent'); float16 the
+    FMA peak. read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads."""
     def probe(isa, repeats=1):
         return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
                 for t in range(1, (os.cpu_count() or 1) + 1)}
 
-    arm = "neon" in runtime.compiled_kernels()
-    peaks = {isa: probe(isa, 2) for isa in (("neon",) if arm else ("avx2", "avx512"))}
-    isa = FMA_ISA.get(runtime.get_kernel(), "neon" if arm else "avx2")
-    if not (peaks.get(isa) or {}).get("1"):
-        isa = "neon" if arm else "avx2"
+    fallback = "neon" if "neon" in runtime.compiled_kernels() else "avx2"
+    peaks = {isa: probe(isa, 2) for isa in ((fallback,) if fallback == "neon" else ("avx2", "avx512"))}
+    isa = runtime.get_kernel() if (peaks.get(runtime.get_kernel()) or {}).get("1") else fallback
     fma = {"instruction": f"{isa} FMA", "gflops": peaks[isa], "basis": "fma"}
     native = {"float16": fma}
-    products = runtime.build_info()["products"]
-    for dtype, by_family in NATIVE.items():
-        instruction, probes = by_family.get(products[dtype]["kernel"], ("", ()))
+    for dtype in NATIVE:
+        instruction, probes = serving(dtype)
         found = next((g for g in map(probe, probes) if all(g.values())), None)
         own = {"instruction": instruction or "none", "gflops": found, "basis": "native" if found else "absent"}
         native[dtype] = fma if dtype == "bfloat16" and not found else own
@@ -132,6 +141,22 @@ def describe_yardsticks(ys: dict) -> list[str]:
               for dtype, pk in ys["native_peaks"].items()]
     bw = ys["read_bandwidth"]
     return lines + [f"read bandwidth ({bw['threads']} thr, {bw['megabytes']} MB): {fmt(bw['gbs'])} GB/s"]
+
+
+def medians(fns: dict, rounds: int, warmup: int = 2, pause_s: float = 0.2, **kw) -> dict:
+    """{name: median seconds} of the callables ``fns`` in interleaved rounds
+    (raggeddot._timing.interleaved: each round calls every one once, so that a drifting load
+    weighs on all alike), after ``warmup`` calls each and ``pause_s`` before every call (for
+    torch's spinning threads); a single round has neither."""
+    quiet = dict(warmup=warmup, pause_s=pause_s) if rounds > 1 else dict(warmup=0)
+    return {name: summary(ts)["median"] for name, ts in interleaved(fns, rounds=rounds, **quiet, **kw).items()}
+
+
+def require_close(what: str, got, ref, tol: float = 5e-2) -> None:
+    """The check before timing: max |got - ref| / max |ref| within ``tol``, else the run ends."""
+    err = specs.rel_err(got, ref)
+    if not err <= tol:
+        raise SystemExit(f"{what}: relative error {err:.2e} > {tol:g}")
 
 
 def fmt(x, digits: int = 1) -> str:

@@ -1,11 +1,12 @@
 """decode (run.py decode): the products of serving, where a step multiplies a few tokens and the
 time is that of reading the active experts' weights once.
 
-Two tables, each weight format prepacked (bfloat16; int8 one scale a column; int4 and MXFP4 a
-scale a column per 32 steps of the contraction; "w8a8": int8 weights prepacked for int8
-activations, activation_qtype="int8"; "w4a8 int4" and "w4a8 mxfp4": the 4-bit ones prepacked for
-int8 activations, on the int8 dot products where the CPU has them), timed in interleaved rounds with a read-bandwidth probe
-(runtime.read_bandwidth, 256 MB, at raggeddot's threads) in every round, medians:
+Each weight format prepacked (bfloat16; int8 one scale a column; int4 and MXFP4 a scale a column
+per 32 steps of the contraction; "w8a8": int8 weights prepacked for int8 activations,
+activation_qtype="int8"; "w4a8 int4" and "w4a8 mxfp4": the 4-bit ones prepacked for int8
+activations), checked first against moe_block / ragged_dot on its dequantized weights, timed in
+interleaved rounds with a read-bandwidth probe (runtime.read_bandwidth, 256 MB, at raggeddot's
+threads) in every round, medians; two tables:
   layer: moe_block forward (softmax top-k routing, SiLU experts, bfloat16 tokens) of a
     Qwen3-30B-A3B-shaped layer (128 experts, top-8, d 2048, f 768) and a gpt-oss-20b-shaped one
     (32 experts, top-4, d = f = 2880) at 1, 4, 16 and 64 tokens; and transformers' eager expert
@@ -16,7 +17,6 @@ Columns: ms; GB/s: the active experts' bytes in the format (values, scales; an e
 when a token chose it) over the time; %bw: of the read bandwidth of the same rounds; tok/s;
 x torch (layer): torch's time over ours; x bf16: bfloat16 weights' time over the format's.
 --quick: a quarter of the experts (top-k kept), two rounds; --smoke: 1/16 of the widths, one round.
-Each format is checked first against moe_block / ragged_dot on its dequantized weights.
 """
 from __future__ import annotations
 
@@ -27,27 +27,23 @@ import common as C
 import moe_baselines as MB
 import raggeddot
 from raggeddot import quant, runtime
-from raggeddot._timing import interleaved, summary
 
 LAYERS = {"qwen3-30b-a3b": dict(E=128, top_k=8, d=2048, f=768), "gpt-oss-20b": dict(E=32, top_k=4, d=2880, f=2880)}
 TOKENS = (1, 4, 16, 64)
 ROWS = (1, 2, 4, 8)
-_TILE = dict(channelwise_axes=(0, 2), tiled_axes={1: 32})
+A8 = {"activation_qtype": "int8"}
 
 
 def formats(w: np.ndarray) -> dict:
     """{format: (weights as the format holds them, prepacked, moe_block options)} of float32
     weights w (bfloat16: held as w, rounded where read)."""
-    q8 = quant.quantize(w, "int8", channelwise_axes=(0, 2))
-    q4 = quant.quantize(w, "int4", **_TILE)
-    mx = quant.quantize(w, "mxfp4", **_TILE)
+    tile = dict(channelwise_axes=(0, 2), tiled_axes={1: 32})
+    q = {"int8": quant.quantize(w, "int8", channelwise_axes=(0, 2)), "int4": quant.quantize(w, "int4", **tile),
+         "mxfp4": quant.quantize(w, "mxfp4", **tile)}
     return {"bfloat16": (w, raggeddot.prepack(w.astype(ml_dtypes.bfloat16)), {}),
-            "int8": (q8, raggeddot.prepack(q8), {}),
-            "int4": (q4, raggeddot.prepack(q4), {}),
-            "mxfp4": (mx, raggeddot.prepack(mx), {}),
-            "w8a8": (q8, raggeddot.prepack(q8, lhs_dtype=np.int8), {"activation_qtype": "int8"}),
-            "w4a8 int4": (q4, raggeddot.prepack(q4, lhs_dtype=np.int8), {"activation_qtype": "int8"}),
-            "w4a8 mxfp4": (mx, raggeddot.prepack(mx, lhs_dtype=np.int8), {"activation_qtype": "int8"})}
+            **{k: (v, raggeddot.prepack(v), {}) for k, v in q.items()},
+            **{name: (q[k], raggeddot.prepack(q[k], lhs_dtype=np.int8), A8)
+               for name, k in (("w8a8", "int8"), ("w4a8 int4", "int4"), ("w4a8 mxfp4", "mxfp4"))}}
 
 
 def values(w, e=None) -> np.ndarray:
@@ -55,8 +51,7 @@ def values(w, e=None) -> np.ndarray:
     if isinstance(w, quant.QArray):
         return quant.dequantize(w if e is None else w[e:e + 1])[0 if e is not None else slice(None)] \
             .astype(np.float64)
-    x = w if e is None else w[e]
-    return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return (w if e is None else w[e]).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
 def nbytes(w) -> float:
@@ -87,10 +82,17 @@ def timed(fns: dict, rounds: int, threads: int) -> tuple[dict, float]:
     """Medians of fns in interleaved rounds, and the median of the read bandwidth probes run as
     one more variant of the same rounds."""
     bw = []
-    fns = dict(fns, __bw=lambda: bw.append(runtime.read_bandwidth(threads, 256, 0.1)))
-    quiet = dict(warmup=1, pause_s=0.2) if rounds > 1 else dict(warmup=0)   # (torch's spinning threads)
-    times = interleaved(fns, rounds=rounds, **quiet)
-    return {k: summary(v)["median"] for k, v in times.items() if k != "__bw"}, float(np.median(bw))
+    t = C.medians(dict(fns, __bw=lambda: bw.append(runtime.read_bandwidth(threads, 256, 0.1))), rounds, warmup=1)
+    del t["__bw"]
+    return t, float(np.median(bw))
+
+
+def figures(t: dict, bw: float, held) -> list:
+    """A row a format of medians ``t``: ms, GB/s of its held(format) bytes, %bw of the read
+    bandwidth ``bw`` of the same rounds, x bf16."""
+    gbs = {k: held(k) / s / 1e9 for k, s in t.items()}
+    return [dict(format=k, ms=1e3 * s, gbs=gbs[k], pct_bw=100 * gbs[k] / bw, read_gbs=bw, x_bf16=t["bfloat16"] / s)
+            for k, s in t.items()]
 
 
 def layer_table(name, shape, args, torch, rng, threads) -> list:
@@ -112,23 +114,17 @@ def layer_table(name, shape, args, torch, rng, threads) -> list:
         for k, ws in fm.items():
             fns[k] = (lambda ws=ws: raggeddot.moe_block(xb, router, *(v[1] for v in ws), top_k=top_k, **ws[0][2]))
             if T == TOKENS[0]:      # checked once, on one token
-                ref = layer_ref(xb[:1].astype(np.float32), router, top_k, [v[0] for v in ws])
-                got = fns[k]()[:1].astype(np.float64)
-                err = float(np.abs(got - ref).max() / max(1e-30, np.abs(ref).max()))
-                if not err <= 5e-2:
-                    raise SystemExit(f"decode {name} {k}: relative error {err:.2e} > 5e-2")
+                C.require_close(f"decode {name} {k}", fns[k]()[:1].astype(np.float64),
+                                layer_ref(xb[:1].astype(np.float32), router, top_k, [v[0] for v in ws]))
         if torch is not None:
             i32 = {"x": x, "router_weights": router, "ct": x, "options": {"top_k": top_k},
                    "w0": w[0], "w1": w[1], "wo": w[2]}
             fns["torch bf16 loop"] = MB.torch_fn(torch, i32, False, "bfloat16")
         t, bw = timed(fns, args.repeat, threads)
-        for k, s in t.items():
-            fmt_ = "bfloat16" if k.startswith("torch") else k
-            held = sum(nbytes(v[0]) for v in fm[fmt_]) * len(active)
-            gbs = held / s / 1e9
-            rows.append(dict(layer=name, tokens=T, active=len(active), format=k, ms=1e3 * s, gbs=gbs,
-                             pct_bw=100 * gbs / bw, read_gbs=bw, tok_s=T / s,
-                             x_torch=t.get("torch bf16 loop", np.nan) / s, x_bf16=t["bfloat16"] / s))
+        held = {k: sum(nbytes(v[0]) for v in ws) * len(active) for k, ws in fm.items()}   # (torch: bfloat16)
+        rows += [dict(r, layer=name, tokens=T, active=len(active), tok_s=T / t[r["format"]],
+                      x_torch=t.get("torch bf16 loop", np.nan) / t[r["format"]])
+                 for r in figures(t, bw, lambda k: held["bfloat16" if k.startswith("torch") else k])]
     return rows
 
 
@@ -146,20 +142,13 @@ def rows_table(args, rng, threads) -> list:
             xl = x.astype(ml_dtypes.bfloat16 if lhs == "bfloat16" else np.float32)
             fns = {}
             for name, (plain, packed, kw) in fm.items():
-                q8 = bool(kw)
                 # int8 activations quantized per row by the kernels while they pack them
-                fn = (lambda p=packed, q=q8: raggeddot.ragged_dot(
+                fns[name] = (lambda p=packed, q=bool(kw): raggeddot.ragged_dot(
                     raggeddot.AsQArray(xl, "int8", channelwise_axes=(0,)) if q else xl, p, gs))
-                ref = raggeddot.ragged_dot(xl.astype(np.float32), dense[name], gs)
-                err = float(np.abs(np.asarray(fn(), np.float32) - ref).max() / np.abs(ref).max())
-                if not err <= 5e-2:
-                    raise SystemExit(f"decode rows {name}: relative error {err:.2e} > 5e-2")
-                fns[name] = fn
-            t, bw = timed(fns, args.repeat, threads)
-            for name, s in t.items():
-                gbs = nbytes(fm[name][0]) * g / s / 1e9
-                out.append(dict(lhs=lhs, rows=r, format=name, ms=1e3 * s, gbs=gbs, pct_bw=100 * gbs / bw,
-                                read_gbs=bw, x_bf16=t["bfloat16"] / s))
+                C.require_close(f"decode rows {name}", np.asarray(fns[name](), np.float32),
+                                raggeddot.ragged_dot(xl.astype(np.float32), dense[name], gs))
+            out += [dict(row, lhs=lhs, rows=r) for row in figures(*timed(fns, args.repeat, threads),
+                                                                   lambda name: nbytes(fm[name][0]) * g)]
     return out
 
 
@@ -171,10 +160,7 @@ def run_decode(args, ctx) -> dict:
     except ImportError:
         torch = None
         print("torch not importable: no torch column")
-    if args.quick and not args.smoke:
-        args.repeat = min(args.repeat, 3)
-    if args.smoke:
-        args.repeat = 1
+    args.repeat = 1 if args.smoke else min(args.repeat, 3) if args.quick else args.repeat
     layers = [r for name, shape in LAYERS.items() for r in layer_table(name, shape, args, torch, rng, threads)]
     print(C.format_table(["layer", "tokens", "experts", "format", "ms", "GB/s", "%bw", "tok/s", "x torch", "x bf16"],
                          [[r["layer"], r["tokens"], r["active"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]),

@@ -2,29 +2,26 @@
 """Benchmark expert parallelism: one MoE layer (raggeddot.distributed.moe_block, forward) on P
 MPI ranks.
 
-    mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T]
-        [--dtype float32|float64] [--runs N] [--threads N] [--bandwidth GBIT,...] [--latency-us A]
-        [--json PATH] [--smoke]
+    mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T] [--smoke] ...
     python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec for each P
 
-The MoE specs of raggeddot.specs ("deepseek" = "deepseek-v3") at T tokens in all (default
-4096) split evenly over the ranks; rank r holds experts [r E/P, (r+1) E/P); --smoke: T = 64,
-d = 64, f = 32, two runs. Every rank first checks the layer against single-process moe_block
-on the first tokens of every rank (all experts): bitwise equal. Per rank, after a warm-up
-call, medians over --runs calls (a barrier before each) of: route (router, scores, top-k),
-dispatch (sort by expert, gather of the rows), exchange (the two ragged all-to-alls of rows,
-waiting for the slowest rank included), experts (the held experts' grouped matmuls), combine
-(weighted combine, shared experts), other (argument checks, the count allgather), and the
-bytes of rows sent to other ranks; tokens/s = T / the slowest rank's median layer time.
+An MoE spec of raggeddot.specs ("deepseek" = "deepseek-v3") at T tokens in all, split evenly
+over the ranks; rank r holds experts [r E/P, (r+1) E/P). Every rank first checks the layer
+against single-process moe_block on the first tokens of every rank (all experts): bitwise
+equal. Per rank, after a warm-up call, medians over --runs calls (a barrier before each) of:
+route (router, scores, top-k), dispatch (sort by expert, gather of the rows), exchange (the two
+ragged all-to-alls of rows, waiting for the slowest rank included), experts (the held experts'
+grouped matmuls), combine (weighted combine, shared experts), other (argument checks, the
+count allgather), and the bytes of rows sent to other ranks; tokens/s = T / the slowest rank's
+median layer time.
 
-Model: a rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank each
-way, all sending at once through a non-blocking switch) and latency a per collective (4: the
-argument agreement, the counts, rows out, rows back), compute and transfer not overlapped:
-t(P, B) = c(P) + V(P) / B + 4 a, c(P) the measured compute time (route + dispatch + experts +
-combine) and V(P) the bytes sent, of the slowest rank (balanced routing: V(P) = 2 (T / P) k d s
-(P - 1) / P, k experts a token, s bytes a value); throughput T / t(P, B). With --ranks also
-with c(P) = c(1) / P (each rank on cores of its own), since ranks sharing one machine's cores
-(P = 4 on 2 cores) inflate the measured c(P).
+Model: a rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank each way,
+through a non-blocking switch) and latency a per collective (4: the argument agreement, the
+counts, rows out, rows back), compute and transfer not overlapped: t(P, B) = c(P) + V(P) / B +
+4 a, c(P) the compute time (route + dispatch + experts + combine) and V(P) the bytes sent, of
+the slowest rank (balanced routing: V(P) = 2 (T / P) k d s (P - 1) / P, k experts a token, s
+bytes a value); throughput T / t(P, B). With --ranks also with c(P) = c(1) / P (each rank on
+cores of its own), since ranks sharing one machine's cores inflate the measured c(P).
 """
 from __future__ import annotations
 
@@ -102,10 +99,10 @@ def step_clock(comm):
                 acc[step] += time.perf_counter() - t0
         return call
 
-    for module, name, step in ((moe.route, "forward", "route"), (moe.dispatch, "forward", "dispatch"),
-                               (moe.experts, "forward", "experts"), (moe.combine, "forward", "combine"),
-                               (moe.shared, "forward", "combine"), (moe, "move", "exchange")):
-        setattr(module, name, timed(getattr(module, name), step))
+    for module, step in ((moe.route, "route"), (moe.dispatch, "dispatch"), (moe.experts, "experts"),
+                         (moe.combine, "combine"), (moe.shared, "combine")):
+        module.forward = timed(module.forward, step)
+    moe.move = timed(moe.move, "exchange")
     return acc, sent
 
 
@@ -127,10 +124,8 @@ def run_ranks(args):
     # check: bitwise equal to single-process moe_block on every rank's first tokens
     Tr, n = T // P, min(CHECK_TOKENS, T // P)
     arrays, kw, (layer, options) = local_share(args, comm, T, first=n)
-    got = dist.moe_block(*arrays, comm=comm, **kw)
-    x = layer[0]
-    firsts = np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)])
-    want = raggeddot.moe_block(firsts, *layer[1:], **options)
+    got, x = dist.moe_block(*arrays, comm=comm, **kw), layer[0]
+    want = raggeddot.moe_block(np.concatenate([x[p * Tr:p * Tr + n] for p in range(P)]), *layer[1:], **options)
     if not all(comm.allgather(np.array_equal(got, want[r * n:(r + 1) * n]))):
         raise SystemExit("check FAILED: the distributed layer differs from single-process moe_block")
     arrays, kw, _ = local_share(args, comm, T)
@@ -145,8 +140,7 @@ def run_ranks(args):
         for step, value in [(s, acc[s]) for s in STEPS[:-1]] + [("other", total - sum(acc.values())),
                                                                ("total_s", total), ("bytes", sent[0])]:
             samples[step].append(value)
-    mine = {"rank": r, **{s: summary(v)["median"] for s, v in samples.items()}}
-    per_rank = comm.gather(mine, root=0)
+    per_rank = comm.gather({"rank": r, **{s: summary(v)["median"] for s, v in samples.items()}}, root=0)
     if r != 0:
         return None
     slowest = max(p["total_s"] for p in per_rank)
@@ -155,11 +149,6 @@ def run_ranks(args):
             "dtype": args.dtype, "threads_per_rank": threads, "runs": runs, "per_rank": per_rank,
             "layer_s": slowest, "tokens_per_s": T / slowest, "compute_s": compute,
             "bytes_max": max(p["bytes"] for p in per_rank), "machine": C.machine_info()}
-
-
-def predict(compute_s, bytes_sent, bandwidth_gbit, latency_us):
-    """The model of the module docstring: seconds per layer call."""
-    return compute_s + bytes_sent / (bandwidth_gbit * 1e9 / 8) + 4 * latency_us * 1e-6
 
 
 def report(res, args, c1=None):
@@ -171,9 +160,9 @@ def report(res, args, c1=None):
     out.append(C.format_table(["rank", *(f"{s} ms" for s in STEPS), "layer ms", "sent MB"], rows))
     out.append(f"tokens/s {res['tokens_per_s']:.0f}   (layer {1e3 * res['layer_s']:.2f} ms on the slowest "
                f"rank; compute c(P) {1e3 * res['compute_s']:.2f} ms, V(P) {res['bytes_max'] / 1e6:.2f} MB)")
-    cs = [res["compute_s"]] + ([c1 / res["P"]] if c1 else [])
-    model = [[f"{b:g}", *(f"{res['T'] / predict(c, res['bytes_max'], b, args.latency_us):.0f}" for c in cs)]
-             for b in (float(b) for b in args.bandwidth.split(","))]
+    cs = [res["compute_s"]] + ([c1 / res["P"]] if c1 else [])   # the model of the module docstring:
+    model = [[f"{b:g}", *(f"{res['T'] / (c + res['bytes_max'] / (b * 1e9 / 8) + 4 * args.latency_us * 1e-6):.0f}"
+                          for c in cs)] for b in (float(b) for b in args.bandwidth.split(","))]
     heads = ["Gbit/s", "model tokens/s, measured c(P)"] + (["model tokens/s, c(1)/P"] if c1 else [])
     out.append(C.format_table(heads, model))
     return "\n".join(out)
@@ -191,12 +180,11 @@ def launch(args, argv):
     for P in (int(p) for p in args.ranks.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "result.json")
-            cmd = [exe, "-n", str(P), sys.executable, os.path.abspath(__file__), *forward, "--json", path]
-            subprocess.run(cmd, check=True, env=env)
+            subprocess.run([exe, "-n", str(P), sys.executable, os.path.abspath(__file__), *forward, "--json", path],
+                           check=True, env=env)
             with open(path) as f:
-                res = json.load(f)
-        c1 = res["compute_s"] if P == 1 else c1
-        results.append(res)
+                results.append(json.load(f))
+        c1 = results[-1]["compute_s"] if P == 1 else c1
     print("\n" + "\n\n".join(report(res, args, c1) for res in results))
     if args.json:
         C.write_json(args.json, results)

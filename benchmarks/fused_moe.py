@@ -1,14 +1,12 @@
 """moe_block with its experts' fused passes (the gate and up products in one pass with the
-activation in their epilogue, the dispatch read while packing, the combine in the down
-product's epilogue, the backward's d_a product with the activation's gradient in its epilogue;
-with int8 weights and activation_qtype="int8", the gate and up products' one pass over rows the
-kernels quantize once) against the same layer run as separate passes and against torch's expert loop (transformers'
-eager loop, benchmarks/moe_baselines.py; forward, and forward+backward by autograd) in the same
-dtype, in interleaved rounds (medians), each with its share of the peak of the instruction that
-serves the dtype's products here (AMX tiles, vdpbf16ps or BFMMLA for bfloat16 where served, else
-the FMA; benchmarks/common.py's NATIVE, measured at raggeddot's threads), and
-the peak extra memory (RSS) of the forward, each in a process of its own. The fused and
-separate passes give the same bits (checked first).
+activation in their epilogue, the dispatch read while packing, the combine in the down product's
+epilogue, the backward's d_a product with the activation's gradient in its epilogue; int8 weights
+with activation_qtype="int8": the gate and up products in one pass over rows quantized once)
+against the same layer as separate passes (the same bits: checked first) and torch's expert loop
+(transformers' eager loop, moe_baselines.py; forward, and forward+backward by autograd), in
+interleaved rounds (medians), each with its share of the peak of the instruction serving the
+dtype's products here (common.serving, else the FMA; at raggeddot's threads), and the peak extra
+memory (RSS) of the float32 forward, each in a process of its own.
 
     python benchmarks/fused_moe.py [--T 2048 --d 2048 --f 768 --E 32 --top-k 4] [--rounds 7]
 """
@@ -20,6 +18,7 @@ import sys
 import numpy as np
 
 import raggeddot
+from raggeddot import runtime
 from raggeddot._moe import experts
 from raggeddot._timing import interleaved, summary
 
@@ -33,10 +32,9 @@ def layer(args, dtype):
     # the router in the layer's dtype too (a float32 one would make the whole layer float32,
     # the experts' products then on the widening FMA path, not the 16-bit kernels)
     router = (rng.standard_normal((args.d, args.E), dtype=np.float32) * np.float32(0.1)).astype(dtype)
-    shapes = ((args.E, args.d, args.f), (args.E, args.d, args.f), (args.E, args.f, args.d))
     ws = []
-    for s in shapes:      # no temporary as large as a weight (the peak measure starts after them)
-        w = rng.standard_normal(s, dtype=np.float32)
+    for s in ((args.E, args.d, args.f), (args.E, args.d, args.f), (args.E, args.f, args.d)):
+        w = rng.standard_normal(s, dtype=np.float32)  # no temporary as large as a weight (for the peak)
         w *= np.float32(s[1] ** -0.5)
         ws.append(w.astype(dtype, copy=False))
     return x, router, ws, rng.standard_normal((args.T, args.d), dtype=np.float32)
@@ -52,6 +50,11 @@ def separate(fn):
         finally:
             experts._fused = real
     return run
+
+
+def same_bits(fn, what: str = ""):
+    if not np.array_equal(np.asarray(fn()).view(np.uint8), np.asarray(separate(fn)()).view(np.uint8)):
+        raise SystemExit(f"{what}the fused and separate passes disagree")
 
 
 def torch_loop(args, x, router, ws, ct, dtype):
@@ -73,25 +76,45 @@ def torch_loop(args, x, router, ws, ct, dtype):
 
 def serving_peak(dtype: str) -> tuple[str, float]:
     """(instruction, GFLOP/s at raggeddot's threads) of the instruction that serves ``dtype``'s
-    products here (common.NATIVE: AMX tiles, vdpbf16ps, BFMMLA for bfloat16 where the family
-    serving them has it), else the float32 FMA's (the widening path)."""
-    from raggeddot import runtime
-    family = runtime.build_info()["products"].get(dtype, {}).get("kernel") if dtype != "float32" else None
-    insn, probes = C.NATIVE.get(dtype, {}).get(family, ("", ()))
-    for isa in probes:
-        gflops = runtime.peak_gflops(isa)
-        if gflops:
-            return insn, gflops
-    return "FMA", max(runtime.peak_gflops(isa) or 0.0 for isa in ("avx512", "avx2", "neon"))
+    products here (common.serving), else the float32 FMA's (the widening path)."""
+    insn, probes = C.serving(dtype)
+    gflops = next((g for g in map(runtime.peak_gflops, probes) if g), None)
+    return (insn, gflops) if gflops else ("FMA", max(runtime.peak_gflops(i) or 0.0 for i in ("avx512", "avx2", "neon")))
+
+
+def compare(title: str, fns: dict, args, peak: float) -> None:
+    """fns ("<step> fused", "<step> separate", "<step> torch"; step fwd or fwd+bwd) timed in
+    interleaved rounds, a line a step: medians, % of ``peak``, time over the fused one's."""
+    times = interleaved(fns, rounds=args.rounds, warmup=1, pause_s=0.1)
+    med = {n: summary(ts)["median"] for n, ts in times.items()}
+    flops = 3 * 2 * args.T * args.top_k * args.d * args.f      # the forward's (the step's: 3x)
+    print(title)
+    for step in dict.fromkeys(n.split()[0] for n in med):
+        parts, fused = [], med[f"{step} fused"]
+        for how in ("fused", "separate", "torch"):
+            t = med.get(f"{step} {how}")
+            if t is not None:
+                pct = 100 * flops * (3 if step == "fwd+bwd" else 1) / t / 1e9 / peak
+                parts.append(f"{how} {1e3 * t:.1f} ms ({pct:.0f}%" + (" of peak)" if how == "fused" else
+                                                                      f"): {t / fused:.3f}x"))
+        print(f"  {'forward' if step == 'fwd' else 'forward+backward'}: " + ", ".join(parts))
 
 
 def timings(args):
+    """float32 and bfloat16 layers: forward and forward+backward; then, where the int8 products
+    run on int8 instructions, the float32 layer with int8 weights (a scale per expert and column)
+    and activation_qtype="int8" (the rows quantized by the kernels once for the gate and up
+    products), forward only."""
     import ml_dtypes
-    for dtype in (np.float32, ml_dtypes.bfloat16):
-        name = np.dtype(dtype).name
+    cases = [(np.float32, "float32"), (ml_dtypes.bfloat16, "bfloat16")]
+    if runtime.build_info()["products"]["int8"]["compute"].startswith("int8-"):
+        cases.append((np.float32, "int8"))
+    for dtype, name in cases:
         insn, peak = serving_peak(name)
         x, router, ws, ct = layer(args, dtype)
         kw = dict(top_k=args.top_k, norm_topk_prob=True)
+        if name == "int8":
+            ws, kw["activation_qtype"] = [raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in ws], "int8"
 
         def fwd():
             return raggeddot.moe_block(x, router, *ws, **kw)
@@ -100,62 +123,17 @@ def timings(args):
             out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, **kw)
             return vjp_fn(ct.astype(out.dtype))
 
-        a, b = np.asarray(fwd()), np.asarray(separate(fwd)())
-        if not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
-            raise SystemExit("the fused and separate passes disagree")
+        same_bits(fwd, "w8a8: " if name == "int8" else "")
+        if name == "int8":
+            compare(f"w8a8 int8 weights x int8 rows ({insn} peak {peak:.0f} GOP/s at these threads):",
+                    {"fwd fused": fwd, "fwd separate": separate(fwd)}, args, peak)
+            continue
         fns = {"fwd fused": fwd, "fwd separate": separate(fwd), "fwd+bwd fused": step,
                "fwd+bwd separate": separate(step)}
         loop = torch_loop(args, x, router, ws, ct, dtype)
         if loop is not None:
             fns.update({"fwd torch": loop[0], "fwd+bwd torch": loop[1]})
-        times = interleaved(fns, rounds=args.rounds, warmup=1, pause_s=0.1)
-        med = {n: summary(ts)["median"] for n, ts in times.items()}
-        flops = 3 * 2 * args.T * args.top_k * args.d * args.f      # the forward's (the step's: 3x)
-
-        def pct(n):
-            return 100 * flops * (3 if n.startswith("fwd+bwd") else 1) / med[n] / 1e9 / peak
-
-        print(f"{name} ({insn} peak {peak:.0f} GFLOP/s at these threads):")
-        for step_name in ("fwd", "fwd+bwd"):
-            fused = med[f"{step_name} fused"]
-            parts = [f"fused {1e3 * fused:.1f} ms ({pct(step_name + ' fused'):.0f}% of peak)",
-                     f"separate {1e3 * med[step_name + ' separate']:.1f} ms "
-                     f"({pct(step_name + ' separate'):.0f}%): {med[step_name + ' separate'] / fused:.3f}x"]
-            if loop is not None:
-                parts.append(f"torch {1e3 * med[step_name + ' torch']:.1f} ms ({pct(step_name + ' torch'):.0f}%): "
-                             f"{med[step_name + ' torch'] / fused:.3f}x")
-            print(f"  {'forward' if step_name == 'fwd' else 'forward+backward'}: " + ", ".join(parts))
-
-
-def w8a8_timings(args):
-    """The float32 layer with int8 weights (a scale per expert and column) and
-    activation_qtype="int8": the gate and up products one pass (the rows quantized by the
-    kernels once for both) against the separate products, forward only, % of the int8
-    instruction's peak."""
-    insn, peak = serving_peak("int8")
-    x, router, ws, _ = layer(args, np.float32)
-    qs = [raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in ws]
-    kw = dict(top_k=args.top_k, norm_topk_prob=True, activation_qtype="int8")
-
-    def fwd():
-        return raggeddot.moe_block(x, router, *qs, **kw)
-
-    if not np.array_equal(np.asarray(fwd()).view(np.uint8), np.asarray(separate(fwd)()).view(np.uint8)):
-        raise SystemExit("w8a8: the fused and separate passes disagree")
-    times = interleaved({"fused": fwd, "separate": separate(fwd)}, rounds=args.rounds, warmup=1, pause_s=0.1)
-    med = {n: summary(ts)["median"] for n, ts in times.items()}
-    flops = 3 * 2 * args.T * args.top_k * args.d * args.f
-    pct = {n: 100 * flops / t / 1e9 / peak for n, t in med.items()}
-    print(f"w8a8 int8 weights x int8 rows ({insn} peak {peak:.0f} GOP/s at these threads):")
-    print(f"  forward: fused {1e3 * med['fused']:.1f} ms ({pct['fused']:.0f}% of peak), separate "
-          f"{1e3 * med['separate']:.1f} ms ({pct['separate']:.0f}%): {med['separate'] / med['fused']:.3f}x")
-
-
-def high_water_kib():
-    """This process's peak RSS (VmHWM: its own memory's, where getrusage's maxrss also counts
-    a parent's from before the exec)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        compare(f"{name} ({insn} peak {peak:.0f} GFLOP/s at these threads):", fns, args, peak)
 
 
 def peak(args, fused):
@@ -163,9 +141,9 @@ def peak(args, fused):
     raggeddot.set_buffer_cache(0)
     x, router, ws, _ = layer(args, np.float32)
     fwd = lambda: raggeddot.moe_block(x, router, *ws, top_k=args.top_k, norm_topk_prob=True)  # noqa: E731
-    base = high_water_kib()
+    base = C.vm("VmHWM")
     (fwd if fused else separate(fwd))()
-    return (high_water_kib() - base) / 1024
+    return (C.vm("VmHWM") - base) / 2 ** 20
 
 
 def main():
@@ -175,18 +153,12 @@ def main():
     p.add_argument("--peak", choices=("fused", "separate"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.peak:
-        print(peak(args, args.peak == "fused"))
-        return
-    print(f"T={args.T} d={args.d} f={args.f} E={args.E} top-{args.top_k}, "
-          f"{raggeddot.get_num_threads()} threads")
+        return print(peak(args, args.peak == "fused"))
+    print(f"T={args.T} d={args.d} f={args.f} E={args.E} top-{args.top_k}, {raggeddot.get_num_threads()} threads")
     timings(args)
-    if raggeddot.runtime.build_info()["products"]["int8"]["compute"].startswith("int8-"):
-        w8a8_timings(args)
-    mib = {}
-    for how in ("fused", "separate"):
-        cmd = [sys.executable, __file__, "--peak", how] + [f"--{k}={getattr(args, k.replace('-', '_'))}"
-                                                           for k in ("T", "d", "f", "E", "top-k")]
-        mib[how] = float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    mib = {how: float(subprocess.run([sys.executable, __file__, "--peak", how] + [
+        f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("T", "d", "f", "E", "top-k")],
+        capture_output=True, text=True, check=True).stdout) for how in ("fused", "separate")}
     print(f"float32 forward peak extra memory: {mib['fused']:.0f} MiB fused, {mib['separate']:.0f} MiB "
           f"separate ({mib['fused'] / mib['separate']:.2f}x)")
 

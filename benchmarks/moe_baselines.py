@@ -1,13 +1,9 @@
-"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark: from the
-inputs of an MoE spec (raggeddot.specs.make_inputs), ``{"out": ...}`` or, with the backward,
-the output and the gradients named as moe_block_vjp names them.
-
-- numpy: argsort routing, a stable argsort of the assignments by expert, a gather, one
-  np.matmul per expert and projection, the activation, a weighted combine; its backward the
-  same per-expert loops. The oracle of the timed runs (itself checked against
-  raggeddot.reference).
-- torch: transformers' eager expert loop (Mixtral's, Qwen3-MoE's) with a float32 router, the
-  experts in the spec's dtype; backward by autograd.
+"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark, from the
+inputs of an MoE spec: ``{"out": ...}``, with the backward also the gradients named as
+moe_block_vjp names them. numpy: argsort routing, a stable argsort of the assignments by
+expert, a gather, one np.matmul per expert and projection, the activation, a weighted combine;
+its backward the same per-expert loops (the oracle of the timed runs, itself checked against
+raggeddot.reference). torch: transformers' eager expert loop (torch_fn).
 """
 from __future__ import annotations
 

@@ -4,65 +4,62 @@ to gpt-oss-20b by its parameter counts.
 
     python benchmarks/mxfp4_load.py [--layers 2] [--experts 4] [--vocab 8192]
 
-A checkpoint in gpt-oss's names and layout (experts as ``*_blocks`` / ``*_scales``, the
-rest bfloat16, three safetensors shards) is written to a temporary directory; each recipe
-then runs in a fresh process, which reports VmHWM (its peak resident memory) over its
-memory after the imports and a first model of the same class built on the meta device:
-
-- "meta", the README's: ``with torch.device("meta"): from_config(...)``, then
-  ``raggeddot.torch.load_mxfp4_checkpoint(model, files)``;
-- "bf16", the recipe it replaces: ``from_config(..., dtype="bfloat16")`` (every expert
-  parameter allocated and initialised), then ``load_mxfp4_experts`` and ``load_state_dict``.
-
-The growth splits into H, the bytes the loaded model holds (its parameters and buffers,
-the MXFP4 experts as their PackedRhs hold them), counted after loading, and X, the rest
-(tensors in flight, allocator slack). For gpt-oss-20b, built on the meta device to count
-its parameters (nothing allocated), H is counted with the same bytes per weight, and X is
-scaled by the experts per layer (the largest tensor in flight is one expert weight's
-blocks, which grows with the expert count, not with the layer count). The "bf16" recipe's
-growth is scaled by the parameter count.
+A checkpoint in gpt-oss's layout (experts as ``*_blocks`` / ``*_scales``, the rest bfloat16,
+three safetensors shards) is written to a temporary directory; each recipe runs in a fresh
+process, which reports VmHWM (its peak resident memory) over its memory after the imports and
+a first model of the same class built on the meta device: "meta", the README's (``with
+torch.device("meta"): from_config(...)``, then ``raggeddot.torch.load_mxfp4_checkpoint``), and
+"bf16", the recipe it replaces (``from_config(..., dtype="bfloat16")``, every expert parameter
+allocated, then ``load_mxfp4_experts`` and ``load_state_dict``). The growth splits into H, the
+bytes the loaded model holds (parameters, buffers, the MXFP4 experts' PackedRhs), and X, the
+rest (tensors in flight, allocator slack). For gpt-oss-20b (counted on the meta device), H at
+the same bytes per weight and X scaled by the experts per layer (the largest tensor in flight
+is one expert weight's blocks); the "bf16" growth scaled by the parameter count.
 """
 import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import textwrap
+import time
 
 import numpy as np
+
+import common as C
 
 GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_local_experts=32,
                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088,
                    num_experts_per_tok=4, sliding_window=128, tie_word_embeddings=False,
                    max_position_embeddings=131072)
+EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
 
-RUN = textwrap.dedent('''
-    import json, sys, time, torch, transformers
+
+def model_of(config: dict, **kw):
+    """A gpt-oss of ``config`` (its layers alternately sliding and full attention) with
+    raggeddot's experts; ``kw``: from_config's (dtype)."""
+    import transformers
+    importlib.import_module("raggeddot.torch")  # registers the experts implementation
+    n = config["num_hidden_layers"]
+    cfg = transformers.GptOssConfig(**config, layer_types=(["sliding_attention", "full_attention"] * n)[:n])
+    return transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="raggeddot", **kw)
+
+
+def load(args: dict) -> None:
+    """The child process of a recipe: prints its memory figures as JSON."""
+    import torch
     import raggeddot.torch as rt
-
-    def vm(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    args = json.loads(sys.argv[1])
-    layers = ["sliding_attention", "full_attention"] * (args["config"]["num_hidden_layers"] // 2 + 1)
-    cfg = transformers.GptOssConfig(**args["config"], layer_types=layers[:args["config"]["num_hidden_layers"]])
-    tiny = transformers.GptOssConfig(**{**args["config"], "hidden_size": 64, "intermediate_size": 64,
-                                        "vocab_size": 64}, layer_types=cfg.layer_types)
     with torch.device("meta"):
-        transformers.AutoModelForCausalLM.from_config(tiny, experts_implementation="raggeddot")
-    base, start = vm("VmRSS"), time.perf_counter()
+        model_of({**args["config"], "hidden_size": 64, "intermediate_size": 64, "vocab_size": 64})
+    base, start = C.vm("VmRSS"), time.perf_counter()
     if args["recipe"] == "meta":
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(
-                cfg, experts_implementation="raggeddot", dtype=torch.bfloat16)
+            model = model_of(args["config"], dtype=torch.bfloat16)
         rt.load_mxfp4_checkpoint(model, args["files"])
     else:
         from safetensors import safe_open
-        model = transformers.AutoModelForCausalLM.from_config(
-            cfg, experts_implementation="raggeddot", dtype=torch.bfloat16)
-        tensors = {}
+        model, tensors = model_of(args["config"], dtype=torch.bfloat16), {}
         for f in args["files"]:
             with safe_open(f, "pt") as t:
                 tensors.update({k: t.get_tensor(k) for k in t.keys()})
@@ -70,47 +67,30 @@ RUN = textwrap.dedent('''
         model.load_state_dict({k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))},
                               strict=False)
         del tensors
-    seconds, peak = time.perf_counter() - start, vm("VmHWM")
+    seconds, peak = time.perf_counter() - start, C.vm("VmHWM")
     held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     mxfp4 = sum(p.nbytes for m in model.modules() for p in getattr(m, "_raggeddot_mxfp4", {}).values())
     print(json.dumps({"base": base, "peak": peak, "held": held + mxfp4, "mxfp4": mxfp4, "seconds": seconds}))
-''')
 
 
 def counts(config):
-    """(expert weights, other parameters and persistent buffers) of a gpt-oss of
-    ``config``, counted on the meta device."""
+    """(expert weights, other parameters) of a gpt-oss of ``config``, counted on the meta device."""
     import torch
-    import transformers
-    import raggeddot.torch  # noqa: F401  (registers the experts implementation)
-    layers = ["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2 + 1)
-    cfg = transformers.GptOssConfig(**config, layer_types=layers[:config["num_hidden_layers"]])
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="raggeddot")
-    experts = other = 0
-    for name, p in model.named_parameters():
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            experts += p.numel()
-        else:
-            other += p.numel()
-    return experts, other
+        model = model_of(config)
+    experts = sum(p.numel() for name, p in model.named_parameters() if name.endswith(EXPERTS))
+    return experts, sum(p.numel() for p in model.parameters()) - experts
 
 
 def checkpoint(config, directory):
     """A gpt-oss checkpoint of a random model of ``config`` in three shards."""
     import torch
-    import transformers
     from safetensors.torch import save_file
     import raggeddot
-    import raggeddot.torch  # noqa: F401
-    layers = ["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2 + 1)
-    cfg = transformers.GptOssConfig(**config, layer_types=layers[:config["num_hidden_layers"]])
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="raggeddot",
-                                                          dtype=torch.bfloat16)
-    tensors = {}
+    model, tensors = model_of(config, dtype=torch.bfloat16), {}
     for key, value in model.state_dict().items():
-        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        if key.endswith(EXPERTS):
             q = raggeddot.quantize(value.float().numpy().transpose(0, 2, 1), "mxfp4", channelwise_axes=(0, 1),
                                    tiled_axes={2: 32})
             codes = np.ascontiguousarray(q.qvalue.codes)
@@ -119,10 +99,10 @@ def checkpoint(config, directory):
         else:
             tensors[key] = value.contiguous()
     del model
-    keys, files = sorted(tensors), []
-    for i in range(3):
-        files.append(os.path.join(directory, f"model-{i + 1:05d}-of-00003.safetensors"))
-        save_file({k: tensors[k] for k in keys[i::3]}, files[-1])
+    keys = sorted(tensors)
+    files = [os.path.join(directory, f"model-{i + 1:05d}-of-00003.safetensors") for i in range(3)]
+    for i, path in enumerate(files):
+        save_file({k: tensors[k] for k in keys[i::3]}, path)
     return files
 
 
@@ -131,27 +111,26 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--load", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.load:
+        return load(json.loads(args.load))
     small = {**GPT_OSS_20B, "num_hidden_layers": args.layers, "num_local_experts": args.experts,
              "vocab_size": args.vocab, "num_experts_per_tok": min(4, args.experts)}
-    e20, o20 = counts(GPT_OSS_20B)
-    es, os_ = counts(small)
-    gib = 2 ** 30
+    (e20, o20), (es, os_), gib = counts(GPT_OSS_20B), counts(small), 2 ** 30
+    env = {**os.environ, "RAGGEDDOT_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as d:
         files = checkpoint(small, d)
-        runs = {}
-        env = {**os.environ, "RAGGEDDOT_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        for recipe in ("meta", "bf16"):
-            out = subprocess.run([sys.executable, "-c", RUN, json.dumps({"config": small, "files": files,
-                                                                        "recipe": recipe})],
-                                 capture_output=True, text=True, env=env, check=True)
-            runs[recipe] = json.loads(out.stdout.strip().splitlines()[-1])
+        runs = {recipe: json.loads(subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--load",
+             json.dumps({"config": small, "files": files, "recipe": recipe})],
+            capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1])
+            for recipe in ("meta", "bf16")}
     print(f"small gpt-oss: {args.layers} layers x {args.experts} experts, d = f = 2880, vocab {args.vocab}: "
           f"{es / 1e9:.3f} G expert weights ({2 * es / gib:.2f} GiB in bfloat16), {os_ / 1e9:.3f} G others")
     print(f"gpt-oss-20b (counted on the meta device): {e20 / 1e9:.2f} G expert weights "
           f"({2 * e20 / gib:.1f} GiB in bfloat16), {o20 / 1e9:.3f} G others ({2 * o20 / gib:.2f} GiB)")
-    m = runs["meta"]
-    bits = 8 * m["mxfp4"] / es                        # bytes a weight as held (panels and exponent copy)
+    bits = 8 * runs["meta"]["mxfp4"] / es          # bytes a weight as held (panels and exponent copy)
     for recipe, r in runs.items():
         grown, held = r["peak"] - r["base"], r["held"]
         rest = grown - held

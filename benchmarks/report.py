@@ -32,36 +32,36 @@ class Figures:
         return max(found) if found else (None, None)
 
     def ratio(self, a, b, key: str = "gflops"):
-        x, y = self.best(a, key)[0], self.best(b, key)[0]
-        return x / y if x and y else None
-
-    def pct(self, x, of):
-        return 100 * x / of if x and of else None
+        return _over(self.best(a, key)[0], self.best(b, key)[0])
 
     def peak(self, name: str, dtype: str | None = None):
         """% of the yardstick of ``dtype`` (default the record's) at raggeddot's threads: the FMA
         peak of the kernel's ISA (float64: half), for bfloat16 / float16 / int8 native_peaks'."""
         x, dtype, ctx = self.best(name)[0], dtype or self.rec["dtype"], self.ctx
-        t = str(ctx.get("rd_threads"))
         if x is None:
             return None
+        t = str(ctx.get("rd_threads"))
         if dtype in ("bfloat16", "float16", "int8"):
-            return self.pct(x, (ctx["native_peaks"][dtype]["gflops"] or {}).get(t))
+            return _over(x, (ctx["native_peaks"][dtype]["gflops"] or {}).get(t), 100)
         p = ctx["peaks"][ctx["peak_isa"]].get(t)
-        return self.pct(x, p / 2 if p and dtype == "float64" else p)
+        return _over(x, p / 2 if p and dtype == "float64" else p, 100)
 
     def bw(self, name: str):
         """% of the read bandwidth measured at start that the variant's weight bytes stream at."""
-        return self.pct(self.best(name, "weight_gbs")[0], self.ctx.get("read_gbs"))
+        return _over(self.best(name, "weight_gbs")[0], self.ctx.get("read_gbs"), 100)
 
     def mem(self):
         """raggeddot's peak extra memory over the NumPy layer's, both traced in this process."""
-        a, b = (self.sec.get(n, {}).get("peak_extra_bytes") for n in ("raggeddot", "numpy"))
-        return a / b if a and b else None
+        return _over(*(self.sec.get(n, {}).get("peak_extra_bytes") for n in ("raggeddot", "numpy")))
 
     def gathers(self):
         """% of raggeddot's forward time that its dispatch and combine (the ragged gathers) take."""
-        return self.pct(self.rec.get("gathers", {}).get("total_s"), self.best("raggeddot", "median_s")[0])
+        return _over(self.rec.get("gathers", {}).get("total_s"), self.best("raggeddot", "median_s")[0], 100)
+
+
+def _over(x, y, times: float = 1):
+    """times * x / y, None where either is missing (or zero)."""
+    return times * x / y if x and y else None
 
 
 #: per section, the baselines computing the same thing (every NumPy flavour, torch); "best":
@@ -211,8 +211,8 @@ def print_run(run: dict) -> None:
         print(f"  {t['status']:7s}  {t['target']:{w}s}  {t['figure']}")
 
 
-def load_targets(op: str, path: str = TARGETS) -> list[dict]:
-    with open(path, "rb") as f:
+def load_targets(op: str) -> list[dict]:
+    with open(TARGETS, "rb") as f:
         return tomllib.load(f).get(op, [])
 
 
@@ -224,12 +224,12 @@ def _status(t: dict, v) -> str:
     return "REPORT"
 
 
-def evaluate(op: str, records: list, scaling: dict | None, ctx: dict, path: str = TARGETS) -> list[dict]:
+def evaluate(op: str, records: list, scaling: dict | None, ctx: dict) -> list[dict]:
     """Each target of targets.toml as REACHED / MISSED / REPORT (no bound) / n/a with the
     measured figure."""
     out = []
     at = "" if ctx.get("rd_threads") == 2 else f" (at {ctx.get('rd_threads')} threads; targets are for 2)"
-    for t in load_targets(op, path):
+    for t in load_targets(op):
         metric, over = t["metric"], t.get("over", "worst")
         show = (lambda x: f"{x:.1f}%") if t.get("unit") == "%" else (lambda x: f"{x:.2f}x")  # noqa: E731
         if over == "scaling":

@@ -8,11 +8,11 @@
     python benchmarks/run.py lowp         # bfloat16 / int8 products against float32 and torch
     python benchmarks/run.py experts      # transformers' experts implementations in a model
     python benchmarks/run.py jax          # raggeddot.jax's custom calls against jax.lax
-(the last three: benchmarks/suites.py, their variants timed in interleaved rounds)
+    python benchmarks/run.py decode       # the few-token products of serving (benchmarks/decode.py)
+(the last four: benchmarks/suites.py, their variants timed in interleaved rounds)
 
 --quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
 those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
-The specs: raggeddot/specs.py.
 Every variant is checked first: max |out - ref| / max |ref| within 1e-4 float32, 1e-10
 float64, 1e-2 bfloat16, 2e-3 float16 of the oracle (raggeddot.reference; moe: the NumPy
 layer, itself checked against raggeddot.reference on 48 tokens; quant: the reference product
@@ -27,30 +27,29 @@ float32 on those values and their results are rounded for the check:
   rd-prepacked     ragged_dot(lhs, raggeddot.prepack(rhs), gs), rhs packed outside the timing
   rd-f32, rd-widen raggeddot float32 on a 16-bit case's values; raggeddot with the widening path
                    (float32 FMAs) forced where the dot kernels would run
-  rd-vdpbf16       raggeddot on the vdpbf16ps family named (where the CPU has it), whatever
-                   auto takes (AMX tiles, or the widening path where vdpbf16ps is the slower)
+  rd-vdpbf16       raggeddot on the vdpbf16ps family named (where the CPU has it), whatever auto takes
   np-dense         NumPy lhs @ rhs[0] on the same m, k, n: the dense roofline (2*m*k*n FLOPs)
   np-loop, numpy   NumPy float32, a matmul per group (moe: the layer, argsort + expert loop)
   NAME:skx         the NumPy variant in a process with OPENBLAS_CORETYPE=SkylakeX (avx512f CPUs,
                    where OpenBLAS may pick its AVX2 kernels, as on AMD Zen5; --coretype)
   torch-*          torch lhs @ rhs[0], a matmul per group, torch._grouped_mm; moe "torch":
-                   transformers' eager expert loop (Mixtral, Qwen3-MoE: the softmax specs) with a
-                   float32 router, the experts in the case's dtype, backward by autograd
+                   transformers' eager expert loop (the softmax specs), float32 router, the
+                   experts in the case's dtype, backward by autograd
   tgmm, -fresh     tgmm(lhs.T, ct, gs), raggeddot's result-buffer cache on / off (off: a call
                    pays the OS's zeroing of new pages, as NumPy does); forward: ragged_dot
-  quant modes      on the float32 specs: int8 (int8 x int8, a scale per row and per group
-                   column), int8-sub128 (scales per 128 along k), int8w / fp8w (float32 x int8 /
-                   float8_e4m3fn weights), -prepacked (weights prepacked outside the timing);
-                   rd-f32: raggeddot float32; torch-int8: torch._int_mm per group
+  quant modes      int8 (int8 x int8, a scale per row and per group column), int8-sub128 (scales
+                   per 128 along k), int8w / fp8w (float32 x int8 / float8_e4m3fn weights),
+                   -prepacked (weights prepacked outside the timing); rd-f32: raggeddot float32;
+                   torch-int8: torch._int_mm per group
 Figures: best, best_is: the fastest baseline; rd/X: raggeddot's GFLOP/s over X's (moe: X's time
-over raggeddot's); %peak: of the FMA peak of the kernel's ISA at raggeddot's threads measured at
-start (float64: half; bfloat16 and int8 (%vnni): the peak of the instruction of the family that
-serves them, build_info()['products']: TDPBF16PS / TDPBUSD (AMX), vdpbf16ps, vpdpbusd);
-GB/s (memory-bound specs: <= 32 rows a group): the weight bytes of the groups with rows (in the
-variant's storage, scales included) a second, %bw: of runtime.read_bandwidth() measured at
-start. moe FLOPs: 3 products of 2*T*top_k*d*f, the router, the shared expert (backward: 3x).
-ragged_dot also times raggeddot at 1..ncpu threads on one spec (results bitwise identical).
-Targets: targets.toml. Output: tables, <out>/bench_<benchmark>.json.
+over raggeddot's); %peak: of the peak measured at start at raggeddot's threads: the FMA of the
+kernel's ISA (float64: half), for bfloat16 and int8 (%vnni) the instruction serving them
+(TDPBF16PS / TDPBUSD (AMX), vdpbf16ps, vpdpbusd); GB/s (memory-bound specs: <= 32 rows a
+group): the weight bytes of the groups with rows (in the variant's storage, scales included) a
+second, %bw: of runtime.read_bandwidth() measured at start. moe FLOPs: 3 products of
+2*T*top_k*d*f, the router, the shared expert (backward: 3x). ragged_dot also times raggeddot at
+1..ncpu threads on one spec (results bitwise identical). Targets: targets.toml. Output: tables,
+<out>/bench_<benchmark>.json.
 """
 from __future__ import annotations
 
@@ -82,6 +81,10 @@ TAGS_USED = ("quick",)
 #: raggeddot's own variants: one that fails its check makes the run fail
 OURS = ("raggeddot", "tgmm", "tgmm-fresh", "forward", "rd-f32", "rd-prepacked", "rd-widen", "rd-vdpbf16",
         *V.QUANT_MODES, *(f"{mode}-prepacked" for mode in V.QUANT_PREPACKED))
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def parse_args(argv=None):
@@ -122,10 +125,9 @@ def timing_options(args) -> dict:
     call over slow_s: no warm-up, maybe 1 run; over single_s: the checking call is the sample."""
     if args.smoke:
         return dict(target_s=0.0, min_runs=1, max_runs=1, warmup=0, slow_s=1.0, single_s=2.5)
-    quick = args.quick
-    return dict(target_s=args.target_time if args.target_time is not None else (0.2 if quick else 0.75),
-                min_runs=3, max_runs=50 if quick else 200, warmup=0 if quick else 1,
-                slow_s=1.0 if quick else 3.0, single_s=2.5 if quick else 8.0)
+    q = args.quick
+    return dict(target_s=args.target_time if args.target_time is not None else (0.2 if q else 0.75), min_runs=3,
+                max_runs=50 if q else 200, warmup=0 if q else 1, slow_s=1.0 if q else 3.0, single_s=2.5 if q else 8.0)
 
 
 def timed(fn, first_s: float, opts: dict, threads: int | None = None) -> dict:
@@ -181,7 +183,7 @@ def resize(spec: specs.Spec, args) -> specs.Spec:
     return spec.resized(args.scale, **(spec.quick_shape if args.quick else {}))
 
 
-def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | None = None) -> dict:
+def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, bench: str | None = None) -> dict:
     spec, op = c.spec, c.spec.op
     rec = {"spec": spec.name, "op": op, "dtype": c.dtype.name, "shape": spec.shape, "tags": sorted(spec.tags),
            "flops": c.flops, "variants": {s: {} for s in V.SECTIONS[bench or op]}}
@@ -210,7 +212,7 @@ def run_case(c: V.Case, chosen: list, opts: dict, ctx: dict, log, bench: str | N
     return rec
 
 
-def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str, log) -> dict:
+def coretype_run(args, spec: specs.Spec, dtype: str, coretype: str) -> dict:
     """The NumPy variants of ``spec`` timed in a fresh process with OPENBLAS_CORETYPE set (it
     is read when OpenBLAS loads): {section: {name:<flavour>: record}}."""
     cmd = [sys.executable, os.path.abspath(__file__), spec.op, "--worker", "--spec", spec.name,
@@ -252,10 +254,6 @@ def run_scaling(name: str, dtype: str, args, opts, peaks: dict) -> dict:
     return res
 
 
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def select_variants(op: str, args) -> list:
     """The variants of ``op`` named by --variants (all when not given; raggeddot always;
     quant: rd-f32 always, and only the variants of the --quant modes)."""
@@ -273,7 +271,7 @@ def worker(args) -> int:
     chosen = [v for v in select_variants(spec.op, args) if v.numpy]
     c = V.prepare(resize(spec, args), dtype, args.seed, set().union(*(v.refs for v in chosen)))
     ctx = {"rd_threads": None, "blas_threads": C.numpy_blas_info()["num_threads"]}
-    rec = run_case(c, chosen, timing_options(args), ctx, log)
+    rec = run_case(c, chosen, timing_options(args), ctx)
     print(json.dumps({s: sec for s, sec in rec["variants"].items() if sec}, default=float))
     return 0
 
@@ -281,18 +279,14 @@ def worker(args) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     op = args.benchmark
-    if op in suites.SUITES:
-        return run_suite(args, op)
-    spec_op = "ragged_dot" if op == "quant" else op
     try:
         quick = ["quick"] if args.quick and not args.spec else []
-        chosen_specs = specs.select(spec_op, args.spec, list(args.tag) + quick)
+        chosen = [] if op in suites.SUITES else specs.select(
+            "ragged_dot" if op == "quant" else op, args.spec, list(args.tag) + quick)
     except ValueError as e:
         sys.exit(str(e))
     with runtime.configured(kernel=args.kernel, num_threads=args.threads):
-        if args.worker:
-            return worker(args)
-        return run(args, op, chosen_specs)
+        return run_suite(args, op) if op in suites.SUITES else worker(args) if args.worker else run(args, op, chosen)
 
 
 def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
@@ -321,11 +315,10 @@ def environment(args, op: str, chosen: list) -> tuple[dict, dict]:
 def run_suite(args, op: str) -> int:
     """A suite of benchmarks/suites.py: its tables on stdout, <out>/bench_<op>.json."""
     fn, args.repeat = suites.SUITES[op][0], args.repeat or suites.SUITES[op][1]
-    with runtime.configured(kernel=args.kernel, num_threads=args.threads):
-        ctx, info = environment(args, op, [])
-        report.print_header(info)
-        result = {"benchmark": op, "machine": info, "results": fn(args, ctx), "argv": sys.argv[1:]}
-    C.write_json(os.path.join(args.out, f"bench_{op}.json"), result)
+    ctx, info = environment(args, op, [])
+    report.print_header(info)
+    C.write_json(os.path.join(args.out, f"bench_{op}.json"),
+                 {"benchmark": op, "machine": info, "results": fn(args, ctx), "argv": sys.argv[1:]})
     return 0
 
 
@@ -334,30 +327,27 @@ def run(args, op: str, chosen_specs: list) -> int:
     opts, chosen = timing_options(args), select_variants(op, args)
     ctx, info = environment(args, op, chosen)
     report.print_header(info)
-    mode = "smoke" if args.smoke else args.mode
-    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {mode}; scale {args.scale:g}; "
-          f"seed {args.seed}", flush=True)
+    print(f"{op}: {len(chosen_specs)} specs x {len(args.dtype)} dtypes; mode {'smoke' if args.smoke else args.mode}; "
+          f"scale {args.scale:g}; seed {args.seed}", flush=True)
     records, cache = [], {}
     jobs = [(d, s) for d in args.dtype for s in chosen_specs if d in s.dtypes]
     needed = set().union(*(v.refs for v in chosen))
     for i, (dtype, spec) in enumerate(jobs):
         log(f"[{op} {i + 1}/{len(jobs)}] {spec.name} {dtype}")
         c = V.prepare(resize(spec, args), dtype, args.seed, needed, cache)
-        rec = run_case(c, chosen, opts, ctx, log, op)
+        rec = run_case(c, chosen, opts, ctx, op)
         if op == "moe":
             rec["gathers"] = V.run_gathers(c, lambda fn: timed(fn, call_time(fn)[1], opts))
         del c
         gc.collect()
         if info["coretype"] and any(v.numpy for v in chosen):
-            for section, found in coretype_run(args, spec, dtype, info["coretype"], log).items():
+            for section, found in coretype_run(args, spec, dtype, info["coretype"]).items():
                 rec["variants"][section].update(found)
         report.derive(op, rec, ctx)
         records.append(rec)
     cache.clear()
     gc.collect()
-
-    scaling = None
-    sname = args.scaling_spec or SCALING_SPEC[args.mode]
+    scaling, sname = None, args.scaling_spec or SCALING_SPEC[args.mode]
     if op == "ragged_dot" and sname.lower() != "none":
         log(f"scaling: {sname} ...")
         sdtype = "float32" if "float32" in args.dtype else args.dtype[0]

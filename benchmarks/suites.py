@@ -1,29 +1,30 @@
 """The benchmarks of run.py that time a fixed set of variants together in interleaved rounds
-(raggeddot._timing.interleaved: each round calls every variant once, after warm-up calls and a
-pause before each call for torch's spinning threads), so that a shared machine's drifting load
-weighs on all alike: medians of --repeat rounds (--quick: smaller shapes, --smoke: 1/16 sizes,
-one round). Every variant is checked before it is timed.
+(common.medians), so that a shared machine's drifting load weighs on all alike: medians of
+--repeat rounds (--quick: smaller shapes, --smoke: 1/16 sizes, one round). Every variant is
+checked before it is timed.
 
 lowp: a table a shape (dense 4096^3, qwen3-like m16384 k2048 n768 g64 skewed, deepseek-like 16
   rows a group, moe_block forward and forward+backward T=8192 d=2048 f=768 E=64 top-8; --quick:
   half the sizes); rows: run.py's variants (checked as there; bfloat16 as auto serves it, on
-  vdpbf16ps named, and widened to float32), and moe_block with int8
-  weights and activation_qtype="int8" (QArrays, and prepacked for int8 activations; checked
-  against moe_block on the dequantized weights, 5e-2). Columns: ms, GFLOP/s, x f32: raggeddot
-  float32's time over the row's, x torch: the best torch row's of its dtype over the row's,
-  %peak: of the measured peak of the instruction it runs (AMX's TDPBF16PS / TDPBUSD, vdpbf16ps,
-  vpdpbusd, else the FMA).
+  vdpbf16ps named, and widened to float32), and moe_block with int8 weights and
+  activation_qtype="int8" (QArrays, and prepacked; checked against moe_block on the dequantized
+  weights, 5e-2). Columns: ms, GFLOP/s, x f32: raggeddot float32's time over the row's, x torch:
+  the best torch row's of its dtype over the row's, %peak: of the measured peak of the
+  instruction it runs (TDPBF16PS / TDPBUSD, vdpbf16ps, vpdpbusd, else the FMA).
 experts: transformers' experts implementations (--variants; default eager, grouped_mm,
   raggeddot) in a Qwen3-MoE-shaped model (random init, SHAPE), one model per --dtype switched
   between calls (outside the timing), ms: prefill (1024 tokens, KV cache on, last logits only),
   decode (one token on a cache of 1024, cropped back after each step), train (forward +
   backward of the language-model loss at 512 tokens; float32).
 jax: raggeddot.jax's FFI custom calls in jax.jit against jax.jit(jax.lax.ragged_dot) (on the CPU
-  a [g, m, k] masked lhs, one dense dot over g*k; at most 3 calls) and against raggeddot's NumPy
+  a [g, m, k] masked lhs, one dense dot over g*k; at most 3 rounds) and against raggeddot's NumPy
   call on the same buffers (the FFI's cost): ragged_dot float32 m=4096 k=2048 n=768 g=64 (--quick:
   512, 256, 128, 8); a JAX MoE layer (16 experts) forward + backward (value_and_grad under jit).
+decode: benchmarks/decode.py.
 """
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 
@@ -31,46 +32,36 @@ import common as C
 import variants as V
 import raggeddot
 from raggeddot import specs
-from raggeddot._timing import interleaved, summary
 from decode import run_decode
-
-
-def medians(fns: dict, rounds: int, **kw) -> dict:
-    """{name: median seconds} of the callables ``fns`` timed in interleaved rounds."""
-    quiet = dict(warmup=2, pause_s=0.2) if rounds > 1 else dict(warmup=0)
-    times = interleaved(fns, rounds=rounds, **quiet, **kw)
-    return {name: summary(ts)["median"] for name, ts in times.items()}
-
 
 #: raggeddot float32, bfloat16 as auto serves it (AMX tiles on a Xeon with them), on vdpbf16ps
 #: named, and with the widening path forced: rows of a table
 RD = [("rd float32", "float32", "raggeddot"), ("rd bfloat16", "bfloat16", "raggeddot"),
       ("rd bfloat16 vdpbf16ps", "bfloat16", "rd-vdpbf16"), ("rd bfloat16 widening", "bfloat16", "rd-widen")]
-_MOE_SHAPE = dict(T=8192, d=2048, f=768, E=64, top_k=8, shared=0)
+_MOE = dict(op="moe", shape=dict(T=8192, d=2048, f=768, E=64, top_k=8, shared=0), options=dict(norm_topk_prob=True))
+INT8 = ("rd int8 per-channel", "float32", "quant", "int8")
+
+
+def _rows(op: str, *more) -> list:
+    return [*((label, dt, op, name) for label, dt, name in RD), *more]
+
+
 #: lowp: per table, its spec and rows (label, dtype, benchmark of run.py or "w8a8", variant)
 LOWP = [
-    (specs.Spec("dense-4096x4096x4096", "ragged_dot", dict(m=4096, k=4096, n=4096, g=1)), [
-        *((label, dt, "ragged_dot", name) for label, dt, name in RD),
-        ("rd int8 per-channel", "float32", "quant", "int8"),
-        ("rd int8 block-128", "float32", "quant", "int8-sub128"),
+    (specs.Spec("dense-4096x4096x4096", "ragged_dot", dict(m=4096, k=4096, n=4096, g=1)), _rows(
+        "ragged_dot", INT8, ("rd int8 block-128", "float32", "quant", "int8-sub128"),
         ("torch bfloat16 matmul", "bfloat16", "ragged_dot", "torch-dense"),
         ("torch float32 matmul", "float32", "ragged_dot", "torch-dense"),
-        ("torch int8 _int_mm", "float32", "quant", "torch-int8")]),
-    *((spec, [
-        *((label, dt, "ragged_dot", name) for label, dt, name in RD),
-        ("rd bfloat16 prepacked", "bfloat16", "ragged_dot", "rd-prepacked"),
-        ("rd int8 per-channel", "float32", "quant", "int8"),
-        ("torch bfloat16 loop", "bfloat16", "ragged_dot", "torch-loop"),
-        ("torch bfloat16 _grouped_mm", "bfloat16", "ragged_dot", "torch-gmm")])
-      for spec in (specs.Spec("qwen3-m16384-g64-skewed", "ragged_dot", dict(m=16384, k=2048, n=768, g=64),
-                              "skewed"),
+        ("torch int8 _int_mm", "float32", "quant", "torch-int8"))),
+    *((spec, _rows("ragged_dot", ("rd bfloat16 prepacked", "bfloat16", "ragged_dot", "rd-prepacked"), INT8,
+                   ("torch bfloat16 loop", "bfloat16", "ragged_dot", "torch-loop"),
+                   ("torch bfloat16 _grouped_mm", "bfloat16", "ragged_dot", "torch-gmm")))
+      for spec in (specs.Spec("qwen3-m16384-g64-skewed", "ragged_dot", dict(m=16384, k=2048, n=768, g=64), "skewed"),
                    specs.get("deepseek-m4096-g256-balanced"))),
-    (specs.Spec("moe-T8192-d2048-f768-E64-top8", "moe", _MOE_SHAPE, options=dict(norm_topk_prob=True)), [
-        *((label, dt, "moe", name) for label, dt, name in RD), ("rd w8a8 int8", "float32", "w8a8", "plain"),
-        ("rd w8a8 int8 prepacked", "float32", "w8a8", "prepacked"),
-        ("torch bfloat16 expert loop", "bfloat16", "moe", "torch")]),
-    (specs.Spec("moe-fwd+bwd-T8192-d2048-f768-E64-top8", "moe", _MOE_SHAPE, options=dict(norm_topk_prob=True)), [
-        *((label, dt, "moe-bwd", name) for label, dt, name in RD)]),
+    (specs.Spec("moe-T8192-d2048-f768-E64-top8", **_MOE), _rows(
+        "moe", ("rd w8a8 int8", "float32", "w8a8", "plain"), ("rd w8a8 int8 prepacked", "float32", "w8a8", "prepacked"),
+        ("torch bfloat16 expert loop", "bfloat16", "moe", "torch"))),
+    (specs.Spec("moe-fwd+bwd-T8192-d2048-f768-E64-top8", **_MOE), _rows("moe-bwd")),
 ]
 
 
@@ -85,21 +76,22 @@ def w8a8(c: V.Case, prepacked: bool):
     def fn():
         return raggeddot.moe_block(x, router, *ws, activation_qtype="int8", **kw)
 
-    err = specs.rel_err(fn(), ref)
-    if not err <= 5e-2:
-        raise SystemExit(f"w8a8 {'prepacked' if prepacked else ''}: relative error {err:.2e} > 5e-2")
+    C.require_close(f"w8a8 {'prepacked' if prepacked else ''}", fn(), ref)
     return fn
+
+
+def _variant(op: str, name: str):
+    """The run.py variant of a LOWP row (None: a w8a8 row)."""
+    return None if op == "w8a8" else V.variant("moe", name, "fwd+bwd") if op == "moe-bwd" else V.variant(op, name)
 
 
 def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict:
     """One LOWP table: its rows checked, then timed in interleaved rounds, printed: {row: ms}."""
     cases, fns, rates, kinds = {}, {}, {}, {}
     for label, dtype, op, name in rows:
-        v = (V.variant_of("moe", name, "fwd+bwd") if op == "moe-bwd" else V.variant(op, name)) if op != "w8a8" \
-            else None
+        v = _variant(op, name)
         if dtype not in cases:
-            needed = {r for _, d, o, n in rows if d == dtype and o != "w8a8"
-                      for r in (V.variant_of("moe", n, "fwd+bwd") if o == "moe-bwd" else V.variant(o, n)).refs}
+            needed = {r for _, d, o, n in rows if d == dtype and o != "w8a8" for r in _variant(o, n).refs}
             cases[dtype] = V.prepare(spec, dtype, 0, needed)
         c = cases[dtype]
         try:
@@ -111,9 +103,9 @@ def lowp_table(spec: specs.Spec, rows: list, rounds: int, peak_of: dict) -> dict
         if rec["status"] != "ok":
             raise SystemExit(f"{label}: {rec['reason']}")
         rates[label] = c.flops["fwd" if v is None else v.flops]
-        kinds[label] = "int8" if op in ("quant", "w8a8") else "widen" if name == "rd-widen" else \
-            "vdpbf16" if name == "rd-vdpbf16" else dtype
-    times, torch_best = medians(fns, rounds), {}
+        kinds[label] = "int8" if op in ("quant", "w8a8") else {"rd-widen": "widen", "rd-vdpbf16": "vdpbf16"}.get(
+            name, dtype)
+    times, torch_best = C.medians(fns, rounds), {}
     for label, t in times.items():
         if label.startswith("torch"):
             torch_best[kinds[label]] = min(t, torch_best.get(kinds[label], t))
@@ -140,17 +132,16 @@ def run_lowp(args, ctx) -> dict:
 
 
 #: experts: the model
-SHAPE = dict(hidden_size=1024, num_hidden_layers=2, num_experts=32, num_experts_per_tok=4,
-             moe_intermediate_size=512, intermediate_size=2048, num_attention_heads=16, num_key_value_heads=4,
-             head_dim=64, vocab_size=4096, max_position_embeddings=4096, decoder_sparse_step=1,
-             norm_topk_prob=True)
+SHAPE = dict(hidden_size=1024, num_hidden_layers=2, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
+             intermediate_size=2048, num_attention_heads=16, num_key_value_heads=4, head_dim=64, vocab_size=4096,
+             max_position_embeddings=4096, decoder_sparse_step=1, norm_topk_prob=True)
 
 
 def run_experts(args, ctx) -> list:
     import torch
     import transformers
 
-    import raggeddot.torch  # noqa: F401 - registers the "raggeddot" experts implementation
+    importlib.import_module("raggeddot.torch")  # registers the "raggeddot" experts implementation
 
     impls = args.variants or ["eager", "grouped_mm", "raggeddot"]
     seq, train_seq, rounds = (128, 64, 1) if args.quick else (1024, 512, args.repeat)
@@ -163,7 +154,7 @@ def run_experts(args, ctx) -> list:
         res = {}
 
         def timed(name, fn, rounds=rounds):
-            res[name] = medians({i: fn for i in impls}, rounds, before=model.set_experts_implementation)
+            res[name] = C.medians({i: fn for i in impls}, rounds, before=model.set_experts_implementation)
 
         with torch.no_grad():
             timed("prefill", lambda: model(ids, use_cache=True, logits_to_keep=1))
@@ -188,9 +179,7 @@ def run_experts(args, ctx) -> list:
     return rows
 
 
-def jax_ragged_dot(jax, m, k, n, g, rounds) -> dict:
-    import raggeddot.jax as rj
-
+def jax_ragged_dot(jax, rj, m, k, n, g, rounds) -> dict:
     rng, jnp = np.random.default_rng(0), jax.numpy
     x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
     w = jnp.asarray(rng.standard_normal((g, k, n), dtype=np.float32) * 0.05)
@@ -202,15 +191,13 @@ def jax_ragged_dot(jax, m, k, n, g, rounds) -> dict:
     np.testing.assert_allclose(a, raggeddot.ragged_dot(xn, wn, gn), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a, np.asarray(lax(x, w, gs)), rtol=1e-3, atol=1e-3)
     fns = {"raggeddot.jax": lambda: ours(x, w, gs), "numpy": lambda: raggeddot.ragged_dot(xn, wn, gn)}
-    res = medians(fns, rounds, sync=jax.block_until_ready)
-    res.update(medians({"jax.lax": lambda: lax(x, w, gs)}, min(rounds, 3), sync=jax.block_until_ready))
+    res = C.medians(fns, rounds, sync=jax.block_until_ready)
+    res.update(C.medians({"jax.lax": lambda: lax(x, w, gs)}, min(rounds, 3), sync=jax.block_until_ready))
     return dict(case="ragged_dot", m=m, k=k, n=n, g=g, seconds=res, ffi_over_numpy=res["raggeddot.jax"] /
                 res["numpy"], speedup_vs_lax=res["jax.lax"] / res["raggeddot.jax"])
 
 
-def jax_moe(jax, tokens, d, f, E, rounds, top_k=2) -> dict:
-    import raggeddot.jax as rj
-
+def jax_moe(jax, rj, tokens, d, f, E, rounds, top_k=2) -> dict:
     rng, jnp = np.random.default_rng(1), jax.numpy
 
     def layer(params, x, ragged_dot):  # top-k routing, tokens sorted by expert, SwiGLU experts, combine
@@ -233,7 +220,7 @@ def jax_moe(jax, tokens, d, f, E, rounds, top_k=2) -> dict:
                  for rd in (rj.ragged_dot, jax.lax.ragged_dot))
     for p, q in zip(jax.tree.leaves(ours(params, x)), jax.tree.leaves(lax(params, x))):
         np.testing.assert_allclose(np.asarray(p), np.asarray(q), rtol=2e-3, atol=2e-5)
-    res = medians({"raggeddot.jax": lambda: ours(params, x), "jax.lax": lambda: lax(params, x)}, rounds,
+    res = C.medians({"raggeddot.jax": lambda: ours(params, x), "jax.lax": lambda: lax(params, x)}, rounds,
                   sync=jax.block_until_ready)
     return dict(case="moe_fwd_bwd", tokens=tokens, d=d, f=f, experts=E, top_k=top_k, seconds=res,
                 speedup_vs_lax=res["jax.lax"] / res["raggeddot.jax"])
@@ -241,11 +228,12 @@ def jax_moe(jax, tokens, d, f, E, rounds, top_k=2) -> dict:
 
 def run_jax(args, ctx) -> list:
     import jax
+    import raggeddot.jax as rj
 
     jax.config.update("jax_platforms", "cpu")
     rounds = 1 if args.smoke else args.repeat
-    out = [jax_ragged_dot(jax, *((512, 256, 128, 8) if args.quick else (4096, 2048, 768, 64)), rounds)]
-    out.append(jax_moe(jax, *((256, 64, 128, 16) if args.quick else (2048, 512, 1024, 16)), rounds))
+    out = [jax_ragged_dot(jax, rj, *((512, 256, 128, 8) if args.quick else (4096, 2048, 768, 64)), rounds),
+           jax_moe(jax, rj, *((256, 64, 128, 16) if args.quick else (2048, 512, 1024, 16)), rounds)]
     for rec in out:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items() if k != "seconds"},
               {k: round(1e3 * v, 3) for k, v in rec["seconds"].items()}, "ms")

@@ -2,9 +2,9 @@
 
 A variant's build(case) returns a function computing the case's outputs as a dict named like
 the oracle's (out, dense, d_lhs, d_rhs, the MoE gradients, quant's out:<mode>), or raises Skip.
-A 16-bit case (bfloat16, float16) holds the float32 draws rounded; its float32 copies
-(Case.inputs32, made once, outside any timing) are the same values, so the "f32" variants
-(rd-f32, the NumPy ones) compute the same product, their results rounded for the check.
+A 16-bit case holds the float32 draws rounded; its float32 copies (Case.inputs32, made once,
+outside any timing) are the same values, so the "f32" variants (rd-f32, the NumPy ones)
+compute the same product, their results rounded for the check.
 """
 from __future__ import annotations
 
@@ -27,12 +27,8 @@ REFERENCE_TOKENS = 48
 #: quantized modes of the quant benchmark: (lhs quantization, rhs quantization), each
 #: (qtype, scale layout) or None (float32); per channel: lhs one scale per row [m, 1], rhs
 #: one per output column of each group [g, 1, n]; "sub128": one per block of 128 along k
-QUANT_MODES = {
-    "int8": (("int8", "channel"), ("int8", "channel")),
-    "int8-sub128": (("int8", "sub128"), ("int8", "sub128")),
-    "int8w": (None, ("int8", "channel")),
-    "fp8w": (None, ("float8_e4m3fn", "channel")),
-}
+QUANT_MODES = {"int8": (("int8", "channel"),) * 2, "int8-sub128": (("int8", "sub128"),) * 2,
+               "int8w": (None, ("int8", "channel")), "fp8w": (None, ("float8_e4m3fn", "channel"))}
 QUANT_BLOCK = 128
 #: the weight-only modes also timed on weights prepacked once ("<mode>-prepacked")
 QUANT_PREPACKED = ("int8w", "fp8w")
@@ -87,55 +83,48 @@ class Case:
     def weight_bytes(self, v: Variant) -> float:
         """Bytes of the weights ``v`` reads: rhs[i] of every group with rows, at v.wsize(case)
         bytes a value (default: 4 for a float32 variant of a 16-bit case, else the itemsize)."""
-        gs, (g, k, n) = self.inputs["group_sizes"], self.inputs["rhs"].shape
+        gs, (_, k, n) = self.inputs["group_sizes"], self.inputs["rhs"].shape
         size = v.wsize(self) if v.wsize else 4 if (v.f32 and self.half) else self.dtype.itemsize
         return float(np.count_nonzero(gs)) * k * n * size
 
 
 def to_float32(inputs):
-    """float32 copies of the 16-bit arrays in ``inputs`` (dicts, tuples and lists walked),
-    everything else as it is."""
+    """float32 copies of the 16-bit arrays in ``inputs`` (dicts, tuples and lists walked)."""
     if isinstance(inputs, dict):
         return {k: to_float32(v) for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(to_float32(v) for v in inputs)
-    half = isinstance(inputs, np.ndarray) and specs.is_half(inputs.dtype)
-    return inputs.astype(np.float32) if half else inputs
+        return type(inputs)(map(to_float32, inputs))
+    return inputs.astype(np.float32) if isinstance(inputs, np.ndarray) and specs.is_half(inputs.dtype) else inputs
 
 
 def need_torch():
-    """raggeddot.torch's conversions between tensors and arrays (no copies), or Skip."""
+    """torch and raggeddot.torch's conversions of arrays to tensors and back (no copies), or Skip."""
     try:
         from raggeddot.torch import _convert
     except Exception as e:  # noqa: BLE001 - an optional baseline
         raise Skip(f"torch not importable: {type(e).__name__}") from None
-    return _convert.torch, _convert.tensor
+    return _convert.torch, _convert.tensor, _convert.array
 
 
 def check(v: Variant, fn, c: Case) -> tuple[dict, float]:
     """({status 'ok' or 'FAILED', rel_err(s), reason}, seconds) of one call of fn() (raising:
     FAILED), every output compared with the oracle in its dtype (f32 variants' outputs rounded)."""
-    rec, bad, errs = {}, [], {}
+    errs = {}
     time.sleep(0.05)  # the spinning threads of the previous library (OpenMP, OpenBLAS) go idle
     try:
         res, first = call_time(fn)
         bad = [f"missing output {name}" for name in v.refs if name not in res]
+        bad += [f"unexpected output {name}" for name in res if name not in c.refs]
         for name, out in res.items():
-            if name not in c.refs:
-                bad.append(f"unexpected output {name}")
-                continue
-            if type(out).__module__.startswith("torch"):
-                from raggeddot.torch._convert import array
-
-                out = array(out)
-            out, ref = np.asarray(out), c.refs[name]
-            ok, errs[name] = specs.check(out.astype(c.dtype) if v.f32 and c.half else out, ref, ref.dtype)
-            if not ok:
-                bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {out.dtype}")
+            if name in c.refs:
+                out = np.asarray(need_torch()[2](out) if type(out).__module__.startswith("torch") else out)
+                ok, errs[name] = specs.check(out.astype(c.dtype) if v.f32 and c.half else out, c.refs[name],
+                                             c.refs[name].dtype)
+                if not ok:
+                    bad.append(f"{name}: rel err {errs[name]:.3g}, dtype {out.dtype}")
     except Exception as e:  # noqa: BLE001 - a variant that raises is reported, not fatal
         return {"status": "FAILED", "reason": f"{type(e).__name__}: {str(e)[:200]}"}, 0.0
-    if errs:
-        rec.update(rel_err=max(errs.values()), rel_errs=errs)
+    rec = dict(rel_err=max(errs.values()), rel_errs=errs) if errs else {}
     return dict(rec, status="FAILED", reason="; ".join(bad)[:300]) if bad else dict(rec, status="ok"), first
 
 
@@ -196,58 +185,38 @@ def quant_operands(c: Case, mode: str):
     return c.extra[key]
 
 
-def _rd(key: str = "inputs"):
+def _rd(key: str = "inputs", prepacked: bool = False):
     """raggeddot.ragged_dot on the case's inputs (key "inputs32": their float32 copies, a
-    16-bit case only)."""
+    16-bit case only); ``prepacked``: on rhs packed once by raggeddot.prepack (outside the timing)."""
     def build(c):
         if key == "inputs32" and not c.half:
             raise Skip("a float32 twin of a 16-bit case only")
         lhs, rhs, gs = (getattr(c, key)[x] for x in ("lhs", "rhs", "group_sizes"))
+        rhs = raggeddot.prepack(rhs) if prepacked else rhs
         return lambda: {"out": raggeddot.ragged_dot(lhs, rhs, gs)}
 
     return build
 
 
-def _widened(build):
-    """The variant of ``build`` on a bfloat16 case run with the best float kernel family named:
-    the products widen to float32 and run FMAs (as without vdpbf16ps), not the dot kernels."""
-    def widened(c):
+def _on_kernel(build, named: str | None = None):
+    """The variant of ``build`` on a bfloat16 case run on one kernel family: ``named`` (the
+    vdpbf16ps family, where the CPU has it: that choice measured, whatever auto takes here), or
+    the best float family, whose products widen to float32 and run FMAs, not the dot kernels."""
+    def build_on(c):
         if c.dtype.name != "bfloat16":
-            raise Skip("the forced widening path of a bfloat16 case only")
+            raise Skip(f"the {'vdpbf16ps' if named else 'forced widening'} path of a bfloat16 case only")
+        if named and named not in raggeddot.runtime.runnable_kernels():
+            raise Skip("this CPU has no vdpbf16ps")
         fn = build(c)
-        family = next(k["name"] for k in raggeddot.build_info()["kernels"]
-                      if k["runnable"] and "float32" in k["types"])
+        family = named or next(k["name"] for k in raggeddot.build_info()["kernels"]
+                               if k["runnable"] and "float32" in k["types"])
 
         def call():
             with raggeddot.runtime.configured(kernel=family):
                 return fn()
         return call
 
-    return widened
-
-
-def _vdpbf16(build):
-    """The variant of ``build`` on a bfloat16 case run on the vdpbf16ps family named (where
-    the CPU has it): the kernel choice measured, whatever auto takes here."""
-    def named(c):
-        if c.dtype.name != "bfloat16":
-            raise Skip("the vdpbf16ps path of a bfloat16 case only")
-        if "avx512-bf16" not in raggeddot.runtime.runnable_kernels():
-            raise Skip("this CPU has no vdpbf16ps")
-        fn = build(c)
-
-        def call():
-            with raggeddot.runtime.configured(kernel="avx512-bf16"):
-                return fn()
-        return call
-
-    return named
-
-
-def _rd_prepacked(c):
-    """ragged_dot on rhs packed once by raggeddot.prepack (outside the timing)."""
-    lhs, gs, packed = c.inputs["lhs"], c.inputs["group_sizes"], raggeddot.prepack(c.inputs["rhs"])
-    return lambda: {"out": raggeddot.ragged_dot(lhs, packed, gs)}
+    return build_on
 
 
 def _np_loop(c):
@@ -297,7 +266,7 @@ def _torch(product, name: str = "out", dense: bool = False):
     [m, n] result for every group i with rows (the rows past the groups zeroed; ``dense``:
     fn(rows) of lhs @ rhs[0]), under torch.inference_mode; its result named ``name``."""
     def build(c):
-        torch, tensor = need_torch()
+        torch, tensor, _ = need_torch()
         fn, gs = product(torch, tensor, c), c.inputs["group_sizes"]
         m, n, total = c.inputs["lhs"].shape[0], c.inputs["rhs"].shape[2], int(gs.sum())
         dt = tensor(c.inputs["lhs"]).dtype if name == "out" else torch.float32
@@ -321,7 +290,7 @@ def _torch_matmul(torch, tensor, c):
 
 
 def _torch_gmm(c):
-    torch, tensor = need_torch()
+    torch, tensor, _ = need_torch()
     k, n = c.inputs["rhs"].shape[1:]
     if c.dtype == np.float64 or (c.half and ((k * c.dtype.itemsize) % 16 or (n * c.dtype.itemsize) % 16)):
         raise Skip("torch._grouped_mm takes float32 and 16-bit operands with 16-byte strides on CPU")
@@ -370,8 +339,8 @@ def _moe_variants(phase: str, backward: bool) -> list[Variant]:
     refs = ("out",) + (MB.MAIN_GRADS if backward else ())
     return [Variant("raggeddot", phase, _moe("moe_block", backward), refs, phase, memory=True),
             Variant("rd-f32", phase, _moe("rd-f32", backward), refs, phase, f32=True),
-            Variant("rd-widen", phase, _widened(_moe("moe_block", backward)), refs, phase),
-            Variant("rd-vdpbf16", phase, _vdpbf16(_moe("moe_block", backward)), refs, phase),
+            Variant("rd-widen", phase, _on_kernel(_moe("moe_block", backward)), refs, phase),
+            Variant("rd-vdpbf16", phase, _on_kernel(_moe("moe_block", backward), "avx512-bf16"), refs, phase),
             Variant("numpy", phase, _moe("numpy", backward), refs, phase, numpy=True, memory=True, f32=True),
             Variant("torch", phase, _moe("torch", backward), refs, phase)]
 
@@ -419,10 +388,8 @@ def _qsize(mode: str, prepacked: bool = False):
     """Bytes a quantized weight value costs: its storage plus its share of the scales; prepacked:
     the layout's bytes (values, panel padding, the scales after each panel) over the values."""
     def size(c):
-        if prepacked:
-            return _prepacked(c, mode).nbytes / max(int(np.prod(_prepacked(c, mode).shape)), 1)
-        rhs = quant_operands(c, mode)[1]
-        return (rhs.qvalue.nbytes + rhs.scale.nbytes) / max(rhs.size, 1)
+        w = _prepacked(c, mode) if prepacked else quant_operands(c, mode)[1]
+        return (w.nbytes if prepacked else w.qvalue.nbytes + w.scale.nbytes) / max(int(np.prod(w.shape)), 1)
 
     return size
 
@@ -439,24 +406,14 @@ def _torch_int_mm(torch, tensor, c):
     return product
 
 
-def _quant_variants() -> list[Variant]:
-    out = [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd")]
-    out += [Variant(mode, "quant", _rd_quant(mode), (f"out:{mode}",), "flops", threads="rd", mode=mode,
-                    wsize=_qsize(mode)) for mode in QUANT_MODES]
-    out += [Variant(f"{mode}-prepacked", "quant", _rd_quant(mode, True), (f"out:{mode}",), "flops",
-                    threads="rd", mode=mode, wsize=_qsize(mode, True)) for mode in QUANT_PREPACKED]
-    return out + [Variant("torch-int8", "quant", _torch(_torch_int_mm, "out:int8"), ("out:int8",), "flops",
-                          mode="int8", wsize=_qsize("int8"))]
-
-
 STEP = ("out", "d_lhs", "d_rhs")
 VARIANTS: dict[str, list[Variant]] = {
     "ragged_dot": [
         Variant("raggeddot", "ragged_dot", _rd(), ("out",), "flops", threads="rd"),
         Variant("rd-f32", "ragged_dot", _rd("inputs32"), ("out",), "flops", threads="rd", f32=True),
-        Variant("rd-widen", "ragged_dot", _widened(_rd()), ("out",), "flops", threads="rd"),
-        Variant("rd-vdpbf16", "ragged_dot", _vdpbf16(_rd()), ("out",), "flops", threads="rd"),
-        Variant("rd-prepacked", "ragged_dot", _rd_prepacked, ("out",), "flops", threads="rd"),
+        Variant("rd-widen", "ragged_dot", _on_kernel(_rd()), ("out",), "flops", threads="rd"),
+        Variant("rd-vdpbf16", "ragged_dot", _on_kernel(_rd(), "avx512-bf16"), ("out",), "flops", threads="rd"),
+        Variant("rd-prepacked", "ragged_dot", _rd(prepacked=True), ("out",), "flops", threads="rd"),
         Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True,
                 f32=True),
         Variant("np-loop", "ragged_dot", _np_loop, ("out",), "flops", numpy=True, f32=True),
@@ -474,15 +431,15 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant("np-loop", "tgmm", _np_tgmm, ("d_rhs",), "flops", numpy=True, f32=True),
     ],
     "moe": _moe_variants("fwd", False) + _moe_variants("fwd+bwd", True),
-    "quant": _quant_variants(),
+    "quant": [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd"),
+              *(Variant(f"{mode}{pre}", "quant", _rd_quant(mode, bool(pre)), (f"out:{mode}",), "flops", threads="rd",
+                        mode=mode, wsize=_qsize(mode, bool(pre)))
+                for pre, modes in (("", QUANT_MODES), ("-prepacked", QUANT_PREPACKED)) for mode in modes),
+              Variant("torch-int8", "quant", _torch(_torch_int_mm, "out:int8"), ("out:int8",), "flops", mode="int8",
+                      wsize=_qsize("int8"))],
 }
 
 
-def variant(op: str, name: str) -> Variant:
-    """The variant ``name`` of benchmark ``op`` (of its first section: moe's forward)."""
-    return next(v for v in VARIANTS[op] if v.name == name)
-
-
-def variant_of(op: str, name: str, phase: str) -> Variant:
-    """The variant ``name`` of benchmark ``op``'s section ``phase`` (moe: "fwd", "fwd+bwd")."""
-    return next(v for v in VARIANTS[op] if v.name == name and v.section == phase)
+def variant(op: str, name: str, section: str | None = None) -> Variant:
+    """The variant ``name`` of benchmark ``op`` in ``section`` (default its first: moe's forward)."""
+    return next(v for v in VARIANTS[op] if v.name == name and section in (None, v.section))

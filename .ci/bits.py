@@ -17,6 +17,7 @@ import numpy as np
 
 import raggeddot
 from raggeddot import QArray, runtime
+from raggeddot import _gateway as gw
 
 try:
     import ml_dtypes
@@ -85,6 +86,12 @@ def cases():
     # the activations' exponential (its own, not the platform's libm) forward and backward
     yield "moe_block swiglu_oai f32", "ref", lambda: raggeddot.moe_block(x, router, *ws, top_k=2,
                                                                           activation="swiglu_oai")
+    # and its erf and tanh (gelu, gelu_tanh), forward and the activations' gradients
+    for act in ("gelu", "gelu_tanh"):
+        yield f"moe_block {act} f32", "ref", lambda act=act: raggeddot.moe_block(x, router, *ws, top_k=2,
+                                                                                  activation=act)
+        yield f"gated_act_grad {act} f32", "ref", lambda act=act: np.concatenate(
+            [a.ravel() for a in gw.gated_act_grad(ct * 4, ct[::-1] * 4, ct, act, 7.0)])
 
     def grads():
         out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)

@@ -49,24 +49,14 @@ rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
     return kept;
 }
 
-/* e^x of a float, the same bits on every CPU and compiler: computed in
- * double (x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to r^11,
- * relative error under 1e-14, times 2^n built from n's bits) and rounded once
- * to float, so correctly rounded but where e^x lies within 1e-14 of a midpoint
- * between floats.  Only IEEE +, -, * and conversions: the activations' loops
- * vectorize it (libm's expf is a call a value, and its bits are the
- * platform's).  x beyond [-104, 89] is clamped (e^x then 0 or infinity in
- * float); NaN stays NaN. */
-static inline float
-rd_expf(float xf)
+/* e^x in double for x in [-708, 709] (or NaN): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its Taylor polynomial to r^11 (relative error under 1e-14), times
+ * 2^n built from n's bits.  *em1, when given, gets e^x - 1 with the same
+ * relative accuracy where x is small: 2^n (e^r - 1) + (2^n - 1), e^r - 1 by
+ * its own polynomial (to r^12), never the difference of two near numbers. */
+static inline __attribute__((always_inline)) double
+rd_exp_core(double x, double *em1)
 {
-    uint32_t u;                                   /* the clamp on the bits: a compare and */
-    memcpy(&u, &xf, sizeof u);                    /* select of doubles stops gcc vectorizing */
-    const uint32_t a = u & 0x7fffffffu, lim = (u >> 31) ? 0x42d00000u : 0x42b20000u;  /* 104, 89 */
-    u = a > lim && a <= 0x7f800000u ? (u & 0x80000000u) | lim : u;
-    float xc;
-    memcpy(&xc, &u, sizeof xc);
-    const double x = (double)xc;
     const double shift = 0x1.8p52;                /* adding it rounds to an integer */
     const double t = x * 0x1.71547652b82fep0 + shift;
     const double n = t - shift;                   /* round(x / ln2) */
@@ -85,10 +75,130 @@ rd_expf(float xf)
     p = p * r + 1.0;
     uint64_t bits;
     memcpy(&bits, &t, sizeof bits);               /* n in the low bits of t's mantissa */
-    bits = (bits + 1023u) << 52;                  /* 2^n: n + 1023 in [873, 1152] */
+    bits = (bits + 1023u) << 52;                  /* 2^n: n + 1023 in [1, 2046] */
     double scale;
     memcpy(&scale, &bits, sizeof scale);
-    return (float)(p * scale);
+    if (em1 != NULL) {
+        double q = 1.0 / 479001600;
+        q = q * r + 1.0 / 39916800;
+        q = q * r + 1.0 / 3628800;
+        q = q * r + 1.0 / 362880;
+        q = q * r + 1.0 / 40320;
+        q = q * r + 1.0 / 5040;
+        q = q * r + 1.0 / 720;
+        q = q * r + 1.0 / 120;
+        q = q * r + 1.0 / 24;
+        q = q * r + 1.0 / 6;
+        q = q * r + 0.5;
+        q = q * r + 1.0;
+        *em1 = scale * (q * r) + (scale - 1.0);
+    }
+    return p * scale;
+}
+
+/* |x| with its magnitude clamped at the float whose bits are `lim`
+ * (infinities too; NaN stays NaN), and x's sign bit: the clamps are done
+ * on the bits, because a compare and select of doubles stops gcc
+ * vectorizing the loops these functions are inlined in. */
+static inline __attribute__((always_inline)) float
+rd_clamped_abs(float x, uint32_t lim, uint32_t *sign)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    *sign = u & 0x80000000u;
+    uint32_t a = u & 0x7fffffffu;
+    const uint32_t nan = 0u - (uint32_t)(a > 0x7f800000u);     /* all ones for a NaN */
+    a = ((a < lim ? a : lim) & ~nan) | (a & nan);
+    float f;
+    memcpy(&f, &a, sizeof f);
+    return f;
+}
+
+/* A float of magnitude v (a double rounded once) with the sign bit `sign`. */
+static inline __attribute__((always_inline)) float
+rd_signed_float(double v, uint32_t sign)
+{
+    const float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u |= sign;
+    float out;
+    memcpy(&out, &u, sizeof out);
+    return out;
+}
+
+/* e^x of a float, the same bits on every CPU and compiler: computed in
+ * double (rd_exp_core) and rounded once to float, so correctly rounded but
+ * where e^x lies within 1e-14 of a midpoint between floats.  Only IEEE +,
+ * -, * and conversions: the activations' loops vectorize it (libm's expf
+ * is a call a value, and its bits are the platform's).  x beyond
+ * [-104, 89] is clamped (e^x then 0 or infinity in float); NaN stays NaN. */
+static inline __attribute__((always_inline)) float
+rd_expf(float xf)
+{
+    uint32_t u;
+    memcpy(&u, &xf, sizeof u);
+    const uint32_t a = u & 0x7fffffffu, lim = (u >> 31) ? 0x42d00000u : 0x42b20000u;  /* 104, 89 */
+    u = a > lim && a <= 0x7f800000u ? (u & 0x80000000u) | lim : u;
+    float xc;
+    memcpy(&xc, &u, sizeof xc);
+    return (float)rd_exp_core((double)xc, NULL);
+}
+
+/* tanh of a float, as rd_expf: tanh|z| = m / (m + 2) with m = e^{2|z|} - 1
+ * in double (no cancellation near 0), rounded once, with z's sign.  |z| is
+ * clamped at 10 (tanh is 1 in float from 9.01 on); NaN stays NaN. */
+static inline __attribute__((always_inline)) float
+rd_tanhf(float z)
+{
+    uint32_t sign;
+    const double x = 2.0 * (double)rd_clamped_abs(z, 0x41200000u, &sign);   /* 10 */
+    double m;
+    (void)rd_exp_core(x, &m);
+    return rd_signed_float(m / (m + 2.0), sign);
+}
+
+/* 2^n / (2n + 1)!!, n = 0..62: erf(a) = 2/sqrt(pi) a e^{-a^2} sum_n c_n a^{2n},
+ * a series of positive terms (no cancellation); 63 of them reach a relative
+ * 1e-17 at a = 4. */
+static const double rd_erf_series[63] = {
+    0x1.0000000000000p+0, 0x1.5555555555555p-1, 0x1.1111111111111p-2,
+    0x1.3813813813814p-4, 0x1.1566abc011567p-6, 0x1.937e11175f095p-9,
+    0x1.f09b28ba4d955p-12, 0x1.08db48ebe51c7p-14, 0x1.f28db670be53bp-18,
+    0x1.a3d5a71b92cd3p-21, 0x1.3fdfbc45c52eap-24, 0x1.bd0ac3296b624p-28,
+    0x1.1cd3b01a822a6p-31, 0x1.519297d390c9fp-35, 0x1.747e72912d023p-39,
+    0x1.808286c768445p-43, 0x1.74dba97b8be52p-47, 0x1.54e6174c62a5ap-51,
+    0x1.26d4d5e132b8cp-55, 0x1.e3d36c1c38faap-60, 0x1.799ec4c4db4d0p-64,
+    0x1.19050980a3336p-68, 0x1.8fac24452c5fdp-73, 0x1.101e0dcd0ddf3p-77,
+    0x1.636b2c25f2c57p-82, 0x1.be03fb2a9a10ep-87, 0x1.0d4adb45318cap-91,
+    0x1.395bc2a44c468p-96, 0x1.5fd74f512d38cp-101, 0x1.7da878c0310ddp-106,
+    0x1.906d9c10fce8bp-111, 0x1.96c8bf0d31af7p-116, 0x1.9086a47b449d0p-121,
+    0x1.7e978a031f273p-126, 0x1.62de2e635bf7dp-131, 0x1.3fe183f49b037p-136,
+    0x1.18718c3c25b5ep-141, 0x1.de9fa7a781366p-147, 0x1.8dd12aeef708ap-152,
+    0x1.42483cb4a13e1p-157, 0x1.fd4910eadf32bp-163, 0x1.88b3b6aeeff5cp-168,
+    0x1.27ae777aaea6fp-173, 0x1.b306925c38de1p-179, 0x1.38d3d3acbe777p-184,
+    0x1.b80562010be8bp-190, 0x1.2ecf673a86d1bp-195, 0x1.97ff32292170cp-201,
+    0x1.0d319d230e257p-206, 0x1.5c0c6e1377238p-212, 0x1.b9175b58090c0p-218,
+    0x1.12137bdd39d0dp-223, 0x1.4e1ca0bfaa712p-229, 0x1.8faf67c62dfc9p-235,
+    0x1.d55ae5e660472p-241, 0x1.0e9e7ff139d16p-246, 0x1.328ac2c4386e4p-252,
+    0x1.5531d21af5596p-258, 0x1.7545d22a9f03bp-264, 0x1.9180e20fba197p-270,
+    0x1.a8bb1daf50808p-276, 0x1.b9ff147c2a260p-282, 0x1.c49ab4b87d147p-288,
+};
+
+/* erf of a float, as rd_expf: the series above and e^{-a^2} in double
+ * (relative error under 1e-14), rounded once, with x's sign.  |x| is
+ * clamped at 4 (erf is 1 in float from 3.92 on); NaN stays NaN. */
+static inline __attribute__((always_inline)) float
+rd_erff(float x)
+{
+    uint32_t sign;
+    const double a = (double)rd_clamped_abs(x, 0x40800000u, &sign);         /* 4 */
+    const double y = a * a;                       /* exact: 48 bits */
+    double s = rd_erf_series[62];
+#pragma GCC unroll 64
+    for (int n = 61; n >= 0; n--)
+        s = s * y + rd_erf_series[n];
+    return rd_signed_float(0x1.20dd750429b6dp+0 * a * rd_exp_core(-y, NULL) * s, sign);   /* 2/sqrt(pi) */
 }
 
 /* The elementwise activations work in chunks of this many values. */
@@ -97,8 +207,8 @@ rd_expf(float xf)
 #define RD_T float
 #define RD_FN(x) rd_s_##x
 #define RD_EXP rd_expf
-#define RD_ERF erff
-#define RD_TANH tanhf
+#define RD_ERF rd_erff
+#define RD_TANH rd_tanhf
 #include "rd_moe_impl.h"
 #undef RD_T
 #undef RD_FN

@@ -452,11 +452,13 @@ typedef struct {
  * family's NR columns `bstep` bytes apart (the last one cut at n), in one
  * call: C (+)= A B, each element what `main` (the family's micro-kernel of
  * the same compute type) gives it panel after panel, bit for bit.  What
- * changes is the order of independent work: with one or two rows, a panel
- * at a time leaves each column's chain of dependent multiply-adds as the
- * bound (their latency, not the memory); several panels at once overlap
+ * changes is the order of independent work: with one to four rows, a
+ * panel at a time leaves each column's chain of dependent multiply-adds as
+ * the bound (their latency, not the memory); several panels at once overlap
  * those chains, and each B vector is decoded once for all the rows.  For
- * decoding (a few rows an expert), where every weight is read once. */
+ * decoding (a few rows an expert), where every weight is read once.  (The
+ * families take 3-4 rows here for quantized panels, whose decoding makes
+ * the micro-kernel's 4-row body slower, where measured.) */
 typedef void (*rd_fukr_t)(rd_int kc, const void *a, const void *b, size_t bstep, void *c,
                           rd_int rs_c, rd_int cs_c, int m, rd_int n, int mode);
 typedef struct {

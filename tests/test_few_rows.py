@@ -1,11 +1,13 @@
-"""Decoding shapes on prepacked weights: groups of one or two rows run on the
-few-row kernels (several B panels at once, where a family has them), and
+"""Decoding shapes on prepacked weights: groups of one or two rows (three
+and four for quantized weights on the AVX-512 family, three on AVX2) run on
+the few-row kernels (several B panels at once, where a family has them), and
 every element must be what the plain weights give bit for bit, on every float
 family, for every weight format, at panel counts that take each run of panels
 (4, 2, 1 at a time) and the masked right edge, over several KC blocks and the
-scale runs inside them, with rows of 1, 2 and 3 in the same call (3 goes to
-the micro-kernel), into a fresh result or an ``out`` holding other values,
-and for the gated pair of an MoE layer (two weights over the same rows)."""
+scale runs inside them, with rows of 1 to 5 in the same call (5 goes to the
+micro-kernel everywhere), into a fresh result or an ``out`` holding other
+values, and for the gated pair of an MoE layer (two weights over the same
+rows)."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -47,8 +49,8 @@ def _dense(w):
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("k,n", [(96, 33), (608, 31), (288, 257), (1120, 160), (64, 96)])
 def test_prepacked_decode_gives_the_plain_weights_bits(rng, kernel, k, n):
-    g = 5
-    gs = np.array([1, 2, 0, 3, 1], dtype=np.int64)
+    g = 7
+    gs = np.array([1, 2, 0, 3, 4, 5, 1], dtype=np.int64)
     x = rng.standard_normal((int(gs.sum()), k)).astype(np.float32)
     with runtime.configured(kernel=kernel):
         for name, w in _formats(rng, g, k, n):

@@ -1,6 +1,6 @@
 /*
  * The shape shared by the few-row kernels (rd_fukr_t) of every instruction
- * set (rd_avx512_few.c, rd_avx2_few.c, rd_neon_few.c): one or two rows of
+ * set (rd_avx512_few.c, rd_avx2_few.c, rd_neon_few.c): one to four rows of
  * a packed A panel times a run of prepacked B micro-panels, several panels
  * at once, so that each column's chain of dependent multiply-adds (one a
  * step, whose latency bounds a panel taken alone) overlaps the others', and
@@ -16,8 +16,8 @@
  *   FEW_V, FEW_W      the vector type and its float32 lanes; a micro-panel
  *                     is NR = 2 FEW_W columns
  *   FEW_MR            the rows of a packed A panel (A[i][p] at a[p MR + i])
- *   FEW_P1, FEW_P2    the most panels at once for one row and for two (a
- *                     power of two, at most 8)
+ *   FEW_P1, FEW_P2, FEW_P4  the most panels at once for one row, for two
+ *                     and for three or four (a power of two, at most 8)
  *   FEW_ZERO(), FEW_LOADU(p), FEW_SUB(x, y), FEW_MUL(x, y)
  *   FEW_FMA(acc, w, a)  acc + w * (*a), fused (a: a float of A)
  *   rd_few_consts_t, rd_few_consts(): what the decoders keep in registers
@@ -57,7 +57,7 @@ rd_few_body(const int kind, const int R, const int P, const int zp, rd_int kc, c
     const rd_int SB = FK_STEP(kind), NR = 2 * FEW_W;
     const rd_few_consts_t k = rd_few_consts();
     const int quantized = FK_QUANTIZED(kind);
-    FEW_V acc[2][8][2];
+    FEW_V acc[4][8][2];
     for (int i = 0; i < R; i++)
         for (int q = 0; q < P; q++)
             acc[i][q][0] = acc[i][q][1] = FEW_ZERO();
@@ -120,7 +120,8 @@ rd_few_body(const int kind, const int R, const int P, const int zp, rd_int kc, c
                         c + q * 2 * FEW_W * cs_c, rs_c, cs_c, n - q * 2 * FEW_W, mode);
 
 /* A kernel of one kind (and with or without zero points): one row in runs
- * of FEW_P1, ..., 2, 1 panels, two rows in runs of FEW_P2, ..., 1. */
+ * of FEW_P1, ..., 2, 1 panels, two rows in runs of FEW_P2, ..., 1, three
+ * or four rows in runs of FEW_P4, ..., 1. */
 #define RD_FEW_KERNEL(NAME, KIND, ZP)                                       \
 FEW_ATTR static void                                                        \
 NAME(rd_int kc, const float *a, const char *b, size_t bstep, float *c,      \
@@ -133,11 +134,19 @@ NAME(rd_int kc, const float *a, const char *b, size_t bstep, float *c,      \
         RD_FEW_RUN(KIND, 1, 4, ZP, FEW_P1)                                  \
         RD_FEW_RUN(KIND, 1, 2, ZP, FEW_P1)                                  \
         RD_FEW_RUN(KIND, 1, 1, ZP, FEW_P1)                                  \
-    } else {                                                                \
+    } else if (m == 2) {                                                    \
         RD_FEW_RUN(KIND, 2, 8, ZP, FEW_P2)                                  \
         RD_FEW_RUN(KIND, 2, 4, ZP, FEW_P2)                                  \
         RD_FEW_RUN(KIND, 2, 2, ZP, FEW_P2)                                  \
         RD_FEW_RUN(KIND, 2, 1, ZP, FEW_P2)                                  \
+    } else if (m == 3) {                                                    \
+        RD_FEW_RUN(KIND, 3, 4, ZP, FEW_P4)                                  \
+        RD_FEW_RUN(KIND, 3, 2, ZP, FEW_P4)                                  \
+        RD_FEW_RUN(KIND, 3, 1, ZP, FEW_P4)                                  \
+    } else {                                                                \
+        RD_FEW_RUN(KIND, 4, 4, ZP, FEW_P4)                                  \
+        RD_FEW_RUN(KIND, 4, 2, ZP, FEW_P4)                                  \
+        RD_FEW_RUN(KIND, 4, 1, ZP, FEW_P4)                                  \
     }                                                                       \
 }
 

@@ -22,6 +22,7 @@
 #define FEW_MR 12
 #define FEW_P1 8
 #define FEW_P2 4
+#define FEW_P4 2
 #define FEW_ZERO() vdupq_n_f32(0.0f)
 #define FEW_LOADU vld1q_f32
 #define FEW_SUB vsubq_f32

@@ -228,10 +228,12 @@ typedef struct {
     rd_int qtile;           /* prepacked quantized B (panels > 0): the depth
                              * along k of its scale tiles; 0: float panels */
     int qzp;                /* prepacked quantized B: with zero points */
-    const long long *ridx;  /* NULL, or (rd_gated_rows' lhs, not quantized):
-                             * row i of the operand is row ridx[i] of the
-                             * array at p (rows rs apart), gathered while
-                             * packed */
+    const long long *ridx;  /* NULL, or (rd_gated_rows' lhs, a contraction's
+                             * rhs; float operands, not quantized): row i of
+                             * the operand is row ridx[i] of the array at p
+                             * (rows rs apart), gathered while packed */
+    const long long *cidx;  /* NULL, or (a contraction's lhs, as ridx):
+                             * column j is column cidx[j] of the array at p */
 } rd_in_t;
 
 /* An output: elements of the plan's compute type, or (dtype RD_BF16 or

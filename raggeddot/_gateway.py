@@ -367,7 +367,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     return out
 
 
-def contract(lhs, rhs, bounds, out, accumulate=False, algo=None):
+def contract(lhs, rhs, bounds, out, accumulate=False, algo=None, lhs_cols=None, rhs_rows=None):
     """Ragged contraction, the weight gradient (tgmm): for each group j,
     ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],
     bounds[j + 1])``.
@@ -376,11 +376,19 @@ def contract(lhs, rhs, bounds, out, accumulate=False, algo=None):
     of the compute dtype. An empty group gives zeros (or leaves ``out[j]``
     as it is when accumulating). Each output tile is owned by one thread: no
     reduction across threads. ``algo`` and the dot-product kernels as for
-    :func:`rows`. Returns ``out``."""
+    :func:`rows`. With ``lhs_cols`` (int64 ``[m]``), lhs is ``[k, t]`` and
+    the product reads ``lhs[:, lhs_cols]``; with ``rhs_rows``, rhs is ``[t,
+    n]`` and it reads ``rhs[rhs_rows]``: through the index while packing
+    (float operands, algo None), never gathered whole, with the bits of the
+    gathered array's product. Returns ``out``."""
     if out.size:
         ct = kernel_dtype(out)
-        _core.ragged_contract(operand(lhs, ct, PACKED), operand(rhs, ct, PACKED), bounds, out,
-                              bool(accumulate), algo == "bf16", False, algo == "exact")
+        a, b = operand(lhs, ct, PACKED), operand(rhs, ct, PACKED)
+        if lhs_cols is None and rhs_rows is None:
+            _core.ragged_contract(a, b, bounds, out, bool(accumulate), algo == "bf16", False, algo == "exact")
+        else:
+            _core.ragged_contract_gathered(a, b, bounds, out, bool(accumulate),
+                                           *(None if i is None else _indices(i) for i in (lhs_cols, rhs_rows)))
     return out
 
 

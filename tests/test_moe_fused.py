@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import raggeddot
-from raggeddot import _gateway as gw
+from raggeddot import _core, _gateway as gw
 from raggeddot import runtime
 from raggeddot._moe import experts
 
@@ -98,8 +98,9 @@ def test_concatenated_gate_up_gradient_in_one_pass(rng, monkeypatch, dtype, layo
 def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, monkeypatch):
     """moe_block without a backward asks the fused pass for a only, reading
     the tokens' rows through the dispatch's index (no [N, d] copy of them);
-    the vjp keeps h0 and h1 and the dispatched rows for its backward."""
-    from raggeddot._moe import dispatch
+    the vjp keeps h0 and h1, reads the rows so too, and its backward's gate
+    and up weight gradients read them through the index again (no gather,
+    no [N, d] copy anywhere), with the bits of the dispatched rows' products."""
     T, d, f, E = 40, 32, 24, 4
     x = rng.standard_normal((T, d)).astype(np.float32)
     router = rng.standard_normal((d, E)).astype(np.float32)
@@ -112,8 +113,22 @@ def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, 
     monkeypatch.setattr(gw, "gather_rows", lambda *a, **k: gathers.append(1) or real_gather(*a, **k))
     raggeddot.moe_block(x, router, *ws, top_k=2)
     assert seen == [(False, True, (T, d))] and gathers == []
-    raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
-    assert seen[1] == (True, False, (2 * T, d)) and gathers == [1]
+    gathered = []
+    real_contract = _core.ragged_contract_gathered
+    monkeypatch.setattr(_core, "ragged_contract_gathered", lambda *a: gathered.append(a[-2:]) or real_contract(*a))
+    out, vjp = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+    assert seen[1] == (True, True, (T, d)) and gathers == []
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    grads = vjp(d_out)
+    assert len(gathered) == 2 and all(c is not None and r is None for c, r in gathered)   # w0's, w1's
+    monkeypatch.setattr(experts, "fuses", lambda *a: False)     # the dispatched rows, copied
+    out2, vjp2 = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
+    want = vjp2(d_out)
+    assert gathers and len(gathered) == 2     # (gathered, and no contraction through the index)
+    assert np.array_equal(_bits(out), _bits(out2))
+    for name, g in want.items():
+        if g is not None:
+            assert np.array_equal(_bits(np.asarray(grads[name])), _bits(np.asarray(g))), name
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -241,3 +256,50 @@ def test_the_gated_bindings_refuse_bad_arguments():
     for call, message in bad:
         with pytest.raises((ValueError, TypeError), match=message):
             call()
+
+
+@pytest.mark.parametrize("family", sorted(set(FUSED_FAMILIES + DOT_KERNELS["bfloat16-dot"]
+                                               + DOT_KERNELS["bfloat16-mmla"])))
+def test_contraction_through_an_index_gives_the_gathered_bits(rng, family):
+    """ragged_contract_gathered (the weight gradients of the dispatched rows, read through the
+    dispatch's index): lhs[:, cols] or rhs[rows], bit for bit the contraction of the gathered
+    array, for float32, float64 and 16-bit operands (bfloat16 ones on the dot-product and tile
+    families), tokens chosen several times or never, groups empty or past KC, 1-3 threads,
+    written and accumulated; and the refusals."""
+    for dt, ct in ((np.float32, np.float32), (BF16, np.float32), (np.float16, np.float32), (np.float64, np.float64)):
+        for T, d, f, N, g in ((7, 5, 3, 11, 3), (40, 130, 70, 160, 5), (90, 33, 300, 1100, 2)):
+            x = rng.standard_normal((T, d)).astype(dt)
+            idx = rng.integers(0, T, N).astype(np.int64)
+            dh = rng.standard_normal((N, f)).astype(dt)
+            sizes = rng.multinomial(N - 3, np.ones(g) / g)
+            sizes[0] = 0
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            xs = x[idx]
+            for threads in (1, 2, 3):
+                with runtime.configured(kernel=family, num_threads=threads):
+                    for lhs, rhs, cols, rows, shape in ((x.T, dh, idx, None, (g, d, f)), (dh.T, x, None, idx, (g, f, d))):
+                        plain_l, plain_r = (xs.T, dh) if cols is not None else (dh.T, xs)
+                        want = np.zeros(shape, ct)
+                        _core.ragged_contract(plain_l, plain_r, bounds, want, False)
+                        got = np.full(shape, 7, ct)
+                        _core.ragged_contract_gathered(lhs, rhs, bounds, got, False, cols, rows)
+                        assert np.array_equal(_bits(got), _bits(want)), (family, dt, T, threads)
+                        _core.ragged_contract(plain_l, plain_r, bounds, want, True)
+                        _core.ragged_contract_gathered(lhs, rhs, bounds, got, True, cols, rows)
+                        assert np.array_equal(_bits(got), _bits(want)), (family, dt, T, threads, "accumulate")
+    x = np.ones((6, 4), np.float32)
+    dh = np.ones((5, 3), np.float32)
+    out = np.zeros((1, 4, 3), np.float32)
+    b = np.array([0, 5], np.int64)
+    i = np.array([0, 1, 2, 3, 5], np.int64)
+    with pytest.raises(TypeError, match="one index"):
+        _core.ragged_contract_gathered(x.T, dh, b, out, False, i, i)
+    with pytest.raises(TypeError, match="one index"):
+        _core.ragged_contract_gathered(x.T, dh, b, out, False, None, None)
+    with pytest.raises(ValueError, match="lhs_cols"):
+        _core.ragged_contract_gathered(x.T, dh, b, out, False, np.array([0, 1, 2, 3, 6]), None)
+    with pytest.raises(ValueError, match="disagree"):
+        _core.ragged_contract_gathered(x.T, dh[:4], b, out, False, i, None)
+    with pytest.raises(TypeError, match="not quantized"):
+        _core.ragged_contract_gathered((x.T.astype(np.int8), np.ones((1, 1), np.float32), None), dh, b, out, False,
+                                       i, None)

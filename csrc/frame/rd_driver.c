@@ -58,22 +58,34 @@ static void
 rd_pack_block(const rd_call_t *cl, int which, const rd_block_t *x, rd_int i, rd_int j,
               rd_int rows, rd_int depth, int r, void *dst)
 {
-    if (x->ridx != NULL) {
-        /* rows gathered through the index into a block of their own (its
-         * rows `depth` apart, in this thread's staging buffer, sized by the
-         * caller), then packed as any block */
-        const size_t es = cl->a_src;
-        char *stage = (char *)rd_scratch(6, (size_t)rows * (size_t)depth * es);
-        for (rd_int ii = 0; ii < rows; ii++) {
-            const char *row = (const char *)x->p + (x->ridx[i + ii] * x->rs + j * x->cs) * (rd_int)es;
-            char *d = stage + (size_t)(ii * depth) * es;
-            if (x->cs == 1)
-                memcpy(d, row, (size_t)depth * es);
+    if (x->ridx != NULL || x->cidx != NULL) {
+        /* rows (or columns) gathered through the index into a block of
+         * their own in this thread's staging buffer (sized by the caller),
+         * each line copied along the axis it runs on, then packed as any
+         * block: X[i + ii][j + jj] for ii < nr, jj < nc (A: rows x depth;
+         * B: depth x rows, packed as its transpose) */
+        const size_t es = which ? cl->b_src : cl->a_src;
+        const rd_int nr = which ? depth : rows, nc = which ? rows : depth;
+        char *stage = (char *)rd_scratch(6, (size_t)nr * (size_t)nc * es);
+        const int by_rows = x->ridx != NULL;      /* lines along rows: stage[ii][jj], else stage[jj][ii] */
+        const rd_int lines = by_rows ? nr : nc, len = by_rows ? nc : nr;
+        const rd_int step = by_rows ? x->cs : x->rs;  /* along a line, in the source */
+        for (rd_int l = 0; l < lines; l++) {
+            const rd_int at = by_rows ? x->ridx[i + l] * x->rs + j * x->cs : (i * x->rs + x->cidx[j + l] * x->cs);
+            const char *line = (const char *)x->p + at * (rd_int)es;
+            char *d = stage + (size_t)(l * len) * es;
+            if (step == 1)
+                memcpy(d, line, (size_t)len * es);
             else
-                for (rd_int p = 0; p < depth; p++)
-                    memcpy(d + (size_t)p * es, row + p * x->cs * (rd_int)es, es);
+                for (rd_int t = 0; t < len; t++)
+                    memcpy(d + (size_t)t * es, line + t * step * (rd_int)es, es);
         }
-        cl->pack_a(rows, depth, stage, depth, 1, r, dst);
+        /* the staged block's strides along X's rows and columns */
+        const rd_int srs = by_rows ? nc : 1, scs = by_rows ? 1 : nr;
+        if (which)
+            cl->pack_b(rows, depth, stage, scs, srs, r, dst);
+        else
+            cl->pack_a(rows, depth, stage, srs, scs, r, dst);
         return;
     }
     const void *src = rd_at(x->p, which ? cl->b_src : cl->a_src, i, x->rs, j, x->cs);
@@ -236,7 +248,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * without, 46% with (KC 512), 52% at KC 128, whose blocks leave
              * room in L2 for the next one */
             rd_ahead.next = rd_ahead.end = NULL;
-            if (nt == 1 && pairs == 1 && !streamed && b->panels == 0 && b->cs == 1 && b->rs == nc
+            if (nt == 1 && pairs == 1 && !streamed && b->panels == 0 && b->ridx == NULL && b->cs == 1 && b->rs == nc
                 && pc + kc < K && cl->b_src_nibbles == 0) {
                 const rd_int rows = K - pc - kc < KC ? K - pc - kc : KC;
                 rd_ahead.next = (const char *)rd_at(b->p, cl->b_src, pc + kc, b->rs, jc, 1);
@@ -296,12 +308,15 @@ rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_in
 {
     if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
         return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels,
-                            x->qtile, x->qzp, NULL};
+                            x->qtile, x->qzp, NULL, NULL};
     if (x->ridx != NULL)   /* gathered rows: the index from row i0 on, the columns from j0 */
         return (rd_block_t){(const char *)x->p + j0 * x->cs * (rd_int)size, x->rs, x->cs, NULL, NULL, NULL, i0,
-                            j0, 0, 0, 0, x->ridx + i0};
+                            j0, 0, 0, 0, x->ridx + i0, NULL};
+    if (x->cidx != NULL)   /* gathered columns: the rows from i0, the index from column j0 on */
+        return (rd_block_t){(const char *)x->p + i0 * x->rs * (rd_int)size, x->rs, x->cs, NULL, NULL, NULL, i0,
+                            j0, 0, 0, 0, NULL, x->cidx + j0};
     rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
-                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0, NULL};
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0, NULL, NULL};
     if (x->q.s != NULL) {
         const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
         b.q = &x->q;
@@ -411,9 +426,11 @@ rd_run_tile(const rd_run_t *r, const rd_tile_t *tile, char *apack, char *bpack, 
 /* The packing buffers of a thread for the tiles of tl: A blocks of at most
  * MC rows and at most a tile's, B panels of at most NC columns and a
  * tile's (none when B is streamed: read in place), and (stage, when not
- * NULL) an A block of gathered rows before it is packed. */
+ * NULL) an A block of gathered rows before it is packed, or with stage_b
+ * the larger of that and a block of B's. */
 void
-rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage)
+rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage,
+              int stage_b)
 {
     const rd_ukr_desc_t *kd = &cl->plan->k;
     const rd_int nc_max = rd_round_up(tl->tn < kd->nc ? tl->tn : kd->nc, kd->nr);
@@ -421,8 +438,11 @@ rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_
     const rd_int mc_max = rd_round_up(tl->tm > 0 && tl->tm < kd->mc ? tl->tm : kd->mc, kd->mr);
     *a_bytes = rd_panel_bytes(cl, cl->a_size, mc_max, kp_max);
     *b_bytes = cl->plan->kind == RD_KIND_STREAM ? 0 : rd_panel_bytes(cl, cl->b_size, nc_max, kp_max);
-    if (stage != NULL)
-        *stage = (size_t)mc_max * (size_t)kp_max * cl->a_src;
+    if (stage != NULL) {    /* an A block, or (stage_b) a block of B panels, staged */
+        const size_t sa = (size_t)mc_max * (size_t)kp_max * cl->a_src;
+        const size_t sb = stage_b ? (size_t)nc_max * (size_t)kp_max * cl->b_src : 0;
+        *stage = sa > sb ? sa : sb;
+    }
 }
 
 /* Run every tile of the list: the team tiles by all threads together, one
@@ -432,8 +452,9 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
 {
     const rd_call_t *cl = r->cl;
     const rd_ukr_desc_t *kd = &cl->plan->k;
-    size_t a_bytes, b_bytes;
-    rd_pack_sizes(cl, tl, &a_bytes, &b_bytes, NULL);
+    size_t a_bytes, b_bytes, stage_bytes;
+    rd_pack_sizes(cl, tl, &a_bytes, &b_bytes, &stage_bytes, r->rhs->ridx != NULL);
+    const int gathers = r->lhs->ridx != NULL || r->lhs->cidx != NULL || r->rhs->ridx != NULL;
     /* a 16-bit output's tile is computed in float32 here, tm x tn_max */
     const size_t t_bytes = r->narrow ? (size_t)tl->tm * (size_t)r->tn_max * sizeof(float) : 0;
     char *shared = tl->nteam > 0 ? (char *)rd_scratch(3, b_bytes) : NULL;
@@ -446,8 +467,10 @@ rd_run_tiles(const rd_run_t *r, const rd_tiling_t *tl)
         char *apack = (char *)rd_scratch(0, a_bytes);
         char *bpack = (char *)rd_scratch(1, b_bytes);
         float *tile32 = r->narrow ? (float *)rd_scratch(2, t_bytes) : NULL;
+        /* an operand read through an index is staged a block at a time (rd_pack_block) */
+        const int staged = !gathers || rd_scratch(6, stage_bytes) != NULL;
         int ok = apack != NULL && (bpack != NULL || b_bytes == 0) && (!r->narrow || tile32 != NULL)
-                 && (tl->nteam == 0 || shared != NULL);
+                 && (tl->nteam == 0 || shared != NULL) && staged;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -535,7 +558,7 @@ rd_run(const rd_plan_t *base, int mode, rd_int k, rd_int n, rd_int ng, const rd_
     /* a streaming kernel reads float32 rows of unit stride where they lie */
     rd_plan_choose(plan, mode, k, n, ng, bounds, rhs->panels > 0,
                    plan->ct == RD_CT_F32 && rhs->panels == 0 && rhs->q.s == NULL
-                   && rhs->dtype == RD_F32 && rhs->cs == 1);
+                   && rhs->dtype == RD_F32 && rhs->cs == 1 && rhs->ridx == NULL);
     int rc = rd_call_init(&cl, plan, lhs, rhs);
     if (rc != 0)
         return rc;

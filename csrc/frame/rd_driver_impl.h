@@ -37,7 +37,8 @@ typedef struct {
     rd_int panels;              /* > 0: prepacked B (rd_prepack), p its group */
     rd_int qtile;               /* prepacked quantized B: scale tiles along k */
     int qzp;                    /* ... with zero points */
-    const long long *ridx;      /* NULL, or A's row i is row ridx[i] of the array at p */
+    const long long *ridx;      /* NULL, or row i is row ridx[i] of the array at p */
+    const long long *cidx;      /* NULL, or column j is column cidx[j] of it */
 } rd_block_t;
 
 /* Thread-local scratch buffer `which` (0-6) of at least `bytes`, 64-byte
@@ -53,7 +54,8 @@ rd_block_t rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_in
 
 /* Bytes of the packing buffers of a tiling's largest tile (A, B, and the
  * staging of gathered rows). */
-void rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage);
+void rd_pack_sizes(const rd_call_t *cl, const rd_tiling_t *tl, size_t *a_bytes, size_t *b_bytes, size_t *stage,
+                   int stage_b);
 
 /* C[M x N] (+)= A B (and C2 (+)= A B2) over one tile: the loop nest
  * (frame/rd_driver.c). */

@@ -63,7 +63,7 @@ rd_gated_rows(const rd_plan_t *base, rd_int k, rd_int n, rd_int ng, const rd_int
         tl.nthreads = (int)blocks;
     const rd_int ld = rd_round_up(tl.tn, kd->nr);
     size_t a_bytes, b_bytes, stage_bytes;
-    rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes);
+    rd_pack_sizes(&cl, &tl, &a_bytes, &b_bytes, &stage_bytes, 0);
     const size_t t_bytes = (size_t)(tl.tm > 0 ? tl.tm : 1) * (size_t)ld * cl.c_size;
     int failed = 0;
 #ifdef _OPENMP

@@ -359,7 +359,7 @@ rd_gemm_call(PyObject *args, int contract)
         PyErr_SetString(PyExc_TypeError, "ragged_contract does not quantize its operands");
         return NULL;
     }
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0, NULL};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0, NULL, NULL};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -369,7 +369,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0, NULL};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0, NULL, NULL};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -378,7 +378,7 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0, NULL};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0, NULL, NULL};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
@@ -429,6 +429,69 @@ rd_py_ragged_contract(PyObject *self, PyObject *args)
 {
     (void)self;
     return rd_gemm_call(args, 1);
+}
+
+PyDoc_STRVAR(ragged_contract_gathered_doc,
+"ragged_contract_gathered(lhs, rhs, bounds, out, accumulate, lhs_cols, rhs_rows)\n\n"
+"ragged_contract of lhs[:, lhs_cols] (lhs [k, t], lhs_cols int64 [m] in [0, t))\n"
+"and rhs [m, n], or of lhs [k, m] and rhs[rhs_rows] (rhs [t, n]): one index,\n"
+"the other None.  The indexed operand's columns (rows) are read through the\n"
+"index while packed, never gathered whole (the dispatched rows of an MoE\n"
+"layer, token rows[i] of slot i); the bits of ragged_contract on the\n"
+"gathered array.  Float and 16-bit operands, not quantized.");
+
+static PyObject *
+rd_py_ragged_contract_gathered(PyObject *self, PyObject *args)
+{
+    PyObject *olhs, *orhs, *obounds, *oout, *ocols, *orows;
+    int accumulate;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOpOO", &olhs, &orhs, &obounds, &oout, &accumulate, &ocols, &orows))
+        return NULL;
+    if ((ocols == Py_None) == (orows == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "ragged_contract_gathered takes one index: 'lhs_cols' or 'rhs_rows'");
+        return NULL;
+    }
+    PyObject *plain = Py_BuildValue("(OOOOi)", olhs, orhs, obounds, oout, accumulate);
+    if (plain == NULL)
+        return NULL;
+    rd_arg_t lhs, rhs, out, idx;
+    rd_scales_t lq, rq;
+    PyObject *ob;
+    rd_plan_t plan;
+    int quantize_lhs;
+    const int rc = rd_parse_gemm(plain, 2, 3, &lhs, &lq, &rhs, &rq, &out, &ob, &accumulate, &plan, &quantize_lhs);
+    Py_DECREF(plain);
+    if (rc != 0)
+        return NULL;
+    if (lq.s != NULL || rq.s != NULL || (plan.ct != RD_CT_F32 && plan.ct != RD_CT_F64
+                                         && plan.ct != RD_CT_BF16DP && plan.ct != RD_CT_BF16MMA
+                                         && plan.ct != RD_CT_BF16TILE)) {
+        PyErr_SetString(PyExc_TypeError, "ragged_contract_gathered takes float or 16-bit operands, not quantized");
+        return NULL;
+    }
+    const int by_cols = ocols != Py_None;
+    const rd_arg_t *held = by_cols ? &lhs : &rhs;      /* the operand read through the index */
+    const char *name = by_cols ? "lhs_cols" : "rhs_rows";
+    if (rd_arg_array(by_cols ? ocols : orows, name, 1, NPY_INT64, RD_CONTIG, &idx) != 0 ||
+        rd_arg_indices(&idx, name, 0, by_cols ? held->dim[1] : held->dim[0]) != 0)
+        return NULL;
+    const rd_int k = lhs.dim[0], m = idx.dim[0], n = rhs.dim[1], ng = out.dim[0];
+    if ((by_cols ? rhs.dim[0] : lhs.dim[1]) != m || out.dim[1] != k || out.dim[2] != n) {
+        PyErr_SetString(PyExc_ValueError, by_cols
+                        ? "shapes of lhs [k, t], lhs_cols [m], rhs [m, n], out [g, k, n] disagree"
+                        : "shapes of lhs [k, m], rhs [t, n], rhs_rows [m], out [g, k, n] disagree");
+        return NULL;
+    }
+    const rd_int *bv;
+    if (rd_arg_bounds(obounds, ng, m, "out.shape[0]", &bv) != 0)
+        return NULL;
+    rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
+                 .cidx = by_cols ? (const long long *)idx.data : NULL};
+    rd_in_t b = {.p = rhs.data, .dtype = (rd_dtype_t)rhs.dtype, .rs = rhs.stride[0], .cs = rhs.stride[1],
+                 .ridx = by_cols ? NULL : (const long long *)idx.data};
+    const rd_out_t c = {out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
+    return rd_run_gemm(&plan, 1, 0, m, k, n, ng, bv, &a, &b, &c, accumulate);
 }
 
 /* -------------------------------------------------------------- metadata */
@@ -494,6 +557,7 @@ error:
 PyMethodDef rd_matmul_methods[] = {
     {"ragged_rows", rd_py_ragged_rows, METH_VARARGS, ragged_rows_doc},
     {"ragged_contract", rd_py_ragged_contract, METH_VARARGS, ragged_contract_doc},
+    {"ragged_contract_gathered", rd_py_ragged_contract_gathered, METH_VARARGS, ragged_contract_gathered_doc},
     {"make_group_metadata", rd_py_make_group_metadata, METH_VARARGS, make_group_metadata_doc},
     {NULL, NULL, 0, NULL},
 };

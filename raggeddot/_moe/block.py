@@ -55,9 +55,10 @@ def forward(layer, keep=True):
     topk_idx, topk_weights, r_route = route.forward(layer.router, layer.x)
     on_input = layer.weights_on == "input"
     rows = layer.x if layer.x_hidden is None else layer.x_hidden   # the experts' dtype
-    if not keep and not on_input and experts.fuses(layer.experts, rows):
-        # no backward: the fused gate and up pass reads the tokens' rows
-        # through the dispatch's index while it packs them, no [N, d] copy
+    if not on_input and experts.fuses(layer.experts, rows):
+        # the fused gate and up pass reads the tokens' rows through the
+        # dispatch's index while it packs them, no [N, d] copy (and the
+        # backward's weight gradients read them so again)
         plan = dispatch.sort(topk_idx, layer.num_experts, layer.capacity)
         xs = experts.Gathered(rows, plan.token_of_slot)
     else:
@@ -102,7 +103,7 @@ def activations(layer, keep=True):
     hd = ct if layer.x_hidden is None else layer.x_hidden.dtype
     rows = layer.x if layer.x_hidden is None else layer.x_hidden
     ex = layer.experts
-    gathered = not keep and layer.weights_on != "input" and experts.fuses(ex, rows)
+    gathered = layer.weights_on != "input" and experts.fuses(ex, rows)
     combined = not keep and experts.combines(ex, rows)
     held = [((T, E), ct), ((T, E), ct), ((N,), np.int64), ((N,), np.int64)]
     held += [] if gathered else [((N, d), hd)]

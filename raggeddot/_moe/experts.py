@@ -119,8 +119,10 @@ class ExpertsResiduals(NamedTuple):
     quantization, xs_q and a_q are the quantized rows the products read
     (QArrays of the held rows, or the _Deferred quantization the kernels
     made while packing, made again when read), for the weight gradients;
-    else None."""
-    xs: np.ndarray      # [N, d]
+    else None. xs is the rows ``[N, d]``, or the :class:`Gathered` tokens
+    and index the forward read them through (the weight gradients read them
+    so too: no [N, d] copy is held)."""
+    xs: np.ndarray      # [N, d], or a Gathered
     h0: np.ndarray      # [rows, f]
     h1: np.ndarray      # [rows, f]
     a: np.ndarray       # [rows, f]
@@ -189,6 +191,20 @@ def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
     if out is None:
         out = _buffer((num_groups, lhs_t.shape[0], rhs.shape[1]), dtype)
     return gw.contract(lhs_t, rhs, bounds, out)
+
+
+def _rows_grad(xs, dh, bounds, num_groups, transposed, dtype, out=None):
+    """:func:`_weight_grad` of ``xs^T`` and ``dh``: ``xs`` the rows the
+    forward multiplied, an array or a :class:`Gathered` (read through its
+    index while packed, as the forward read it: no [rows, d] copy)."""
+    if not isinstance(xs, Gathered):
+        return _weight_grad(xs.T, dh, bounds, num_groups, transposed, dtype, out)
+    d, f = xs.x.shape[1], dh.shape[1]
+    if out is None:
+        out = _buffer((num_groups, f, d) if transposed else (num_groups, d, f), dtype)
+    if transposed:
+        return gw.contract(dh.T, xs.x, bounds, out, rhs_rows=xs.index)
+    return gw.contract(xs.x.T, dh, bounds, out, lhs_cols=xs.index)
 
 
 def _rows(x, w, bounds, out, accumulate=False):
@@ -285,6 +301,12 @@ class Gathered(NamedTuple):
     @property
     def shape(self):
         return (self.index.shape[0], self.x.shape[1])
+
+
+def _held(xs, first, last):
+    """The held experts' rows ``[first, last)`` of ``xs`` (an array or a
+    :class:`Gathered`)."""
+    return Gathered(xs.x, xs.index[first:last]) if isinstance(xs, Gathered) else xs[first:last]
 
 
 def in_kernel(experts, x, *weights):
@@ -475,7 +497,7 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
                             None if weights is None else weights[first:last], experts.bo, hd)
         return out, ExpertsResiduals(None, h0, h1, None, bounds, first, rows_q, None)
     y = product(a if a_q is None else a_q, experts.wo, experts.bo, xs.shape[0], fill_zero=True)
-    return y, ExpertsResiduals(None if gathered else xs, h0, h1, a, bounds, first, rows_q, a_q)
+    return y, ExpertsResiduals(None if gathered and not keep else xs, h0, h1, a, bounds, first, rows_q, a_q)
 
 
 def backward(experts, res, d_y):
@@ -514,12 +536,12 @@ def backward(experts, res, d_y):
     if count and f:
         gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
         gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)
-    xs = res.xs[first:last] if res.xs_q is None else _values(res.xs_q)
+    xs = _held(res.xs, first, last) if res.xs_q is None else _values(res.xs_q)
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
     if experts.gate_up is None:
-        dw0 = _weight_grad(xs.T, dh0, bounds, n, experts.transposed, hd)
-        dw1 = _weight_grad(xs.T, dh1, bounds, n, experts.transposed, hd)
+        dw0 = _rows_grad(xs, dh0, bounds, n, experts.transposed, hd)
+        dw1 = _rows_grad(xs, dh1, bounds, n, experts.transposed, hd)
         return d_xs, ExpertGrads(dw0, dw1, dwo, db0, db1, dbo)
     # fused: both gradients written through the views the forward read; with
     # gate and up concatenated, in one pass over the rows (xs packed once for
@@ -527,10 +549,10 @@ def backward(experts, res, d_y):
     shape = (n, 2 * f, d) if experts.transposed else (n, d, 2 * f)
     dw = _buffer(shape, hd)
     if dh is not None and experts.gate_up == "concat":
-        _weight_grad(xs.T, dh, bounds, n, experts.transposed, hd, out=dw)
+        _rows_grad(xs, dh, bounds, n, experts.transposed, hd, out=dw)
     else:
         for dh_half, view in zip((dh0, dh1), split_gate_up(dw, 1 if experts.transposed else 2, experts.gate_up)):
-            _weight_grad(xs.T, dh_half, bounds, n, experts.transposed, hd, out=view)
+            _rows_grad(xs, dh_half, bounds, n, experts.transposed, hd, out=view)
     db = None
     if db0 is not None:
         db = np.empty((n, 2 * f), dtype=ct)
@@ -556,7 +578,9 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
     t_y = np.zeros((res.xs.shape[0], d), dtype=ct)
     if not count:
         return t_y
-    xs = res.xs[first:last] if res.xs_q is None else _values(res.xs_q)      # what the forward multiplied
+    xs = _held(res.xs, first, last) if res.xs_q is None else _values(res.xs_q)   # what the forward multiplied
+    if isinstance(xs, Gathered):    # (the tangent products take the rows as an array)
+        xs = xs.x[xs.index]
     t_rows = None if t_xs is None else t_xs[first:last]
 
     def product(lhs, w, t_lhs, t_w, cols):

@@ -49,6 +49,24 @@ rd_moe_sort(rd_int T, rd_int k, rd_int E, const long long *topk_idx,
     return kept;
 }
 
+/* 1/k!, k = 12 down to 0: the Taylor coefficients of e^r */
+static const double rd_inv_factorial[13] = {
+    1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
+    1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0,
+};
+
+/* sum of rd_inv_factorial[i] r^(last - i), i = first..last, by Horner's
+ * rule: e^r to r^11 (1, 12), or (e^r - 1) / r to r^11 (0, 11) */
+static inline __attribute__((always_inline)) double
+rd_exp_taylor(double r, int first, int last)
+{
+    double p = rd_inv_factorial[first];
+#pragma GCC unroll 13
+    for (int i = first + 1; i <= last; i++)
+        p = p * r + rd_inv_factorial[i];
+    return p;
+}
+
 /* e^x in double for x in [-708, 709] (or NaN): x = n ln2 + r, |r| <= ln2/2,
  * e^r by its Taylor polynomial to r^11 (relative error under 1e-14), times
  * 2^n built from n's bits.  *em1, when given, gets e^x - 1 with the same
@@ -61,38 +79,14 @@ rd_exp_core(double x, double *em1)
     const double t = x * 0x1.71547652b82fep0 + shift;
     const double n = t - shift;                   /* round(x / ln2) */
     const double r = x - n * 0x1.62e42fefa39efp-1;
-    double p = 1.0 / 39916800;
-    p = p * r + 1.0 / 3628800;
-    p = p * r + 1.0 / 362880;
-    p = p * r + 1.0 / 40320;
-    p = p * r + 1.0 / 5040;
-    p = p * r + 1.0 / 720;
-    p = p * r + 1.0 / 120;
-    p = p * r + 1.0 / 24;
-    p = p * r + 1.0 / 6;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    const double p = rd_exp_taylor(r, 1, 12);     /* e^r, to r^11 */
     uint64_t bits;
     memcpy(&bits, &t, sizeof bits);               /* n in the low bits of t's mantissa */
     bits = (bits + 1023u) << 52;                  /* 2^n: n + 1023 in [1, 2046] */
     double scale;
     memcpy(&scale, &bits, sizeof scale);
-    if (em1 != NULL) {
-        double q = 1.0 / 479001600;
-        q = q * r + 1.0 / 39916800;
-        q = q * r + 1.0 / 3628800;
-        q = q * r + 1.0 / 362880;
-        q = q * r + 1.0 / 40320;
-        q = q * r + 1.0 / 5040;
-        q = q * r + 1.0 / 720;
-        q = q * r + 1.0 / 120;
-        q = q * r + 1.0 / 24;
-        q = q * r + 1.0 / 6;
-        q = q * r + 0.5;
-        q = q * r + 1.0;
-        *em1 = scale * (q * r) + (scale - 1.0);
-    }
+    if (em1 != NULL)    /* e^r - 1 = r (1 + r/2 + ... + r^11/12!) */
+        *em1 = scale * (rd_exp_taylor(r, 0, 11) * r) + (scale - 1.0);
     return p * scale;
 }
 

@@ -331,7 +331,7 @@ def served(ctype):
     in force: the dot-product types are served only where the CPU has their
     instruction (or a twin was selected by name). A dot type's layout is
     also served where the tile type that reads it is (AMX)."""
-    gen = _core.selection_generation()
+    gen = selection()
     hit = _SERVED.get(ctype)
     if hit is not None and hit[0] == gen:
         return hit[1]

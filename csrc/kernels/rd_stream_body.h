@@ -94,14 +94,14 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
 /* (the strip's loops unrolled whole, so that its sums stay in registers) */
 #define RD_SUNROLL _Pragma("GCC unroll 8")
 #define RD_SRZ(i) V acc##i[rd_snv];                                          \
-    RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                        \
+    RD_SUNROLL for (int v = 0; v < rd_snv; v++)                             \
         acc##i[v] = ZERO();
 #define RD_SRF(i) {                                                         \
         const V ai = SET1(a[RD_SMR * p + (i)]);                             \
-        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                    \
+        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                         \
             acc##i[v] = FMA(ai, bv[v], acc##i[v]);                          \
     }
-#define RD_SRS(i) RD_SUNROLL for (int v = 0; v < rd_snv; v++)                          \
+#define RD_SRS(i) RD_SUNROLL for (int v = 0; v < rd_snv; v++)               \
         STORE(s + (i) * ld + v * W, acc##i[v]);
 #define RD_SREG_ROWS(NAME, ROWS, NV)                                        \
 TARGET static void                                                          \
@@ -113,12 +113,16 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
     for (rd_int p = 0; p < kc; p++) {                                       \
         const float *r = b + p * ldb;                                       \
         V bv[rd_snv];                                                       \
-        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                                    \
+        RD_SUNROLL for (int v = 0; v < rd_snv; v++)                         \
             bv[v] = LOADM(v == rd_snv - 1 ? last : MASK_ALL, r + v * W);    \
         ROWS(RD_SRF)                                                        \
     }                                                                       \
     ROWS(RD_SRS)                                                            \
 }
+
+/* The table of the eight functions P_1 ... P_8 (one to eight vectors, or
+ * rows) */
+#define RD_STABLE(P) {P##_1, P##_2, P##_3, P##_4, P##_5, P##_6, P##_7, P##_8}
 
 #define RD_SREG_NV(P, ROWS)                                                 \
 RD_SREG_ROWS(P##_1, ROWS, 1)                                                \
@@ -151,18 +155,15 @@ NAME(rd_int kc, const void *a_, const void *b_, rd_int ldb, void *c,        \
      rd_int rs_c, rd_int cs_c, int m, int n, int mode)                      \
 {                                                                           \
     typedef void (*rows_t)(rd_int, const float *, const float *, rd_int, float *, rd_int, int); \
-    static const rows_t rows[RD_SMR] = {P##_1, P##_2, P##_3, P##_4, P##_5, P##_6, P##_7, P##_8}; \
-    static const rows_t regs[4][8] = {                                      \
-        {P##_r1_1, P##_r1_2, P##_r1_3, P##_r1_4, P##_r1_5, P##_r1_6, P##_r1_7, P##_r1_8}, \
-        {P##_r2_1, P##_r2_2, P##_r2_3, P##_r2_4, P##_r2_5, P##_r2_6, P##_r2_7, P##_r2_8}, \
-        {P##_r3_1, P##_r3_2, P##_r3_3, P##_r3_4, P##_r3_5, P##_r3_6, P##_r3_7, P##_r3_8}, \
-        {P##_r4_1, P##_r4_2, P##_r4_3, P##_r4_4, P##_r4_5, P##_r4_6, P##_r4_7, P##_r4_8}}; \
+    static const rows_t rows[RD_SMR] = RD_STABLE(P);                        \
+    static const rows_t regs[4][8] = {RD_STABLE(P##_r1), RD_STABLE(P##_r2),  \
+                                      RD_STABLE(P##_r3), RD_STABLE(P##_r4)}; \
     float s[RD_SMR * (RD_SNR + 16)] __attribute__((aligned(64)));           \
     /* rows of sums 64 bytes more than a multiple of 64 apart: a sum's load \
      * then never matches the store of another row's 4 KiB apart, which the \
      * CPU would take for a dependence and wait on */                       \
-    const int ld = (n + W - 1) / W * W + 16;                                \
     const int nv = (n + W - 1) / W;                                         \
+    const int ld = nv * W + 16;                                             \
     if (m <= 4 && nv <= 8 && (m + 1) * nv + 2 <= RD_SREGS) {                \
         regs[m - 1][nv - 1](kc, (const float *)a_, (const float *)b_, ldb, s, ld, n); \
     } else {                                                                \

@@ -182,29 +182,27 @@ def _held_rows(rows, cols, dtype, first, last, written):
     return out
 
 
-def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None):
+def _weight_grad(lhs_t, rhs, bounds, num_groups, transposed, dtype, out=None, cols=None):
     """d_w[l] = lhs_t[:, rows_l] @ rhs[rows_l]  ([n, a, b]) of ``dtype``;
     `transposed` gives [n, b, a] by contracting the other way round (for the
-    "efd" layout). Written into ``out`` (any strides) when given."""
+    "efd" layout). Written into ``out`` (any strides) when given. ``cols``:
+    lhs_t's columns are ``lhs_t[:, cols]``, read through that index while
+    packed (rhs's rows when contracting the other way round)."""
+    index = dict(lhs_cols=cols)
     if transposed:
-        lhs_t, rhs = rhs.T, lhs_t.T
+        lhs_t, rhs, index = rhs.T, lhs_t.T, dict(rhs_rows=cols)
     if out is None:
         out = _buffer((num_groups, lhs_t.shape[0], rhs.shape[1]), dtype)
-    return gw.contract(lhs_t, rhs, bounds, out)
+    return gw.contract(lhs_t, rhs, bounds, out, **index)
 
 
 def _rows_grad(xs, dh, bounds, num_groups, transposed, dtype, out=None):
     """:func:`_weight_grad` of ``xs^T`` and ``dh``: ``xs`` the rows the
     forward multiplied, an array or a :class:`Gathered` (read through its
     index while packed, as the forward read it: no [rows, d] copy)."""
-    if not isinstance(xs, Gathered):
-        return _weight_grad(xs.T, dh, bounds, num_groups, transposed, dtype, out)
-    d, f = xs.x.shape[1], dh.shape[1]
-    if out is None:
-        out = _buffer((num_groups, f, d) if transposed else (num_groups, d, f), dtype)
-    if transposed:
-        return gw.contract(dh.T, xs.x, bounds, out, rhs_rows=xs.index)
-    return gw.contract(xs.x.T, dh, bounds, out, lhs_cols=xs.index)
+    if isinstance(xs, Gathered):
+        return _weight_grad(xs.x.T, dh, bounds, num_groups, transposed, dtype, out, cols=xs.index)
+    return _weight_grad(xs.T, dh, bounds, num_groups, transposed, dtype, out)
 
 
 def _rows(x, w, bounds, out, accumulate=False):

@@ -361,7 +361,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     int8 dot products). Returns ``out``."""
     if bounds.item(-1) > bounds.item(0) and out.shape[1] > 0:
         g, k, n = packed.shape
-        _core.ragged_rows_packed(operand(lhs, kernel_dtype(out), PACKED), packed._buf, packed._storage.name,
+        _core.ragged_rows_packed(operand(lhs, kernel_dtype(out), PACKED), packed._buf, v._dtype_name(packed._storage),
                                  packed.ctype, g, k, n, packed.kc, packed.nr, bounds, out, bool(accumulate),
                                  packed._qtile, packed._zero_point is not None, bool(quantize_lhs))
     return out
@@ -510,7 +510,8 @@ def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):
     ct = compute_dtype(np.dtype(hidden))
     if getattr(w, "ctype", None) is not None:     # a PackedRhs
         g, k, n = w.shape
-        w = (w._buf, w._buf, w._storage.name, w.ctype, g, k, n, w.kc, w.nr, w._qtile, w._zero_point is not None)
+        w = (w._buf, w._buf, v._dtype_name(w._storage), w.ctype, g, k, n, w.kc, w.nr, w._qtile,
+             w._zero_point is not None)
     else:
         w = operand(w, ct, PACKED)
     if weights is not None:
@@ -565,7 +566,7 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     biases = [None if b is None else np.ascontiguousarray(b, dtype=ct) for b in (b0, b1)]
     if getattr(w0, "ctype", None) is not None:     # two PackedRhs of one layout
         g, k, n = w0.shape
-        weights = ((w0._buf, w1._buf, w0._storage.name, w0.ctype, g, k, n, w0.kc, w0.nr, w0._qtile,
+        weights = ((w0._buf, w1._buf, v._dtype_name(w0._storage), w0.ctype, g, k, n, w0.kc, w0.nr, w0._qtile,
                     w0._zero_point is not None), None)
     else:
         weights = (operand(w0, ct, PACKED), operand(w1, ct, PACKED))

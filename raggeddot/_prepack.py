@@ -17,13 +17,26 @@ __all__ = ["PackedRhs", "prepack", "meet", "check", "quantizes_in_kernel"]
 def _bf16_layout():
     """The layout of bfloat16 weights for a bfloat16 lhs with the kernels
     selected now (None: no bfloat16 dot products are served)."""
-    return next((ct for ct in (_BF16_MMLA, _BF16_DOT) if gw.served(ct)), None)
+    return _first_served((_BF16_MMLA, _BF16_DOT))
 
 
 def _int8_layout():
     """The layout of int8 weights for an int8 lhs with the kernels selected
     now (None: no int8 dot products are served)."""
-    return next((ct for ct in (_INT8_MMLA, _INT8_DOT) if gw.served(ct)), None)
+    return _first_served((_INT8_MMLA, _INT8_DOT))
+
+
+def _first_served(ctypes):
+    """The first of ``ctypes`` a kernel serves now, or None; kept while the
+    selection stays the same (a decode step asks a dozen times)."""
+    gen = gw.selection()
+    hit = _FIRST_SERVED.get(ctypes)
+    if hit is None or hit[0] != gen:
+        hit = _FIRST_SERVED[ctypes] = (gen, next((ct for ct in ctypes if gw.served(ct)), None))
+    return hit[1]
+
+
+_FIRST_SERVED = {}
 
 
 def _w4a8_layout(q):
@@ -177,7 +190,7 @@ class PackedRhs(v.Prepacked):
     def _current(ctype, held):
         """Whether ``held``, kept for ``ctype``, is of the kernel family
         that serves ``ctype`` now."""
-        return ctype is None or held.kernel == gw.prepack_layout(ctype, held._storage.name, 0, 0)[3]
+        return ctype is None or held.kernel == gw.prepack_layout(ctype, v._dtype_name(held._storage), 0, 0)[3]
 
     def unpack(self):
         """The weights ``[g, k, n]`` as given to :func:`prepack` (transposed

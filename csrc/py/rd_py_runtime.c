@@ -34,16 +34,23 @@ PyDoc_STRVAR(empty_doc,
 "set_buffer_cache): a large block freed by an earlier result is reused\n"
 "with its pages already mapped.");
 
-/* Bytes of the machine's physical memory, 0 when the system does not say. */
+/* Bytes of the machine's physical memory, 0 when the system does not say.
+ * Read once (glibc's sysconf(_SC_PHYS_PAGES) is a system call, and a decode
+ * step asks for a dozen buffers); called with the GIL held. */
 static unsigned long long
 rd_physical_memory(void)
 {
+    static int known = 0;
+    static unsigned long long bytes = 0;
+    if (known)
+        return bytes;
+    known = 1;
 #if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
     const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     if (pages > 0 && size > 0)
-        return (unsigned long long)pages * (unsigned long long)size;
+        bytes = (unsigned long long)pages * (unsigned long long)size;
 #endif
-    return 0;
+    return bytes;
 }
 
 /* MemoryError "cannot allocate <bytes> for an array of shape (...) and

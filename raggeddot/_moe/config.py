@@ -153,6 +153,8 @@ def _activation_qtype(qtype, fn):
 def _real(value, name, fn):
     """A real number option as a float; TypeError naming it otherwise (a
     string, a bool, an array)."""
+    if type(value) is float or type(value) is int:      # (the common case, without the ABC's check)
+        return float(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: '{name}' must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
@@ -296,7 +298,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         shared = SharedExperts(*_shared(shared_experts, d, ct, fn), activation, limit, alpha,
                                shared_expert_gate)
 
-    T = int(np.prod(x.shape[:-1], dtype=np.int64))
+    T = math.prod(x.shape[:-1])      # (exact; NumPy's prod costs a decode step ~8 us)
     xf = gw.operand(x.reshape(T, d), ct, gw.ROWS)
     router = Router(gw.operand(rw, ct), router_bias, selection_bias, score_func, top_k, n_groups,
                     topk_groups, norm_topk_prob, scale)

@@ -74,7 +74,7 @@ def forward(x, topk_idx, num_experts, capacity=-1, weights=None):
 def sort(topk_idx, num_experts, capacity=-1):
     """The :class:`Plan` of :func:`forward` alone (the gather left to the
     kernels that read the rows through ``plan.token_of_slot``)."""
-    if np.ndim(capacity) == 0:
+    if isinstance(capacity, int) or np.ndim(capacity) == 0:
         slot_of, token_of_slot, group_sizes = gw.sort_by_expert(topk_idx, num_experts, int(capacity))
     else:
         slot_of, token_of_slot, group_sizes = _sort_capped(topk_idx, num_experts, capacity)

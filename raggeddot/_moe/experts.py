@@ -40,7 +40,6 @@ read as two strided views of it, never copied; their gradients are written
 into one array of the stored shape through the same views
 (:func:`split_gate_up`).
 """
-import contextlib
 import dataclasses
 from typing import NamedTuple, Optional
 
@@ -175,8 +174,10 @@ def _held_rows(rows, cols, dtype, first, last, written):
     kernels write them (``written``)."""
     out = _buffer((rows, cols), np.dtype(dtype))
     if written:
-        out[:first] = 0
-        out[last:] = 0
+        if first:
+            out[:first] = 0
+        if last < rows:
+            out[last:] = 0
     else:
         out[...] = 0
     return out
@@ -221,17 +222,24 @@ def _rows(x, w, bounds, out, accumulate=False):
         return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
 
 
-@contextlib.contextmanager
-def _naming_rows(x):
-    """Where the kernels quantize ``x`` (a :class:`_Deferred`) and refuse
-    its infinities and NaNs from the rows' scales (a ValueError that cannot
-    name the call), the error that names moe_block and the first one."""
-    try:
-        yield
-    except ValueError:
-        if isinstance(x, _Deferred):
-            refuse_non_finite(x.rows, x.qtype, "moe_block", _QUANTIZED_ROWS)
-        raise
+class _naming_rows:
+    """``with _naming_rows(x):`` where the kernels quantize ``x`` (a
+    :class:`_Deferred`) and refuse its infinities and NaNs from the rows'
+    scales (a ValueError that cannot name the call), the error that names
+    moe_block and the first one. (A class: a generator's context manager
+    costs a decode step's products a few microseconds each.)"""
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is not None and issubclass(kind, ValueError) and isinstance(self.x, _Deferred):
+            refuse_non_finite(self.x.rows, self.x.qtype, "moe_block", _QUANTIZED_ROWS)
+        return False
 
 
 class _Deferred(NamedTuple):

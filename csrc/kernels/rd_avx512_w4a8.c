@@ -8,18 +8,21 @@
  * the codes of columns t/4 (low nibble) and 16 + t/4 (high nibble) at step
  * t%4: one mask and one shift give the two vectors of codes, and one
  * vpshufb each (a 16-entry table in every 128-bit lane) turns them into
- * the k-quads of int8-dot's B, columns 0-15 and 16-31.  The table holds
- * value + 128, an unsigned byte, so that B is the instruction's unsigned
- * operand and A (packed signed) its signed one; S then exceeds the sum of
- * the products by 128 ra (ra: the row's sum over the block, in A's
- * trailer), taken back out before the epilogue of RD_CT_U8S8.
+ * the k-quads of int8-dot's B, columns 0-15 and 16-31.  vpdpbusd takes
+ * one operand unsigned: A is packed + 128 (as for int8-dot), so one side's
+ * sums times 128 are taken back out of each run's int32 sums S before the
+ * epilogue of RD_CT_U8S8 (the exact sum t of the products, whichever way).
  *
  *   rd_w4a8_avx512_i4 / _f4 (12 x 32): the micro-kernels, one body per row
- *       count 4, 8, 12, as the int8-dot kernel.
+ *       count 4, 8, 12, as the int8-dot kernel: A + 128 times B decoded
+ *       signed, less 128 times B's column sums of the run (two vpdpbusd a
+ *       step, shared by the 12 rows).
  *   rd_w4a8_few_avx512_i4 / _f4 (rd_fukr_t, 1-4 rows): several panels at
  *       once, so that the chains of dependent vpdpbusd overlap and each B
  *       vector is decoded once for all the rows (decoding, where the time
- *       is that of reading the weights).
+ *       is that of reading the weights): B decoded + 128 times A made
+ *       signed again, less 128 times the rows' sums of the run, worked out
+ *       once a call for every panel.
  */
 #include "rd_kernel.h"
 
@@ -177,10 +180,12 @@ RD_W4_KERNEL(rd_w4a8_avx512_f4, w4_f4)
 
 /* ------------------------------------------------------ few-row kernels
  *
- * B decoded + 128 (unsigned) times A's bytes made signed again (xor 128),
- * each row's sum over the run (vpdpbusd of bytes 1 by A) taking the 128
- * back: per step one instruction a row, where the micro-kernels' column
- * sums would cost two a panel. */
+ * B decoded + 128 (unsigned) times A's bytes made signed again (xor 128):
+ * S exceeds the exact sum of a run's products by 128 times the row's sum
+ * over the run, which the call works out once for every panel (no
+ * instruction a step for it, where the micro-kernels' column sums cost two
+ * a step for each panel), and takes back before the epilogue: the same
+ * int32 t, so the micro-kernel's results. */
 
 /* 16 columns of a row of C (cols of them valid; 0 past them). */
 RD_W4_TARGET static RD_W4_INLINE __m512
@@ -196,86 +201,87 @@ rd_w4_get16(const float *c, rd_int cs_c, rd_int cols)
     return _mm512_load_ps(t);
 }
 
+/* How far ahead of its decoding a three- or four-row body asks for its
+ * panel's bytes. Those bodies decode and multiply one panel at a time, more
+ * slowly than memory streams it (Zen4 2 threads, 64 experts x [2048, 768]
+ * at 4 rows: MXFP4 3.44-3.52 -> 2.91-3.08 ms, int4 3.29-3.35 -> 2.94-3.14 ms
+ * at 2048 bytes ahead); one and two rows stream four panels at once, at the
+ * memory's rate already (there it cost up to 20% at one row). */
+#define RD_W4_AHEAD 2048
+
+/* The runs a call's row sums are worked out for at once (a longer block
+ * is taken in parts of whole runs, C stored and read back between them:
+ * the same operations in the same order). */
+#define RD_W4_RUNS 128
+
+/* What the bodies read of A: the packed quads (a32, 12 rows a step; bytes
+ * value + 128), the rows' scales, and for runs r0.. of the part of the
+ * block [p0, p1), 128 times each row's sum of its values over the run,
+ * ra[(r - r0) * 4 + i] (wrapping, as the instruction's sums do). */
+typedef struct {
+    const int32_t *a32;
+    const float *sa;
+    const uint32_t *ra;
+    rd_int r0, p0, p1;
+} rd_w4_rows_t;
+
 /* R rows x P panels (constants: the loops unroll, the sums stay in
- * registers), each element as the micro-kernel sums and finishes it.  One
- * row takes B + 128 against A made signed and the row's sum (two
- * instructions a step for the row); more rows take the micro-kernel's way,
- * A + 128 against B and B's column sums (two a step for each panel, but
- * none for each row). */
+ * registers) over the part [p0, p1) of the block, each element as the
+ * micro-kernel sums and finishes it: C added first for RD_ADD (mode, which
+ * is RD_ADD for every part but the block's first), the results stored. */
 RD_W4_TARGET static RD_W4_INLINE void
-rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const char *a, const char *b, size_t bstep,
-               float *c, rd_int rs_c, rd_int cs_c, rd_int n, int mode)
+rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_rows_t *A, const char *b,
+               size_t bstep, float *c, rd_int rs_c, rd_int cs_c, rd_int n, int mode)
 {
-    const int rowsum = R == 1;
     const rd_int kq = (kc + 3) / 4 * 4;
-    const int32_t *a32 = (const int32_t *)(const void *)a;
-    const float *sa = (const float *)(const void *)(a + 12 * kq + 48);
-    const __m512i tab = rd_w4_table(F4, rowsum), ones = _mm512_set1_epi8(1);
+    const __m512i tab = rd_w4_table(F4, 1), flip = _mm512_set1_epi8((char)0x80);
     rd_qtrailer_t h;
     memcpy(&h, b + 16 * kq, sizeof h);
     __m512 out[4][4][2], sav[4];
     for (int i = 0; i < R; i++)
-        sav[i] = _mm512_set1_ps(sa[i]);
+        sav[i] = _mm512_set1_ps(A->sa[i]);
+    /* C first for RD_ADD, else -0: the identity of the additions (-0 + x
+     * is x, -0 and NaNs included), so that every run adds the same way */
     for (int q = 0; q < P; q++)
-        for (int i = 0; i < R; i++)
-            out[i][q][0] = out[i][q][1] = _mm512_setzero_ps();
-    rd_int p = 0;
-    for (rd_int r = 0; p < kc; r++) {
+        for (int i = 0; i < R; i++) {
+            const float *cq = c + i * rs_c + q * 32 * cs_c;
+            out[i][q][0] = mode == RD_ADD ? rd_w4_get16(cq, cs_c, n - q * 32) : _mm512_set1_ps(-0.0f);
+            out[i][q][1] = mode == RD_ADD ? rd_w4_get16(cq + 16 * cs_c, cs_c, n - q * 32 - 16)
+                                          : _mm512_set1_ps(-0.0f);
+        }
+    const uint32_t *ra = A->ra;
+    rd_int p = A->p0;
+    for (rd_int r = A->r0; p < A->p1; r++, ra += 4) {
         const rd_int end = rd_qrun_end(&h, r, kc);
-        /* the sums, and the sums to take 128 times back out: of the row
-         * (x[0]), or of each panel's columns (x[q][half]) */
-        __m512i acc[4][4][2], x[4][2];
-        for (int q = 0; q < P; q++) {
-            x[q][0] = x[q][1] = _mm512_setzero_si512();
+        __m512i acc[4][4][2];
+        for (int q = 0; q < P; q++)
             for (int i = 0; i < R; i++)
                 acc[i][q][0] = acc[i][q][1] = _mm512_setzero_si512();
-        }
         for (; p < end; p += 4) {
             __m512i av[4];
             for (int i = 0; i < R; i++)
-                av[i] = _mm512_set1_epi32(a32[p / 4 * 12 + i]);
-            if (rowsum) {
-                av[0] = _mm512_xor_si512(av[0], _mm512_set1_epi8((char)0x80));
-                x[0][0] = rd_avx512_dpbusd(x[0][0], ones, av[0]);
-            }
+                av[i] = _mm512_xor_si512(_mm512_set1_epi32(A->a32[p / 4 * 12 + i]), flip);
             for (int q = 0; q < P; q++) {
                 __m512i b0, b1;
+                if (R >= 3)     /* one panel's stream, read slowly: asked for ahead */
+                    _mm_prefetch(b + q * bstep + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
                 rd_w4_decode(b + q * bstep + p * 16, tab, &b0, &b1);
-                if (rowsum) {
-                    acc[0][q][0] = rd_avx512_dpbusd(acc[0][q][0], b0, av[0]);
-                    acc[0][q][1] = rd_avx512_dpbusd(acc[0][q][1], b1, av[0]);
-                    continue;
-                }
-                x[q][0] = rd_avx512_dpbusd(x[q][0], ones, b0);
-                x[q][1] = rd_avx512_dpbusd(x[q][1], ones, b1);
                 for (int i = 0; i < R; i++) {
-                    acc[i][q][0] = rd_avx512_dpbusd(acc[i][q][0], av[i], b0);
-                    acc[i][q][1] = rd_avx512_dpbusd(acc[i][q][1], av[i], b1);
+                    acc[i][q][0] = rd_avx512_dpbusd(acc[i][q][0], b0, av[i]);
+                    acc[i][q][1] = rd_avx512_dpbusd(acc[i][q][1], b1, av[i]);
                 }
             }
         }
         /* the run's results, added in order to the C tile held in
-         * registers (C itself first, for RD_ADD): each element the sums
-         * of the micro-kernel, which adds each run into C */
+         * registers: each element the sums of the micro-kernel, which adds
+         * each run into C */
         for (int q = 0; q < P; q++) {
             __m512 sb0, sb1;
             rd_w4_scales(F4, b + q * bstep + 16 * kq, r, &sb0, &sb1);
-            const __m512i x0 = _mm512_slli_epi32(rowsum ? x[0][0] : x[q][0], 7);
-            const __m512i x1 = rowsum ? x0 : _mm512_slli_epi32(x[q][1], 7);
             for (int i = 0; i < R; i++) {
-                const __m512 f0 = rd_w4_finish(acc[i][q][0], x0, sav[i], sb0);
-                const __m512 f1 = rd_w4_finish(acc[i][q][1], x1, sav[i], sb1);
-                if (r > 0) {
-                    out[i][q][0] = _mm512_add_ps(out[i][q][0], f0);
-                    out[i][q][1] = _mm512_add_ps(out[i][q][1], f1);
-                } else if (mode == RD_ADD) {
-                    const float *cq = c + i * rs_c + q * 32 * cs_c;
-                    out[i][q][0] = _mm512_add_ps(rd_w4_get16(cq, cs_c, n - q * 32), f0);
-                    out[i][q][1] = _mm512_add_ps(rd_w4_get16(cq + 16 * cs_c, cs_c, n - q * 32 - 16), f1);
-                } else {
-                    out[i][q][0] = f0;
-                    out[i][q][1] = f1;
-                }
+                const __m512i x = _mm512_set1_epi32((int32_t)ra[i]);
+                out[i][q][0] = _mm512_add_ps(out[i][q][0], rd_w4_finish(acc[i][q][0], x, sav[i], sb0));
+                out[i][q][1] = _mm512_add_ps(out[i][q][1], rd_w4_finish(acc[i][q][1], x, sav[i], sb1));
             }
         }
     }
@@ -291,10 +297,10 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const char *a,
  * allocated alone (inlined into one dispatcher, gcc spilled the sums). */
 #define RD_W4_VARIANT(F4, R, P)                                             \
 RD_W4_TARGET __attribute__((noinline)) static void                          \
-rd_w4_few_##F4##_##R##_##P(rd_int kc, const char *a, const char *b, size_t bstep, float *c, rd_int rs_c, \
-                           rd_int cs_c, rd_int n, int mode)                 \
+rd_w4_few_##F4##_##R##_##P(rd_int kc, const rd_w4_rows_t *A, const char *b, size_t bstep, float *c, \
+                           rd_int rs_c, rd_int cs_c, rd_int n, int mode)    \
 {                                                                           \
-    rd_w4_few_body(F4, R, P, kc, a, b, bstep, c, rs_c, cs_c, n, mode);      \
+    rd_w4_few_body(F4, R, P, kc, A, b, bstep, c, rs_c, cs_c, n, mode);      \
 }
 #define RD_W4_VARIANTS(F4)                                                  \
     RD_W4_VARIANT(F4, 1, 4) RD_W4_VARIANT(F4, 1, 2) RD_W4_VARIANT(F4, 1, 1) \
@@ -303,33 +309,64 @@ rd_w4_few_##F4##_##R##_##P(rd_int kc, const char *a, const char *b, size_t bstep
 RD_W4_VARIANTS(0)
 RD_W4_VARIANTS(1)
 
+/* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra) for its first m rows:
+ * the bytes each step of the body multiplies, padding included, less 128
+ * each. */
+static void
+rd_w4_row_sums(const int32_t *a32, const rd_qtrailer_t *h, rd_int kc, int m, rd_int r0, rd_int r1, uint32_t *ra)
+{
+    for (rd_int r = r0; r < r1; r++) {
+        const rd_int p0 = rd_qrun_start(h, r), p1 = rd_qrun_end(h, r, kc);
+        for (int i = 0; i < m; i++) {
+            uint32_t sum = 0, steps = 0;
+            for (rd_int p = p0; p < p1; p += 4, steps++) {
+                const uint32_t w = (uint32_t)a32[p / 4 * 12 + i];
+                sum += (w & 0xffu) + (w >> 8 & 0xffu) + (w >> 16 & 0xffu) + (w >> 24);
+            }
+            ra[(r - r0) * 4 + i] = (sum - 512u * steps) * 128u;
+        }
+    }
+}
+
 /* Panels q on of the call in runs of P. */
 #define RD_W4_RUN(F4, R, P)                                                 \
     for (; q + (P) <= np; q += (P))                                         \
-        rd_w4_few_##F4##_##R##_##P(kc, a, b + q * bstep, bstep, c + q * 32 * cs_c, rs_c, cs_c, n - q * 32, mode);
+        rd_w4_few_##F4##_##R##_##P(kc, &A, b + q * bstep, bstep, c + q * 32 * cs_c, rs_c, cs_c, n - q * 32, put);
 
 /* One and two rows in runs of 4, 2, 1 panels (8 or 16 chains of sums:
  * enough to cover vpdpbusd's latency; two rows at 4 panels measured 5%
  * faster than at 2, its inner loop still without spills), three and four
- * one panel at a time (the sums, the column sums and the C tile are what
- * the registers hold beside the decoding). */
+ * one panel at a time (the sums and the C tile are what the registers hold
+ * beside the decoding). */
 #define RD_W4_FEW(NAME, F4)                                                 \
 void                                                                        \
 NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int rs_c, rd_int cs_c, int m, \
      rd_int n, int mode)                                                    \
 {                                                                           \
-    const char *a = (const char *)a_, *b = (const char *)b_;                \
+    const char *b = (const char *)b_;                                       \
     float *c = (float *)c_;                                                 \
-    const rd_int np = (n + 31) / 32;                                        \
-    rd_int q = 0;                                                           \
-    if (m == 1) {                                                           \
-        RD_W4_RUN(F4, 1, 4) RD_W4_RUN(F4, 1, 2) RD_W4_RUN(F4, 1, 1)         \
-    } else if (m == 2) {                                                    \
-        RD_W4_RUN(F4, 2, 4) RD_W4_RUN(F4, 2, 2) RD_W4_RUN(F4, 2, 1)         \
-    } else if (m == 3) {                                                    \
-        RD_W4_RUN(F4, 3, 1)                                                 \
-    } else {                                                                \
-        RD_W4_RUN(F4, 4, 1)                                                 \
+    const rd_int kq = (kc + 3) / 4 * 4, np = (n + 31) / 32;                 \
+    rd_qtrailer_t h;                                                        \
+    memcpy(&h, b + 16 * kq, sizeof h);                                      \
+    const rd_int runs = rd_qruns(h.first, h.tile, kc);                      \
+    uint32_t ra[RD_W4_RUNS * 4];                                            \
+    rd_w4_rows_t A = {(const int32_t *)a_, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), \
+                      ra, 0, 0, 0};                                         \
+    for (rd_int r1; A.r0 < runs; A.r0 = r1, A.p0 = A.p1) {                  \
+        r1 = runs - A.r0 < RD_W4_RUNS ? runs : A.r0 + RD_W4_RUNS;           \
+        A.p1 = rd_qrun_end(&h, r1 - 1, kc);                                 \
+        rd_w4_row_sums(A.a32, &h, kc, m, A.r0, r1, ra);                     \
+        const int put = A.r0 == 0 ? mode : RD_ADD;                          \
+        rd_int q = 0;                                                       \
+        if (m == 1) {                                                       \
+            RD_W4_RUN(F4, 1, 4) RD_W4_RUN(F4, 1, 2) RD_W4_RUN(F4, 1, 1)     \
+        } else if (m == 2) {                                                \
+            RD_W4_RUN(F4, 2, 4) RD_W4_RUN(F4, 2, 2) RD_W4_RUN(F4, 2, 1)     \
+        } else if (m == 3) {                                                \
+            RD_W4_RUN(F4, 3, 1)                                             \
+        } else {                                                            \
+            RD_W4_RUN(F4, 4, 1)                                             \
+        }                                                                   \
     }                                                                       \
 }
 

@@ -40,6 +40,21 @@
     x = FMA(e##i, b1, x);                                                       \
     STORE(s + (i) * ld + v * W, x);
 
+/* The strip's lines of row p + ahead of B asked for while row p is read
+ * (none past the last row): about RD_SAHEAD bytes of the stream ahead,
+ * whatever the strip's width. For the narrow strips held in registers
+ * (RD_SREG_ROWS), whose few loads a step leave the hardware prefetchers,
+ * which stop at each 4 KiB page, behind: a cold [2048, 128] float32
+ * router, 1 MiB, 75-84 -> 56-65 us a call on Zen4 (8 and 16 KiB ahead no
+ * better). The buffered rows' loop, bound by its sums' loads and stores,
+ * ran slower with them (4 rows x 768 columns: 7.1 -> 8.8-9.2 ms). */
+#define RD_SAHEAD 4096
+#define RD_SAHEAD_ROWS(nv) (RD_SAHEAD / ((nv) * W * 4) > 0 ? RD_SAHEAD / ((nv) * W * 4) : 1)
+#define RD_SPREFETCH(r, p, ahead, nv)                                       \
+    if ((p) + (ahead) < kc)                                                 \
+        for (int l = 0; l < (nv); l += (16 / W > 0 ? 16 / W : 1))            \
+            __builtin_prefetch((r) + (ahead) * ldb + l * W, 0, 3);
+
 #define RD_SROWS1(X) X(0)
 #define RD_SROWS2(X) X(0) X(1)
 #define RD_SROWS3(X) RD_SROWS2(X) X(2)
@@ -109,9 +124,11 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
 {                                                                           \
     enum { rd_snv = NV };                                                   \
     const MASK last = n % W ? MASK_FIRST(n % W) : MASK_ALL;                 \
+    const rd_int ahead = RD_SAHEAD_ROWS(rd_snv);                            \
     ROWS(RD_SRZ)                                                            \
     for (rd_int p = 0; p < kc; p++) {                                       \
         const float *r = b + p * ldb;                                       \
+        RD_SPREFETCH(r, p, ahead, rd_snv)                                   \
         V bv[rd_snv];                                                       \
         RD_SUNROLL for (int v = 0; v < rd_snv; v++)                         \
             bv[v] = LOADM(v == rd_snv - 1 ? last : MASK_ALL, r + v * W);    \

@@ -174,7 +174,9 @@ rd_w4n_get4(const float *c, rd_int cs_c, rd_int cols)
 /* R rows x P panels (constants: the loops unroll, the sums and the C tile
  * stay in registers), each element the micro-kernel's: per run, the exact
  * sums, then (float)S * (sa * sb) added in order to C (C first, for
- * RD_ADD). */
+ * RD_ADD, else -0: the identity of the additions, -0 + x being x, -0 and
+ * NaNs included, so that every run adds the same way and the epilogue has
+ * no branches: gcc kept the C tile on the stack with them). */
 static inline __attribute__((always_inline)) void
 rd_w4n_few_body(const int F4, const int R, const int P, rd_int kc, const uint8_t *a, const uint8_t *b,
                 size_t bstep, float *c, rd_int rs_c, rd_int cs_c, rd_int n, int mode)
@@ -186,8 +188,11 @@ rd_w4n_few_body(const int F4, const int R, const int P, rd_int kc, const uint8_t
     memcpy(&h, b + 4 * kq, sizeof h);
     float32x4_t out[4][4][2];
     for (int i = 0; i < R; i++)
-        for (int q = 0; q < P; q++)
-            out[i][q][0] = out[i][q][1] = vdupq_n_f32(0.0f);
+        for (int q = 0; q < P; q++) {
+            const float *cq = c + i * rs_c + q * 8 * cs_c;
+            out[i][q][0] = mode == RD_ADD ? rd_w4n_get4(cq, cs_c, n - q * 8) : vdupq_n_f32(-0.0f);
+            out[i][q][1] = mode == RD_ADD ? rd_w4n_get4(cq + 4 * cs_c, cs_c, n - q * 8 - 4) : vdupq_n_f32(-0.0f);
+        }
     rd_int p = 0;
     for (rd_int r = 0; p < kc; r++) {
         const rd_int end = rd_qrun_end(&h, r, kc);
@@ -222,19 +227,8 @@ rd_w4n_few_body(const int F4, const int R, const int P, rd_int kc, const uint8_t
             rd_w4n_scales(F4, b + q * bstep + 4 * kq, r, &sb0, &sb1);
             for (int i = 0; i < R; i++) {
                 const float32x4_t s = vdupq_n_f32(sa[i]);
-                const float32x4_t f0 = vmulq_f32(vcvtq_f32_s32(acc[i][q][0]), vmulq_f32(s, sb0));
-                const float32x4_t f1 = vmulq_f32(vcvtq_f32_s32(acc[i][q][1]), vmulq_f32(s, sb1));
-                if (r > 0) {
-                    out[i][q][0] = vaddq_f32(out[i][q][0], f0);
-                    out[i][q][1] = vaddq_f32(out[i][q][1], f1);
-                } else if (mode == RD_ADD) {
-                    const float *cq = c + i * rs_c + q * 8 * cs_c;
-                    out[i][q][0] = vaddq_f32(rd_w4n_get4(cq, cs_c, n - q * 8), f0);
-                    out[i][q][1] = vaddq_f32(rd_w4n_get4(cq + 4 * cs_c, cs_c, n - q * 8 - 4), f1);
-                } else {
-                    out[i][q][0] = f0;
-                    out[i][q][1] = f1;
-                }
+                out[i][q][0] = vaddq_f32(out[i][q][0], vmulq_f32(vcvtq_f32_s32(acc[i][q][0]), vmulq_f32(s, sb0)));
+                out[i][q][1] = vaddq_f32(out[i][q][1], vmulq_f32(vcvtq_f32_s32(acc[i][q][1]), vmulq_f32(s, sb1)));
             }
         }
     }

@@ -181,11 +181,11 @@ RD_W4_KERNEL(rd_w4a8_avx512_f4, w4_f4)
 /* ------------------------------------------------------ few-row kernels
  *
  * B decoded + 128 (unsigned) times A's bytes made signed again (xor 128):
- * S exceeds the exact sum of a run's products by 128 times the row's sum
- * over the run, which the call works out once for every panel (no
- * instruction a step for it, where the micro-kernels' column sums cost two
- * a step for each panel), and takes back before the epilogue: the same
- * int32 t, so the micro-kernel's results. */
+ * the products' sum exceeds the exact one by 128 times the row's sum over
+ * the run, which the call works out once for every panel (no instruction a
+ * step for it, where the micro-kernels' column sums cost two a step for
+ * each panel), and each run's sums start from minus that (wrapping, exact
+ * at the end): the same int32 t, so the micro-kernel's results. */
 
 /* 16 columns of a row of C (cols of them valid; 0 past them). */
 RD_W4_TARGET static RD_W4_INLINE __m512
@@ -256,7 +256,7 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
         __m512i acc[4][4][2];
         for (int q = 0; q < P; q++)
             for (int i = 0; i < R; i++)
-                acc[i][q][0] = acc[i][q][1] = _mm512_setzero_si512();
+                acc[i][q][0] = acc[i][q][1] = _mm512_set1_epi32((int32_t)(0u - ra[i]));
         for (; p < end; p += 4) {
             __m512i av[4];
             for (int i = 0; i < R; i++)
@@ -279,9 +279,9 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
             __m512 sb0, sb1;
             rd_w4_scales(F4, b + q * bstep + 16 * kq, r, &sb0, &sb1);
             for (int i = 0; i < R; i++) {
-                const __m512i x = _mm512_set1_epi32((int32_t)ra[i]);
-                out[i][q][0] = _mm512_add_ps(out[i][q][0], rd_w4_finish(acc[i][q][0], x, sav[i], sb0));
-                out[i][q][1] = _mm512_add_ps(out[i][q][1], rd_w4_finish(acc[i][q][1], x, sav[i], sb1));
+                const __m512 s0 = _mm512_mul_ps(sav[i], sb0), s1 = _mm512_mul_ps(sav[i], sb1);
+                out[i][q][0] = _mm512_add_ps(out[i][q][0], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][q][0]), s0));
+                out[i][q][1] = _mm512_add_ps(out[i][q][1], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][q][1]), s1));
             }
         }
     }

@@ -40,21 +40,6 @@
     x = FMA(e##i, b1, x);                                                       \
     STORE(s + (i) * ld + v * W, x);
 
-/* The strip's lines of row p + ahead of B asked for while row p is read
- * (none past the last row): about RD_SAHEAD bytes of the stream ahead,
- * whatever the strip's width. For the narrow strips held in registers
- * (RD_SREG_ROWS), whose few loads a step leave the hardware prefetchers,
- * which stop at each 4 KiB page, behind: a cold [2048, 128] float32
- * router, 1 MiB, 75-84 -> 56-65 us a call on Zen4 (8 and 16 KiB ahead no
- * better). The buffered rows' loop, bound by its sums' loads and stores,
- * ran slower with them (4 rows x 768 columns: 7.1 -> 8.8-9.2 ms). */
-#define RD_SAHEAD 4096
-#define RD_SAHEAD_ROWS(nv) (RD_SAHEAD / ((nv) * W * 4) > 0 ? RD_SAHEAD / ((nv) * W * 4) : 1)
-#define RD_SPREFETCH(r, p, ahead, nv)                                       \
-    if ((p) + (ahead) < kc)                                                 \
-        for (int l = 0; l < (nv); l += (16 / W > 0 ? 16 / W : 1))            \
-            __builtin_prefetch((r) + (ahead) * ldb + l * W, 0, 3);
-
 #define RD_SROWS1(X) X(0)
 #define RD_SROWS2(X) X(0) X(1)
 #define RD_SROWS3(X) RD_SROWS2(X) X(2)
@@ -105,7 +90,15 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
  * that narrow, each row of B updating a buffer in L1 is bound by the loads
  * and stores of its sums (and, for one or two vectors, by the store-to-load
  * latency), while B itself is read from cache.  The same products, summed
- * over p in the same order from zero: the bits of the buffered sums. */
+ * over p in the same order from zero: the bits of the buffered sums.
+ * Each step asks for the strip's 64-byte lines RD_SAHEAD bytes of strip
+ * ahead (rd_sahead rows; none past the last): its few loads a step leave
+ * the hardware prefetchers, which stop at each 4 KiB page, behind (a cold
+ * [2048, 128] float32 router, 1 MiB: 75-84 -> 56-65 us a call on Zen4; 8
+ * and 16 KiB ahead no better).  The buffered rows' loop, bound by its
+ * sums' loads and stores, ran slower with them (4 rows x 768 columns: 7.1
+ * -> 8.8-9.2 ms) and has none. */
+#define RD_SAHEAD 4096
 /* (the strip's loops unrolled whole, so that its sums stay in registers) */
 #define RD_SUNROLL _Pragma("GCC unroll 8")
 #define RD_SRZ(i) V acc##i[rd_snv];                                          \
@@ -122,13 +115,15 @@ NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld,
 TARGET static void                                                          \
 NAME(rd_int kc, const float *a, const float *b, rd_int ldb, float *s, rd_int ld, int n) \
 {                                                                           \
-    enum { rd_snv = NV };                                                   \
+    /* (a strip is at most 8 x 16 floats: rd_sahead >= 8) */                \
+    enum { rd_snv = NV, rd_sahead = RD_SAHEAD / (NV * W * 4) };             \
     const MASK last = n % W ? MASK_FIRST(n % W) : MASK_ALL;                 \
-    const rd_int ahead = RD_SAHEAD_ROWS(rd_snv);                            \
     ROWS(RD_SRZ)                                                            \
     for (rd_int p = 0; p < kc; p++) {                                       \
         const float *r = b + p * ldb;                                       \
-        RD_SPREFETCH(r, p, ahead, rd_snv)                                   \
+        if (p + rd_sahead < kc)                                             \
+            for (int v = 0; v < rd_snv; v += 16 / W)                        \
+                __builtin_prefetch(r + rd_sahead * ldb + v * W, 0, 3);      \
         V bv[rd_snv];                                                       \
         RD_SUNROLL for (int v = 0; v < rd_snv; v++)                         \
             bv[v] = LOADM(v == rd_snv - 1 ? last : MASK_ALL, r + v * W);    \

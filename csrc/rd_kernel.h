@@ -465,6 +465,7 @@ typedef struct {
     rd_fukr_t ukr;
     int mr;         /* the most rows it takes */
     rd_ukr_t main;  /* the micro-kernel whose results it gives */
+    rd_int kmax;    /* the longest contraction block it takes (0: any) */
 } rd_fukr_desc_t;
 
 /* One micro-kernel with its register block and default cache blocking:

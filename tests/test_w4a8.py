@@ -46,7 +46,7 @@ def _int8_values(q):
 KC = 2048   # the contraction's cache block of every family serving w4a8 (and int8-dot)
 
 
-def _oracle(xq, q, group_sizes):
+def _oracle(xq, q, group_sizes, kc=KC):
     """ragged_dot of the int8 QArray rows xq (one scale a row) and q, as the
     w4a8 semantics define it, in NumPy: per row, group and run (a scale tile
     along k, cut every KC steps from its start, as the int8 products cut
@@ -61,7 +61,7 @@ def _oracle(xq, q, group_sizes):
     for e, size in enumerate(group_sizes):
         for i in range(row, row + size):
             acc = None
-            cuts = sorted({c for t0 in range(0, k, tile) for c in range(t0, min(k, t0 + tile), KC)} | {k})
+            cuts = sorted({c for t0 in range(0, k, tile) for c in range(t0, min(k, t0 + tile), kc)} | {k})
             for p0, p1 in zip(cuts[:-1], cuts[1:]):
                 total = a[i, p0:p1] @ v[e, p0:p1]
                 f = total.astype(np.float32) * (sa[i] * s[e, p0 // tile])
@@ -110,6 +110,27 @@ def test_w4a8_layout_gives_the_oracle_and_the_plain_bits(rng, family, qtype, til
         u = packed.unpack()
         assert u.qtype == q.qtype
         assert np.array_equal(quant.dequantize(u), quant.dequantize(q))
+
+
+@pytest.mark.skipif(not FAMILIES, reason="no kernel family serves w4a8 products on this build")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_block_longer_than_the_few_row_kernels_take_runs_on_the_micro_kernel(rng, family):
+    """The few-row kernels take contraction blocks of at most 2048 steps (their
+    copy of the rows lives on the stack); weights prepacked under a longer
+    block (4096, set for the type) run on the micro-kernel at 1-4 rows a group,
+    with the oracle's bits at that block (one scale a column: the block's cut
+    is the only one, so the bits tell the blocks apart)."""
+    from raggeddot import _core
+    gs = np.array([1, 2, 3, 4, 1], dtype=np.int64)
+    q = _weights(rng, "int4", len(gs), 4400, 40, None)
+    x = rng.standard_normal((int(gs.sum()), 4400)).astype(np.float32)
+    xq = raggeddot.quantize(x, "int8", channelwise_axes=(0,))
+    with runtime.configured(kernel=family):
+        _core.set_blocking("int8-int4-dot", 144, 4096, 4080)
+        packed = raggeddot.prepack(q, lhs_dtype=np.int8)
+        got = raggeddot.ragged_dot(xq, packed, gs)
+    assert np.array_equal(bits(got), bits(_oracle(xq, q, gs, kc=4096)))
+    assert not np.array_equal(bits(got), bits(_oracle(xq, q, gs)))
 
 
 @pytest.mark.skipif(not FAMILIES, reason="no kernel family serves w4a8 products on this build")

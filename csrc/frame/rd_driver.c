@@ -262,6 +262,7 @@ rd_gemm_block(const rd_call_t *cl, rd_int M, rd_int N, rd_int K,
              * gives the micro-kernel's results */
             const int few = b->panels > 0 && !streamed && cl->plan->few.ukr != NULL
                             && cl->plan->few.main == kd->ukr && i_end - lo <= cl->plan->few.mr
+                            && (cl->plan->few.kmax == 0 || kc <= cl->plan->few.kmax)
                             && (b2 == NULL || b2->panels > 0);
             for (rd_int ic = lo; ic < i_end; ic += MC) {
                 rd_int mc = i_end - ic < MC ? i_end - ic : MC;

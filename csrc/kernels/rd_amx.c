@@ -200,7 +200,7 @@ const rd_family_t rd_family_amx = {
     "amx", rd_amx_runnable,
     {[RD_CT_BF16TILE] = RD_AMX_BF16_DESC(rd_amx_bf16, rd_amx_release),
      [RD_CT_U8S8TILE] = RD_AMX_U8S8_DESC(rd_amx_u8s8, rd_amx_release)},
-    0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    0, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 
 #else /* no x86 kernels */

@@ -168,5 +168,5 @@ const rd_family_t rd_family_amx_twin = {
     "amx-twin", rd_always,
     {[RD_CT_BF16TILE] = RD_AMX_BF16_DESC(rd_amxtwin_bf16, rd_twin_release),
      [RD_CT_U8S8TILE] = RD_AMX_U8S8_DESC(rd_amxtwin_u8s8, rd_twin_release)},
-    1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    1, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };

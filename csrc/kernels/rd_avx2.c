@@ -440,10 +440,10 @@ const rd_family_t rd_family_avx2 = {
      * at two rows from 6.1-6.9 to 8.2-8.5 (their widening is two
      * instructions; the memory bounds them as they were) */
     {
-        [RD_CT_F32_I8W] = {rd_few_avx2_i8w, 3, rd_sgemm_avx2_i8w_6x16},
-        [RD_CT_F32_F8W] = {rd_few_avx2_f8w, 3, rd_sgemm_avx2_f8w_6x16},
-        [RD_CT_F32_F4W] = {rd_few_avx2_f4w, 3, rd_sgemm_avx2_f4w_6x16},
-        [RD_CT_F32_I4W] = {rd_few_avx2_i4w, 3, rd_sgemm_avx2_i4w_6x16},
+        [RD_CT_F32_I8W] = {rd_few_avx2_i8w, 3, rd_sgemm_avx2_i8w_6x16, 0},
+        [RD_CT_F32_F8W] = {rd_few_avx2_f8w, 3, rd_sgemm_avx2_f8w_6x16, 0},
+        [RD_CT_F32_F4W] = {rd_few_avx2_f4w, 3, rd_sgemm_avx2_f4w_6x16, 0},
+        [RD_CT_F32_I4W] = {rd_few_avx2_i4w, 3, rd_sgemm_avx2_i4w_6x16, 0},
     },
 };
 

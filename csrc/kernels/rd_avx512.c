@@ -408,13 +408,13 @@ const rd_family_t rd_family_avx512 = {
     0,
     {[RD_CT_F32] = {rd_sgemm_avx512_stream_8x2048, RD_SMR, RD_SNR}},
     {
-        [RD_CT_F32] = {rd_few_avx512_f32, 2, rd_sgemm_avx512_12x32},
-        [RD_CT_F32_BF16W] = {rd_few_avx512_bf16w, 2, rd_sgemm_avx512_bf16w_12x32},
-        [RD_CT_F32_F16W] = {rd_few_avx512_f16w, 2, rd_sgemm_avx512_f16w_12x32},
-        [RD_CT_F32_I8W] = {rd_few_avx512_i8w, 4, rd_sgemm_avx512_i8w_12x32},
-        [RD_CT_F32_F8W] = {rd_few_avx512_f8w, 4, rd_sgemm_avx512_f8w_12x32},
-        [RD_CT_F32_F4W] = {rd_few_avx512_f4w, 4, rd_sgemm_avx512_f4w_12x32},
-        [RD_CT_F32_I4W] = {rd_few_avx512_i4w, 4, rd_sgemm_avx512_i4w_12x32},
+        [RD_CT_F32] = {rd_few_avx512_f32, 2, rd_sgemm_avx512_12x32, 0},
+        [RD_CT_F32_BF16W] = {rd_few_avx512_bf16w, 2, rd_sgemm_avx512_bf16w_12x32, 0},
+        [RD_CT_F32_F16W] = {rd_few_avx512_f16w, 2, rd_sgemm_avx512_f16w_12x32, 0},
+        [RD_CT_F32_I8W] = {rd_few_avx512_i8w, 4, rd_sgemm_avx512_i8w_12x32, 0},
+        [RD_CT_F32_F8W] = {rd_few_avx512_f8w, 4, rd_sgemm_avx512_f8w_12x32, 0},
+        [RD_CT_F32_F4W] = {rd_few_avx512_f4w, 4, rd_sgemm_avx512_f4w_12x32, 0},
+        [RD_CT_F32_I4W] = {rd_few_avx512_i4w, 4, rd_sgemm_avx512_i4w_12x32, 0},
     },
 };
 

@@ -213,7 +213,7 @@ rd_avx512_vnni_runnable(void)
 
 const rd_family_t rd_family_avx512_bf16 = {
     "avx512-bf16", rd_avx512_bf16_runnable,
-    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_BF16DP] = RD_BF16_DESC(rd_bf16dot_avx512_12x32)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 /* (with the w4a8 kernels of rd_avx512_w4a8.c: 4-bit weights, int8 rows) */
 const rd_family_t rd_family_avx512_vnni = {
@@ -222,8 +222,8 @@ const rd_family_t rd_family_avx512_vnni = {
      [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_avx512_i4),
      [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_avx512_f4)},
     0, {{NULL, 0, 0}},
-    {[RD_CT_U8S8_I4] = {rd_w4a8_few_avx512_i4, 4, rd_w4a8_avx512_i4},
-     [RD_CT_U8S8_F4] = {rd_w4a8_few_avx512_f4, 4, rd_w4a8_avx512_f4}},
+    {[RD_CT_U8S8_I4] = {rd_w4a8_few_avx512_i4, 4, rd_w4a8_avx512_i4, RD_W4_KMAX},
+     [RD_CT_U8S8_F4] = {rd_w4a8_few_avx512_f4, 4, rd_w4a8_avx512_f4, RD_W4_KMAX}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

@@ -21,8 +21,10 @@
  *       once, so that the chains of dependent vpdpbusd overlap and each B
  *       vector is decoded once for all the rows (decoding, where the time
  *       is that of reading the weights): B decoded + 128 times A made
- *       signed again, less 128 times the rows' sums of the run, worked out
- *       once a call for every panel.
+ *       signed again (a copy of the rows' quads, once a call; three and
+ *       four rows broadcast them from it inside the products), less 128
+ *       times the rows' sums of the run, worked out once a call for every
+ *       panel.
  */
 #include "rd_kernel.h"
 
@@ -220,10 +222,22 @@ rd_w4_get16(const float *c, rd_int cs_c, rd_int cols)
  * ra[(r - r0) * 4 + i] (wrapping, as the instruction's sums do). */
 typedef struct {
     const int32_t *a32;
+    const int32_t *af;   /* the rows' quads made signed again, 4 a step */
     const float *sa;
     const uint32_t *ra;
     rd_int r0, p0, p1;
 } rd_w4_rows_t;
+
+/* acc += u8 x s8 quads, the signed quad one int32 in memory broadcast to
+ * every lane ({1to16}; written as an instruction, as rd_avx512_dpbusd:
+ * with the intrinsics gcc 12 broadcasts into a register and copies the
+ * sums each step). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __m512i
+rd_w4_dpbusd_bcast(__m512i acc, __m512i u, const int32_t *s)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*s));
+    return acc;
+}
 
 /* R rows x P panels (constants: the loops unroll, the sums stay in
  * registers) over the part [p0, p1) of the block, each element as the
@@ -234,7 +248,7 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
                size_t bstep, float *c, rd_int rs_c, rd_int cs_c, rd_int n, int mode)
 {
     const rd_int kq = (kc + 3) / 4 * 4;
-    const __m512i tab = rd_w4_table(F4, 1), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i tab = rd_w4_table(F4, 1);
     rd_qtrailer_t h;
     memcpy(&h, b + 16 * kq, sizeof h);
     __m512 out[4][4][2], sav[4];
@@ -258,13 +272,24 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
             for (int i = 0; i < R; i++)
                 acc[i][q][0] = acc[i][q][1] = _mm512_set1_epi32((int32_t)(0u - ra[i]));
         for (; p < end; p += 4) {
+            const int32_t *as = A->af + p;     /* (4 a step: p / 4 * 4) */
+            if (R >= 3) {
+                /* one panel's stream, read slowly: asked for ahead; the
+                 * rows' quads broadcast from memory by the products */
+                __m512i b0, b1;
+                _mm_prefetch(b + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
+                rd_w4_decode(b + p * 16, tab, &b0, &b1);
+                for (int i = 0; i < R; i++) {
+                    acc[i][0][0] = rd_w4_dpbusd_bcast(acc[i][0][0], b0, as + i);
+                    acc[i][0][1] = rd_w4_dpbusd_bcast(acc[i][0][1], b1, as + i);
+                }
+                continue;
+            }
             __m512i av[4];
             for (int i = 0; i < R; i++)
-                av[i] = _mm512_xor_si512(_mm512_set1_epi32(A->a32[p / 4 * 12 + i]), flip);
+                av[i] = _mm512_set1_epi32(as[i]);
             for (int q = 0; q < P; q++) {
                 __m512i b0, b1;
-                if (R >= 3)     /* one panel's stream, read slowly: asked for ahead */
-                    _mm_prefetch(b + q * bstep + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
                 rd_w4_decode(b + q * bstep + p * 16, tab, &b0, &b1);
                 for (int i = 0; i < R; i++) {
                     acc[i][q][0] = rd_avx512_dpbusd(acc[i][q][0], b0, av[i]);
@@ -328,6 +353,18 @@ rd_w4_row_sums(const int32_t *a32, const rd_qtrailer_t *h, rd_int kc, int m, rd_
     }
 }
 
+/* The first m rows' quads of the packed A (a32: 12 a step, + 128) made
+ * signed again (each byte xor 128), 4 a step, once a call for all its
+ * panels (kq / 4 steps; kq <= RD_W4_KMAX, the descriptor's kmax; rows
+ * past m 0). */
+static void
+rd_w4_flip(const int32_t *a32, rd_int kq, int m, int32_t *af)
+{
+    for (rd_int s = 0; s < kq / 4; s++)
+        for (int i = 0; i < 4; i++)
+            af[s * 4 + i] = i < m ? (int32_t)((uint32_t)a32[s * 12 + i] ^ 0x80808080u) : 0;
+}
+
 /* Panels q on of the call in runs of P. */
 #define RD_W4_RUN(F4, R, P)                                                 \
     for (; q + (P) <= np; q += (P))                                         \
@@ -350,7 +387,9 @@ NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int r
     memcpy(&h, b + 16 * kq, sizeof h);                                      \
     const rd_int runs = rd_qruns(h.first, h.tile, kc);                      \
     uint32_t ra[RD_W4_RUNS * 4];                                            \
-    rd_w4_rows_t A = {(const int32_t *)a_, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), \
+    int32_t af[RD_W4_KMAX] __attribute__((aligned(64)));                    \
+    rd_w4_flip((const int32_t *)a_, kq, m, af);                            \
+    rd_w4_rows_t A = {(const int32_t *)a_, af, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), \
                       ra, 0, 0, 0};                                         \
     for (rd_int r1; A.r0 < runs; A.r0 = r1, A.p0 = A.p1) {                  \
         r1 = runs - A.r0 < RD_W4_RUNS ? runs : A.r0 + RD_W4_RUNS;           \

@@ -132,7 +132,7 @@ rd_avx_vnni_runnable(void)
 
 const rd_family_t rd_family_avx_vnni = {
     "avx-vnni", rd_avx_vnni_runnable,
-    {[RD_CT_U8S8] = RD_AVXVNNI_DESC(rd_u8s8dot_avxvnni_6x16)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_U8S8] = RD_AVXVNNI_DESC(rd_u8s8dot_avxvnni_6x16)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

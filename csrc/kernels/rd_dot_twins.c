@@ -224,7 +224,7 @@ rd_twin_runnable(void)
 }
 
 #define RD_TWIN_FAMILY(VAR, NAME, CT, DESC)                                  \
-const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}}, {{NULL, 0, NULL}}};
+const rd_family_t VAR = {NAME, rd_twin_runnable, {[CT] = DESC}, 1, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}}};
 
 RD_TWIN_FAMILY(rd_family_avx512_bf16_twin, "avx512-bf16-twin", RD_CT_BF16DP,
                RD_BF16_DESC(rd_bf16dot_twin_12x32))
@@ -234,7 +234,7 @@ const rd_family_t rd_family_avx512_vnni_twin = {
     "avx512-vnni-twin", rd_twin_runnable,
     {[RD_CT_U8S8] = RD_VNNI_DESC(rd_u8s8dot_twin_12x32), [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_twin_i4_12x32),
      [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_twin_f4_12x32)},
-    1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    1, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 RD_TWIN_FAMILY(rd_family_avx_vnni_twin, "avx-vnni-twin", RD_CT_U8S8,
                RD_AVXVNNI_DESC(rd_u8s8dot_twin_6x16))
@@ -244,5 +244,5 @@ const rd_family_t rd_family_neon_dot_twin = {
     "neon-dot-twin", rd_twin_runnable,
     {[RD_CT_U8S8] = RD_NEON_I8_DESC(rd_u8s8dot_twin_12x8), [RD_CT_U8S8_I4] = RD_NEON_I8_DESC(rd_w4a8_twin_i4_12x8),
      [RD_CT_U8S8_F4] = RD_NEON_I8_DESC(rd_w4a8_twin_f4_12x8)},
-    1, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    1, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };

@@ -372,13 +372,13 @@ const rd_family_t rd_family_neon = {
     0,
     {[RD_CT_F32] = {rd_sgemm_neon_stream_8x2048, RD_SMR, RD_SNR}},
     {
-        [RD_CT_F32] = {rd_few_neon_f32, 2, rd_sgemm_neon_12x8},
-        [RD_CT_F32_BF16W] = {rd_few_neon_bf16w, 2, rd_sgemm_neon_bf16w_12x8},
-        [RD_CT_F32_F16W] = {rd_few_neon_f16w, 2, rd_sgemm_neon_f16w_12x8},
-        [RD_CT_F32_I8W] = {rd_few_neon_i8w, 2, rd_sgemm_neon_i8w_12x8},
-        [RD_CT_F32_F8W] = {rd_few_neon_f8w, 2, rd_sgemm_neon_f8w_12x8},
-        [RD_CT_F32_F4W] = {rd_few_neon_f4w, 2, rd_sgemm_neon_f4w_12x8},
-        [RD_CT_F32_I4W] = {rd_few_neon_i4w, 2, rd_sgemm_neon_i4w_12x8},
+        [RD_CT_F32] = {rd_few_neon_f32, 2, rd_sgemm_neon_12x8, 0},
+        [RD_CT_F32_BF16W] = {rd_few_neon_bf16w, 2, rd_sgemm_neon_bf16w_12x8, 0},
+        [RD_CT_F32_F16W] = {rd_few_neon_f16w, 2, rd_sgemm_neon_f16w_12x8, 0},
+        [RD_CT_F32_I8W] = {rd_few_neon_i8w, 2, rd_sgemm_neon_i8w_12x8, 0},
+        [RD_CT_F32_F8W] = {rd_few_neon_f8w, 2, rd_sgemm_neon_f8w_12x8, 0},
+        [RD_CT_F32_F4W] = {rd_few_neon_f4w, 2, rd_sgemm_neon_f4w_12x8, 0},
+        [RD_CT_F32_I4W] = {rd_few_neon_i4w, 2, rd_sgemm_neon_i4w_12x8, 0},
     },
 };
 

@@ -269,11 +269,11 @@ rd_neon_dot_runnable(void)
 
 const rd_family_t rd_family_neon_bf16 = {
     "neon-bf16", rd_neon_bf16_runnable,
-    {[RD_CT_BF16MMA] = RD_NEON_BF16_DESC(rd_bf16mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_BF16MMA] = RD_NEON_BF16_DESC(rd_bf16mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 const rd_family_t rd_family_neon_i8mm = {
     "neon-i8mm", rd_neon_i8mm_runnable,
-    {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL}},
+    {[RD_CT_U8S8MMA] = RD_NEON_I8_DESC(rd_u8s8mmla_neon_12x8)}, 0, {{NULL, 0, 0}}, {{NULL, 0, NULL, 0}},
 };
 /* (with the w4a8 kernels of rd_neon_w4a8.c: 4-bit weights, int8 rows) */
 const rd_family_t rd_family_neon_dot = {
@@ -282,8 +282,8 @@ const rd_family_t rd_family_neon_dot = {
      [RD_CT_U8S8_I4] = RD_NEON_I8_DESC(rd_w4a8_neon_i4),
      [RD_CT_U8S8_F4] = RD_NEON_I8_DESC(rd_w4a8_neon_f4)},
     0, {{NULL, 0, 0}},
-    {[RD_CT_U8S8_I4] = {rd_w4a8_few_neon_i4, 4, rd_w4a8_neon_i4},
-     [RD_CT_U8S8_F4] = {rd_w4a8_few_neon_f4, 4, rd_w4a8_neon_f4}},
+    {[RD_CT_U8S8_I4] = {rd_w4a8_few_neon_i4, 4, rd_w4a8_neon_i4, 0},
+     [RD_CT_U8S8_F4] = {rd_w4a8_few_neon_f4, 4, rd_w4a8_neon_f4, 0}},
 };
 
 #endif /* RD_HAVE_ARM_KERNELS */

@@ -257,5 +257,5 @@ const rd_family_t rd_family_ref = {
     },
     0,
     {[RD_CT_F32] = {rd_sgemm_ref_stream_8x2048, 8, 2048}},
-    {{NULL, 0, NULL}},
+    {{NULL, 0, NULL, 0}},
 };

@@ -64,9 +64,7 @@ RD_BODY(s_rows8, 8, ROWS8)
  * threads within the noise (56.3 -> 54.7% dense 4096^3, 61.1 -> 59.1%
  * grouped m16384); on Zen4 (one FMA a cycle) 0-0.4% faster. */
 #define RD_S_B_AHEAD 2048
-#undef AHEAD_ENTER
 #undef AHEAD_STEP
-#define AHEAD_ENTER RD_AHEAD_ENTER
 #define AHEAD_STEP                                                          \
     RD_AHEAD_STEP                                                           \
     _mm_prefetch((const char *)b + RD_S_B_AHEAD, _MM_HINT_T0);              \

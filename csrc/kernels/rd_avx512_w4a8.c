@@ -216,13 +216,12 @@ rd_w4_get16(const float *c, rd_int cs_c, rd_int cols)
  * the same operations in the same order). */
 #define RD_W4_RUNS 128
 
-/* What the bodies read of A: the packed quads (a32, 12 rows a step; bytes
- * value + 128), the rows' scales, and for runs r0.. of the part of the
- * block [p0, p1), 128 times each row's sum of its values over the run,
+/* What the bodies read of A: its rows' quads made signed again (af, 4 a
+ * step), the rows' scales, and for runs r0.. of the part of the block
+ * [p0, p1), 128 times each row's sum of its values over the run,
  * ra[(r - r0) * 4 + i] (wrapping, as the instruction's sums do). */
 typedef struct {
-    const int32_t *a32;
-    const int32_t *af;   /* the rows' quads made signed again, 4 a step */
+    const int32_t *af;
     const float *sa;
     const uint32_t *ra;
     rd_int r0, p0, p1;
@@ -274,14 +273,16 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
         for (; p < end; p += 4) {
             const int32_t *as = A->af + p;     /* (4 a step: p / 4 * 4) */
             if (R >= 3) {
-                /* one panel's stream, read slowly: asked for ahead; the
+                /* a panel's stream, read slowly: asked for ahead; the
                  * rows' quads broadcast from memory by the products */
-                __m512i b0, b1;
-                _mm_prefetch(b + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
-                rd_w4_decode(b + p * 16, tab, &b0, &b1);
-                for (int i = 0; i < R; i++) {
-                    acc[i][0][0] = rd_w4_dpbusd_bcast(acc[i][0][0], b0, as + i);
-                    acc[i][0][1] = rd_w4_dpbusd_bcast(acc[i][0][1], b1, as + i);
+                for (int q = 0; q < P; q++) {
+                    __m512i b0, b1;
+                    _mm_prefetch(b + q * bstep + p * 16 + RD_W4_AHEAD, _MM_HINT_T0);
+                    rd_w4_decode(b + q * bstep + p * 16, tab, &b0, &b1);
+                    for (int i = 0; i < R; i++) {
+                        acc[i][q][0] = rd_w4_dpbusd_bcast(acc[i][q][0], b0, as + i);
+                        acc[i][q][1] = rd_w4_dpbusd_bcast(acc[i][q][1], b1, as + i);
+                    }
                 }
                 continue;
             }
@@ -334,21 +335,22 @@ rd_w4_few_##F4##_##R##_##P(rd_int kc, const rd_w4_rows_t *A, const char *b, size
 RD_W4_VARIANTS(0)
 RD_W4_VARIANTS(1)
 
-/* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra) for its first m rows:
- * the bytes each step of the body multiplies, padding included, less 128
- * each. */
+/* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra) for its first m rows,
+ * times 128: the signed bytes each step of the body multiplies (af, padding
+ * included). */
 static void
-rd_w4_row_sums(const int32_t *a32, const rd_qtrailer_t *h, rd_int kc, int m, rd_int r0, rd_int r1, uint32_t *ra)
+rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, int m, rd_int r0, rd_int r1, uint32_t *ra)
 {
     for (rd_int r = r0; r < r1; r++) {
         const rd_int p0 = rd_qrun_start(h, r), p1 = rd_qrun_end(h, r, kc);
         for (int i = 0; i < m; i++) {
-            uint32_t sum = 0, steps = 0;
-            for (rd_int p = p0; p < p1; p += 4, steps++) {
-                const uint32_t w = (uint32_t)a32[p / 4 * 12 + i];
-                sum += (w & 0xffu) + (w >> 8 & 0xffu) + (w >> 16 & 0xffu) + (w >> 24);
+            uint32_t sum = 0;
+            for (rd_int p = p0; p < p1; p += 4) {
+                const uint32_t w = (uint32_t)af[p + i];     /* (4 a step: p / 4 * 4) */
+                sum += (uint32_t)(int8_t)w + (uint32_t)(int8_t)(w >> 8) + (uint32_t)(int8_t)(w >> 16)
+                       + (uint32_t)(int8_t)(w >> 24);
             }
-            ra[(r - r0) * 4 + i] = (sum - 512u * steps) * 128u;
+            ra[(r - r0) * 4 + i] = sum * 128u;
         }
     }
 }
@@ -389,12 +391,11 @@ NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int r
     uint32_t ra[RD_W4_RUNS * 4];                                            \
     int32_t af[RD_W4_KMAX] __attribute__((aligned(64)));                    \
     rd_w4_flip((const int32_t *)a_, kq, m, af);                            \
-    rd_w4_rows_t A = {(const int32_t *)a_, af, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), \
-                      ra, 0, 0, 0};                                         \
+    rd_w4_rows_t A = {af, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), ra, 0, 0, 0}; \
     for (rd_int r1; A.r0 < runs; A.r0 = r1, A.p0 = A.p1) {                  \
         r1 = runs - A.r0 < RD_W4_RUNS ? runs : A.r0 + RD_W4_RUNS;           \
         A.p1 = rd_qrun_end(&h, r1 - 1, kc);                                 \
-        rd_w4_row_sums(A.a32, &h, kc, m, A.r0, r1, ra);                     \
+        rd_w4_row_sums(af, &h, kc, m, A.r0, r1, ra);                        \
         const int put = A.r0 == 0 ? mode : RD_ADD;                          \
         rd_int q = 0;                                                       \
         if (m == 1) {                                                       \

@@ -3,6 +3,7 @@
 #ifndef RD_AVX512_W4A8_H
 #define RD_AVX512_W4A8_H
 
+#include "rd_dot_blocking.h"
 #include "rd_kernel.h"
 
 void rd_w4a8_avx512_i4(rd_int kc, const void *a, const void *b, void *c, rd_int rs_c, rd_int cs_c, int m, int n,
@@ -11,7 +12,7 @@ void rd_w4a8_avx512_f4(rd_int kc, const void *a, const void *b, void *c, rd_int 
                        int mode);
 /* The longest contraction block the few-row kernels take (their copy of
  * A's quads lives on the stack): the family's KC. */
-#define RD_W4_KMAX ((rd_int)2048)
+#define RD_W4_KMAX ((rd_int)RD_VNNI_KC)
 
 void rd_w4a8_few_avx512_i4(rd_int kc, const void *a, const void *b, size_t bstep, void *c, rd_int rs_c,
                            rd_int cs_c, int m, rd_int n, int mode);

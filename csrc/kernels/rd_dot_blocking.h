@@ -14,7 +14,8 @@
  * product of int8-int32 with the same KC has the same block sums and so
  * the same results, bit for bit. */
 #define RD_BF16_DESC(UKR) {UKR, 12, 32, 144, 1024, 4080, NULL}
-#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, 2048, 4080, NULL}
+#define RD_VNNI_KC 2048
+#define RD_VNNI_DESC(UKR) {UKR, 12, 32, 144, RD_VNNI_KC, 4080, NULL}
 /* AVX-VNNI (kernels/rd_avx_vnni.c): the AVX2 integer kernel's (MC 144, KC 512). */
 #define RD_AVXVNNI_DESC(UKR) {UKR, 6, 16, 144, 512, 4080, NULL}
 /* NEON (kernels/arm/): 12 rows x 8 columns, the float32 kernel's block; KC

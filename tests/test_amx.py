@@ -517,3 +517,33 @@ def test_a_tuned_plan_may_take_the_vector_kernels_for_a_tile_class(rng):
     assert np.array_equal(_bits(vec_packed), _bits(tiles))
     with pytest.raises(ValueError, match="'main' or 'stream'|'main' \\(no streaming"):
         _core.plan_set(("rows", "float32", "ref", 256, 96, 16, 3, 1), {"kernel": "vector"})
+
+
+@pytest.mark.parametrize("family", ["amx-twin"] + (["auto"] if AMX else []))
+def test_int8_at_a_few_rows_a_group_takes_the_vector_kernels_with_the_tiles_bits(rng, family):
+    """An int8 tile class of fewer than 8 rows a group defaults to the vector
+    kernels (where a family serves them: not under a named twin, which then
+    stays on its tiles) with the tile's KC, so its bits are the tiles' (plan
+    'main') and the prepacked weights' (k across two KC blocks)."""
+    from raggeddot import _core
+    k, n, sizes = 700, 70, np.array([1, 3, 0, 4, 2, 1])
+    lhs = QArray(rng.integers(-128, 128, (sizes.sum(), k)).astype(np.int8),
+                 rng.uniform(0.01, 0.1, (sizes.sum(), 1)).astype(np.float32))
+    rhs = QArray(rng.integers(-128, 128, (6, k, n)).astype(np.int8), rng.uniform(0.01, 0.1, (6, 1, n)).astype(np.float32))
+    with runtime.configured(kernel=family):
+        packed = raggeddot.prepack(rhs, lhs_dtype=np.int8)
+        _core.plan_record(True)
+        default = raggeddot.ragged_dot(lhs, rhs, sizes)
+        classes = _core.plan_record(False)
+        assert [c[1] for c in classes] == ["int8-tile"], classes
+        kernels = [p["kernel"] for p in _core.plan_candidates(classes[0])]
+        assert kernels[0] == "vector" and "main" in kernels, kernels
+        try:
+            _core.plan_set(classes[0], {"kernel": "main"})
+            tiles = raggeddot.ragged_dot(lhs, rhs, sizes)
+        finally:
+            _core.plan_set(classes[0], None)
+        from_packed = raggeddot.ragged_dot(lhs, packed, sizes)
+    assert np.array_equal(_bits(default), _bits(tiles))
+    assert np.array_equal(_bits(default), _bits(from_packed))
+    check_close(default, reference.ragged_dot(raggeddot.dequantize(lhs), raggeddot.dequantize(rhs), sizes), rtol=1e-5)

@@ -6,8 +6,9 @@
  * The cost model.  A plan chooses the register block's use, the cache
  * blocking, the tiling and the threads from the class alone, so that the
  * choice is deterministic and a tuned entry covers every call of the class:
- *   - Tiles or vectors (tile types only): tiles by default; a tuned plan
- *     may take the vector kernels (RD_KIND_VECTOR) for few rows a group.
+ *   - Tiles or vectors (tile types only): tiles by default, but the vector
+ *     kernels (RD_KIND_VECTOR, with the tile's KC) for int8 at fewer than 8
+ *     rows a group; a tuned plan may take them for any class.
  *   - B packed or read in place.  Packing B copies each KC x NC panel of a
  *     group once per row tile, a pass over memory that the products of the
  *     tile then wait for; for a few rows a group that pass is the whole
@@ -119,6 +120,17 @@ rd_plan_default(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_desc
     memset(out, 0, sizeof *out);
     const int few = c->mode == 0 && c->bucket <= RD_STREAM_BUCKET;
     out->kind = few && s != NULL && s->ukr != NULL ? RD_KIND_STREAM : RD_KIND_MAIN;
+    /* int8 tiles at a few rows a group: the vector kernels (where a family
+     * serves them: rd_plan_choose), which give the same bits with the
+     * tile's KC.  A 16-row tile instruction spends its work on the rows a
+     * group lacks, and the weights then stream slower than the vector
+     * kernels read them: on an AMX Xeon at 16 threads, int8 x int8 at 1-4
+     * rows an expert read 45-48% of the bandwidth on the tiles, and the
+     * same weights with float rows (vector kernels doing more work a byte)
+     * 49-64%.  bfloat16 tiles stay: their vector alternative's arithmetic
+     * is another. */
+    if (few && c->ct == RD_CT_U8S8TILE)
+        out->kind = RD_KIND_VECTOR;
     /* rows of a group under a row tile's least (48): split along n */
     out->split = few ? RD_SPLIT_N : RD_SPLIT_M;
     out->team = 1;
@@ -137,9 +149,9 @@ rd_plan_candidates(const rd_pclass_t *c, const rd_ukr_desc_t *k, const rd_sukr_d
         all[n] = d;
         all[n++].kind = d.kind == RD_KIND_STREAM ? RD_KIND_MAIN : RD_KIND_STREAM;
     }
-    if (rd_ctype_layout(c->ct) != (int)c->ct) {   /* a tile type: its vector alternative */
+    if (rd_ctype_layout(c->ct) != (int)c->ct) {   /* a tile type: tiles or its vector alternative */
         all[n] = d;
-        all[n++].kind = RD_KIND_VECTOR;
+        all[n++].kind = d.kind == RD_KIND_VECTOR ? RD_KIND_MAIN : RD_KIND_VECTOR;
     }
     for (rd_int kc = k->kc / 2; kc >= 64 && kc >= k->kc / 4; kc /= 2) {
         all[n] = d;
@@ -291,12 +303,18 @@ rd_plan_choose(rd_plan_t *plan, int mode, rd_int k, rd_int n, rd_int ng, const r
         && (!prepacked || (rd_ctype_layout(plan->alt_ct) == rd_ctype_layout(plan->ct)
                            && plan->alt_k.nr == plan->k.nr))) {
         const rd_int kc = plan->k.kc;
+        const rd_family_t *alt = rd_family_named(plan->alt_family);
         plan->ct = plan->alt_ct;
         plan->family = plan->alt_family;
         plan->k = plan->alt_k;
         memset(&plan->s, 0, sizeof plan->s);
-        if (prepacked)
-            plan->k.kc = kc;
+        memset(&plan->few, 0, sizeof plan->few);
+        if (alt != NULL)
+            plan->few = alt->few[plan->ct];
+        /* the tile's KC, plain or prepacked: an int8 product's bits are
+         * those of its blocks (RD_CT_U8S8TILE), and a prepacked product's
+         * the plain one's */
+        plan->k.kc = kc;
     }
     /* prepacked weights were laid out with this blocking, and are read in
      * place already */

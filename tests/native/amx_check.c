@@ -28,7 +28,9 @@
  *   state; twin: its bookkeeping).
  * then, where both families ran,
  *   same NAME equal | differ N of M (...) ok|FAIL
- * and the simulated refusals of the permission request (perm lines).  The
+ * where the native family ran, the few-rows-vector line (int8 at a few rows
+ * a group on the vector kernels, with the tiles' bits), and the simulated
+ * refusals of the permission request (perm lines).  The
  * exit status is 1 when any check failed.
  */
 #include "rd_frame.h"
@@ -1188,6 +1190,96 @@ check_refusals(void)
     rd_set_kernel("auto");
 }
 
+/* ------------------------------------------------ few rows a group */
+
+/* rows [0, m) of lhs by rd_ragged_rows with `plan` (b: the weights as
+ * read), into out [m, n]; the call's status. */
+static int
+few_rows(const rd_plan_t *plan, const rd_int *bounds, int ng, rd_int k, rd_int n, const opnd_t *lhs,
+         const rd_in_t *b, float *out)
+{
+    const rd_out_t o = {out, 0, n, 1, RD_F32};
+    return rd_ragged_rows(plan, k, n, ng, bounds, &lhs->in, b, &o, 0);
+}
+
+/* int8 at a few rows a group, each family chosen by the runtime ("auto"):
+ * the plan takes the vector kernels that read the tiles' B layout, with
+ * the tile's KC, and gives the exact values (every partial sum is exact)
+ * and the bits of the tiles (forced by a plan entry), plain and prepacked.
+ * Where no family serves the tiles or their vector type, says so. */
+static void
+check_few_rows_vector(void)
+{
+    rd_set_kernel("auto");
+    const char *vec = rd_kernel_for(RD_CT_U8S8);
+    if (rd_int8_product() != RD_CT_U8S8TILE || strcmp(vec, "none") == 0) {
+        printf("few-rows-vector skipped: int8 served by %s, its vector type by %s\n",
+               rd_kernel_for(rd_int8_product()), vec);
+        return;
+    }
+    enum { NG = 6 };
+    static const rd_int sizes[NG] = {1, 3, 0, 4, 2, 1};
+    rd_int bounds[NG + 1] = {0};
+    for (int g = 0; g < NG; g++)
+        bounds[g + 1] = bounds[g] + sizes[g];
+    const rd_int m = bounds[NG], k = 700, n = 70;   /* k across the tiles' KC (512) */
+    opnd_t lhs, rhs;
+    opnd_i8(&lhs, 1, m, k, 1, k, 1);
+    opnd_i8(&rhs, NG, k, n, k, 1, 1);
+    rd_plan_t plan, chosen;
+    rd_plan_init(&plan, RD_CT_U8S8TILE);
+    chosen = plan;
+    rd_plan_choose(&chosen, 0, k, n, NG, bounds, 0, 1);
+    const long kc = (long)chosen.k.kc;
+    int ok = chosen.ct == RD_CT_U8S8 && kc == (long)plan.k.kc && strcmp(chosen.family, vec) == 0;
+    result_t pr;
+    memset(&pr, 0, sizeof pr);
+    void *mem = NULL;
+    const rd_in_t packed = prepacked(&plan, &rhs, NG, k, n, &mem, &pr);
+    float *out[3];
+    int rc = pr.rc;
+    for (int q = 0; q < 3; q++)
+        out[q] = (float *)xalloc(sizeof(float) * (size_t)(m * n));
+    rd_plan_record(1);
+    rc |= few_rows(&plan, bounds, NG, k, n, &lhs, &rhs.in, out[0]);
+    rd_plan_record(0);
+    rc |= few_rows(&plan, bounds, NG, k, n, &lhs, &packed, out[1]);
+    /* the tiles, by a plan entry for the class of the call */
+    rd_pclass_t cls;
+    rd_pchoice_t tiles;
+    ok = ok && rd_plan_recorded(&cls, 1) == 1;
+    rd_plan_default(&cls, &plan.k, &plan.s, &tiles);
+    tiles.kind = RD_KIND_MAIN;
+    rc |= rd_plan_set(&cls, &tiles);
+    chosen = plan;
+    rd_plan_choose(&chosen, 0, k, n, NG, bounds, 0, 1);
+    ok = ok && chosen.ct == RD_CT_U8S8TILE;
+    rc |= few_rows(&plan, bounds, NG, k, n, &lhs, &rhs.in, out[2]);
+    rd_plan_set(&cls, NULL);
+    long bad = 0;
+    for (int g = 0; g < NG; g++)
+        for (rd_int i = bounds[g]; i < bounds[g + 1]; i++)
+            for (rd_int j = 0; j < n; j++) {
+                double want = 0.0;
+                for (rd_int p = 0; p < k; p++)
+                    want += VAL(&lhs, 0, i, p) * VAL(&rhs, g, p, j);
+                bad += (double)out[0][i * n + j] != want;
+            }
+    const int same = memcmp(out[0], out[1], sizeof(float) * (size_t)(m * n)) == 0
+                     && memcmp(out[0], out[2], sizeof(float) * (size_t)(m * n)) == 0;
+    ok = ok && rc == 0 && bad == 0 && same && native_tiles_released();
+    printf("few-rows-vector %s: the vector kernels of %s, KC %ld (the tiles' %ld), %ld of %ld values off, bits of "
+           "the tiles and prepacked %s\n", ok ? "ok" : "FAIL", vec, kc, (long)plan.k.kc, bad, (long)(m * n),
+           same ? "equal" : "differ");
+    if (!ok)
+        failures++;
+    for (int q = 0; q < 3; q++)
+        free(out[q]);
+    free(mem);
+    opnd_free(&lhs);
+    opnd_free(&rhs);
+}
+
 /* The release check can fail: a configuration loaded here is seen, and
  * released is not. */
 static int
@@ -1239,8 +1331,11 @@ main(int argc, char **argv)
                 free_result(&res[f]);
         cases++;
     }
-    if (only == NULL)
+    if (only == NULL) {
+        if (why == NULL)
+            check_few_rows_vector();
         check_refusals();
+    }
     printf("summary %d cases, %d failures\n", cases, failures);
     return failures ? 1 : 0;
 }

@@ -1,12 +1,13 @@
 """moe_block with its experts' fused passes (the gate and up products in one pass with the
 activation in their epilogue, the dispatch read while packing, the combine in the down product's
-epilogue, the backward's d_a product with the activation's gradient in its epilogue; int8 weights
+epilogue, the backward's d_a product with the activation's gradient in its epilogue and its d_xs
+products with the dispatch's backward in theirs; int8 weights
 with activation_qtype="int8": the gate and up products in one pass over rows quantized once)
 against the same layer as separate passes (the same bits: checked first) and torch's expert loop
 (transformers' eager loop, moe_baselines.py; forward, and forward+backward by autograd), in
 interleaved rounds (medians), each with its share of the peak of the instruction serving the
 dtype's products here (common.serving, else the FMA; at raggeddot's threads), and the peak extra
-memory (RSS) of the float32 forward, each in a process of its own.
+memory (RSS) of the float32 forward and forward+backward, each in a process of its own.
 
     python benchmarks/fused_moe.py [--T 2048 --d 2048 --f 768 --E 32 --top-k 4] [--rounds 7]
 """
@@ -136,13 +137,17 @@ def timings(args):
         compare(f"{name} ({insn} peak {peak:.0f} GFLOP/s at these threads):", fns, args, peak)
 
 
-def peak(args, fused):
-    """The extra RSS of one float32 forward, in this process (which makes nothing else big)."""
+def peak(args, fused, backward):
+    """The extra RSS of one float32 forward (or forward+backward), in this process (which makes
+    nothing else big)."""
     raggeddot.set_buffer_cache(0)
-    x, router, ws, _ = layer(args, np.float32)
-    fwd = lambda: raggeddot.moe_block(x, router, *ws, top_k=args.top_k, norm_topk_prob=True)  # noqa: E731
+    x, router, ws, ct = layer(args, np.float32)
+    kw = dict(top_k=args.top_k, norm_topk_prob=True)
+    fwd = lambda: raggeddot.moe_block(x, router, *ws, **kw)  # noqa: E731
+    step = lambda: raggeddot.moe_block_vjp(x, router, *ws, **kw)[1](ct)  # noqa: E731
     base = C.vm("VmHWM")
-    (fwd if fused else separate(fwd))()
+    fn = step if backward else fwd
+    (fn if fused else separate(fn))()
     return (C.vm("VmHWM") - base) / 2 ** 20
 
 
@@ -150,17 +155,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("T", 2048), ("d", 2048), ("f", 768), ("E", 32), ("top-k", 4), ("rounds", 7)):
         p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--peak", choices=("fused", "separate"), help=argparse.SUPPRESS)
+    p.add_argument("--peak", choices=("fused", "separate", "fused-bwd", "separate-bwd"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.peak:
-        return print(peak(args, args.peak == "fused"))
+        return print(peak(args, args.peak.startswith("fused"), args.peak.endswith("-bwd")))
     print(f"T={args.T} d={args.d} f={args.f} E={args.E} top-{args.top_k}, {raggeddot.get_num_threads()} threads")
     timings(args)
     mib = {how: float(subprocess.run([sys.executable, __file__, "--peak", how] + [
         f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("T", "d", "f", "E", "top-k")],
-        capture_output=True, text=True, check=True).stdout) for how in ("fused", "separate")}
-    print(f"float32 forward peak extra memory: {mib['fused']:.0f} MiB fused, {mib['separate']:.0f} MiB "
-          f"separate ({mib['fused'] / mib['separate']:.2f}x)")
+        capture_output=True, text=True, check=True).stdout)
+        for how in ("fused", "separate", "fused-bwd", "separate-bwd")}
+    for step, end in (("forward", ""), ("forward+backward", "-bwd")):
+        print(f"float32 {step} peak extra memory: {mib['fused' + end]:.0f} MiB fused, "
+              f"{mib['separate' + end]:.0f} MiB separate ({mib['fused' + end] / mib['separate' + end]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -350,6 +350,18 @@ int rd_gated_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd
                   const rd_in_t *lhs, const rd_in_t *w0, const rd_in_t *w1, rd_gated_epi_t epi, void *ctx,
                   int ordered);
 
+/* Summed rows (the backward of an MoE layer's gate and up products, whose
+ * row gradients add): for each local group g, rows r of it,
+ *   t0 = lhs0[r] @ w0[g] + lhs1[r] @ w1[g]      (lhs0, lhs1 [m, k] alike)
+ * the second product added into the first's tile as rd_ragged_rows with
+ * `accumulate` adds it into the first's output (the same sums in the same
+ * order, bit for bit), each finished tile handed to epi (t1 NULL) as
+ * rd_gated_rows with `ordered` hands it.  w0 and w1 as rd_gated_rows takes
+ * them.  Returns as rd_ragged_rows. */
+int rd_summed_rows(const rd_plan_t *plan, rd_int k, rd_int n, rd_int ng, const rd_int *bounds,
+                   const rd_in_t *lhs0, const rd_in_t *w0, const rd_in_t *lhs1, const rd_in_t *w1,
+                   rd_gated_epi_t epi, void *ctx);
+
 /* ----------------------------------------------------------- prepacking
  * (frame/rd_prepack.c)  Weights laid out once in the micro-kernel's panel
  * order, to be read in place by every later call: rhs [ng, k, n] (strided,

@@ -494,7 +494,7 @@ def slot_dots(a, rows, slot_of):
     return _core.slot_dots(operand(a, keep(a), ROWS), operand(rows, keep(rows), ROWS), _indices(slot_of))
 
 
-def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):
+def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden, lhs1=None, w1=None):
     """The experts' down product with the combine in its epilogue: for each
     group j, rows r in ``[bounds[j], bounds[j + 1])``, ``y = lhs[r] @ w[j]
     (+ bias[j])`` rounded to ``hidden`` (a dtype: float32, float64,
@@ -506,8 +506,11 @@ def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):
     weights ``[m]`` or None (ones), bias ``[g, n]`` or None. The values of
     :func:`rows` into y (rounded to ``hidden``) then :func:`gather_reduce`
     with ``ordered``, bit for bit, without the ``[m, n]`` array of y.
-    Returns ``out``."""
+    With ``lhs1`` (as lhs) and ``w1`` (plain weights as w): ``y = lhs[r] @
+    w[j] + lhs1[r] @ w1[j]``, the values of :func:`rows` of the first pair
+    then :func:`rows` of the second with ``accumulate``. Returns ``out``."""
     ct = compute_dtype(np.dtype(hidden))
+    more = () if lhs1 is None else (operand(lhs1, ct, PACKED), operand(w1, ct, PACKED))
     if getattr(w, "ctype", None) is not None:     # a PackedRhs
         g, k, n = w.shape
         w = (w._buf, w._buf, v._dtype_name(w._storage), w.ctype, g, k, n, w.kc, w.nr, w._qtile,
@@ -519,7 +522,7 @@ def combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden):
     if bias is not None:
         bias = np.ascontiguousarray(bias, dtype=ct)
     _core.combine_rows(operand(lhs, ct, PACKED), w, bounds, out, _indices(tokens), weights, bias,
-                       np.empty(0, dtype=hidden))
+                       np.empty(0, dtype=hidden), *more)
     return out
 
 

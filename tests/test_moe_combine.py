@@ -183,6 +183,57 @@ def test_moe_block_combines_apart_where_the_columns_are_few(rng, monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("kw", [
+    dict(), dict(capacity_factor=0.6), dict(gate_up="concat", activation="gelu"),
+    dict(gate_up="interleaved", activation="swiglu_oai", swiglu_limit=2.0, w0_bias=True), dict(quantized=True)])
+def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_complete(
+        rng, monkeypatch, always_combines, dtype, kw):
+    """The backward's d_xs products (dh0 w0^T + dh1 w1^T) run as one ordered
+    pass with the dispatch's backward in its epilogue (no [N, d] array of
+    d_xs): every gradient has the bits of the separate passes (two products,
+    the second accumulated, then each token's slots summed in slot order),
+    at any thread count, with dropped slots, fused and interleaved gate/up
+    weights, biases and int8 weights dequantized while packed."""
+    T, d, f, E = 64, 40, 24, 5
+    ct = gw.compute_dtype(dtype)
+    kw = dict(kw)
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(ct)
+    gate_up = kw.get("gate_up")
+    if gate_up:
+        w0, w1 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype), None
+    else:
+        w0, w1 = ((rng.standard_normal((E, d, f)) / np.sqrt(d)).astype(dtype) for _ in range(2))
+    wo = (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype)
+    if kw.pop("w0_bias", False):
+        kw["w0_bias"] = rng.standard_normal((E, 2 * f)).astype(ct)
+    if kw.pop("quantized", False):
+        if dtype != np.float32:
+            pytest.skip("int8 weights: a float32 layer")
+        w0, w1, wo = (raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
+    d_out = rng.standard_normal((T, d)).astype(ct)
+    summed = []
+    real = gw.combine_rows
+    monkeypatch.setattr(gw, "combine_rows",
+                        lambda *a, **k: summed.append(k.get("lhs1") is not None) or real(*a, **k))
+    grads = []
+    for threads in (1, 2, 3):
+        with runtime.configured(num_threads=threads):
+            out, fn = raggeddot.moe_block_vjp(x, router, w0, w1, wo, top_k=2, **kw)
+            grads.append(fn(d_out.astype(out.dtype)))
+    assert summed == [True] * 3, "the d_xs products combined"
+    monkeypatch.setattr(experts, "sums_rows", lambda *a: False)
+    with runtime.configured(num_threads=2):
+        out, fn = raggeddot.moe_block_vjp(x, router, w0, w1, wo, top_k=2, **kw)
+        want = fn(d_out.astype(out.dtype))
+    assert summed == [True] * 3
+    for got in grads:
+        for name, g in want.items():
+            if g is not None:
+                assert np.array_equal(_bits(np.asarray(got[name])), _bits(np.asarray(g))), name
+
+
 def test_the_combine_binding_refuses_bad_arguments():
     """Direct calls of the C entry point with bad arguments raise, naming
     what is wrong, and never touch memory outside the arrays."""
@@ -199,6 +250,10 @@ def test_the_combine_binding_refuses_bad_arguments():
         (lambda: _core.combine_rows(a, w, np.array([0, 5, 4]), out, tok, sw, None, hid), "bounds"),
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, np.empty(0, np.int32)), "'hidden'"),
         (lambda: _core.combine_rows(a, w[:, :7], b, out, tok, sw, None, hid), "disagree"),
+        (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a), "come together"),
+        (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a[:3], w), "'lhs1'"),
+        (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a.astype(np.float64), w), "'lhs1'"),
+        (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a, w[:, :, :5]), "'w0' and 'w1'"),
     ]
     for call, message in bad:
         with pytest.raises((ValueError, TypeError), match=message):

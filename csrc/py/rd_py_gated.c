@@ -339,7 +339,7 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(combine_rows_doc,
-"combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden)\n\n"
+"combine_rows(lhs, w, bounds, out, tokens, weights, bias, hidden, lhs1=None, w1=None)\n\n"
 "The down product of an MoE layer's experts with the combine in its\n"
 "epilogue: for each group g, rows r in [bounds[g], bounds[g+1]) (the slots\n"
 "of expert g), y = lhs[r] @ w[g] (+ bias[g]) rounded to the dtype of\n"
@@ -353,18 +353,26 @@ PyDoc_STRVAR(combine_rows_doc,
 "None.  Each column of an output row sums its slots in slot order, on one\n"
 "thread, whatever the number of threads: the values of ragged_rows into y\n"
 "(rounded) then gather_reduce ordered, bit for bit, without the [m, n]\n"
-"array of y.");
+"array of y.  With lhs1 (as lhs) and w1 (as w, of w's kind):\n"
+"y = lhs[r] @ w[g] + lhs1[r] @ w1[g], the second product added as\n"
+"ragged_rows with accumulate adds it into the first's output.");
 
 static PyObject *
 rd_py_combine_rows(PyObject *self, PyObject *args)
 {
-    PyObject *olhs, *ow, *obounds, *oout, *otok, *ow8, *obias, *ohid;
-    rd_arg_t lhs, out, tok, hid, w8;
+    PyObject *olhs, *ow, *obounds, *oout, *otok, *ow8, *obias, *ohid, *olhs1 = Py_None, *ow1 = Py_None;
+    rd_arg_t lhs, lhs1, out, tok, hid, w8;
     const rd_int *bv;
     const void *w8_data;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &olhs, &ow, &obounds, &oout, &otok, &ow8, &obias, &ohid))
+    if (!PyArg_ParseTuple(args, "OOOOOOOO|OO", &olhs, &ow, &obounds, &oout, &otok, &ow8, &obias, &ohid, &olhs1,
+                          &ow1))
         return NULL;
+    const int summed = olhs1 != Py_None;
+    if (summed != (ow1 != Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "combine_rows: 'lhs1' and 'w1' come together");
+        return NULL;
+    }
     if (rd_arg_array(ohid, "hidden", 1, RD_ANY_STORAGE, 0, &hid) != 0)
         return NULL;
     if (hid.dtype != RD_F32 && hid.dtype != RD_F64 && hid.dtype != RD_F16 && hid.dtype != RD_BF16) {
@@ -375,7 +383,8 @@ rd_py_combine_rows(PyObject *self, PyObject *args)
     const int ct_num = base == RD_CT_F64 ? NPY_FLOAT64 : NPY_FLOAT32;
     rd_gated_w_t w;
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
-        rd_gated_weights(ow, NULL, base, &lhs, 0, &w) != 0 ||
+        (summed && rd_arg_array(olhs1, "lhs1", 2, RD_ANY_STORAGE, 0, &lhs1) != 0) ||
+        rd_gated_weights(ow, summed ? ow1 : NULL, base, &lhs, 0, &w) != 0 ||
         rd_arg_array(oout, "out", 2, ct_num, RD_AS_OUTPUT | RD_ROWS, &out) != 0 ||
         rd_arg_array(otok, "tokens", 1, NPY_INT64, RD_CONTIG, &tok) != 0 ||
         rd_arg_indices(&tok, "tokens", 0, out.dim[0]) != 0 ||
@@ -384,6 +393,10 @@ rd_py_combine_rows(PyObject *self, PyObject *args)
     const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.g, n = w.n;
     if (w.k != k || out.dim[1] != n || tok.dim[0] != m) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], out [T, n], tokens [m] disagree");
+        return NULL;
+    }
+    if (summed && (lhs1.dtype != lhs.dtype || lhs1.dim[0] != m || lhs1.dim[1] != k)) {
+        PyErr_SetString(PyExc_ValueError, "'lhs1' must have lhs's dtype and shape");
         return NULL;
     }
     rd_combine_t o;
@@ -400,9 +413,18 @@ rd_py_combine_rows(PyObject *self, PyObject *args)
     rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], NULL, rd_combine_epilogue, &o, 1);
-        Py_END_ALLOW_THREADS
+        if (summed) {
+            const rd_in_t x1 = {.p = lhs1.data, .dtype = (rd_dtype_t)lhs1.dtype, .rs = lhs1.stride[0],
+                                .cs = lhs1.stride[1]};
+            Py_BEGIN_ALLOW_THREADS
+            rc = rd_summed_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], &x1, &w.b[1], rd_combine_epilogue, &o);
+            Py_END_ALLOW_THREADS
+        }
+        else {
+            Py_BEGIN_ALLOW_THREADS
+            rc = rd_gated_rows(&w.plan, k, n, ng, bv, &x, &w.b[0], NULL, rd_combine_epilogue, &o, 1);
+            Py_END_ALLOW_THREADS
+        }
     }
     return rd_gemm_result(rc);
 }

@@ -123,11 +123,12 @@ def backward(layer, res, d_out, d_logits=None):
     (when gated). ``d_logits [T, E]``: a cotangent of the router logits
     from the aux outputs (:func:`aux_logits_cotangent`), or None."""
     d_y, d_topk_weights = combine.backward(res.combine, d_out)
-    d_xs, expert_grads = experts.backward(layer.experts, res.experts, d_y)
     if layer.weights_on == "input":
+        d_xs, expert_grads = experts.backward(layer.experts, res.experts, d_y)
         d_x, d_topk_weights = dispatch.backward(res.plan, d_xs, layer.x, res.route.topk_weights)
-    else:
-        d_x = dispatch.backward(res.plan, d_xs)
+    else:   # the dispatch's backward added as the d_xs products complete, where they can
+        d_x, expert_grads = experts.backward(layer.experts, res.experts, d_y,
+                                             combine=(res.plan.token_of_slot, res.plan.slot_of))
     d_x, d_rw, d_rb = route.backward(layer.router, res.route, d_topk_weights, d_x, d_logits)
     grads = {"x": d_x, "router_weights": d_rw, "router_bias": d_rb, **expert_grads._asdict()}
     if layer.shared is not None:

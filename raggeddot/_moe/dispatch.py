@@ -97,11 +97,13 @@ def _sort_capped(topk_idx, num_experts, capacity):
 
 def backward(plan, d_xs, x=None, weights=None):
     """``d_x [T, d]`` of :func:`forward` for the cotangent ``d_xs [N, d]``:
-    every slot's gradient goes back to its token. With the forward's
-    ``weights [T, k]`` (and its ``x``) returns ``(d_x, d_weights [T, k])``."""
+    every slot's gradient goes back to its token, each token's slots summed
+    in slot order (as the experts' backward adds them where it combines).
+    With the forward's ``weights [T, k]`` (and its ``x``) returns ``(d_x,
+    d_weights [T, k])``."""
     if weights is None:
-        return gw.gather_reduce(d_xs, plan.slot_of)
-    return gw.gather_reduce(d_xs, plan.slot_of, weights), slot_dots(x, d_xs, plan.slot_of)
+        return gw.gather_reduce(d_xs, plan.slot_of, ordered=True)
+    return gw.gather_reduce(d_xs, plan.slot_of, weights, ordered=True), slot_dots(x, d_xs, plan.slot_of)
 
 
 def jvp(plan, t_x, x=None, weights=None, t_weights=None):

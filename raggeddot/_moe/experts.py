@@ -360,6 +360,17 @@ def combines(experts, x):
         and bool(_fused(x, experts.wo, experts.wo))
 
 
+def sums_rows(experts, dh0, w0_t, w1_t):
+    """Whether the backward's d_xs products (``dh0 w0^T + dh1 w1^T``, of
+    rows of ``dh0``'s dtype) run as one pass with the dispatch's backward in
+    its epilogue (gw.combine_rows with a second pair): weights (``w0_t``,
+    ``w1_t``: transposed, prepacked ones unpacked) the one-pass product
+    reads, and :data:`COMBINE_MIN_COLS` columns a thread (the ordered pass,
+    as the forward's combine)."""
+    d = experts.wo.shape[2]
+    return d >= COMBINE_MIN_COLS * get_num_threads() and bool(_fused(dh0, w0_t, w1_t))
+
+
 #: The layouts of int8 dot products (rows quantized to int8 per row meet them).
 _INT8_DOT = ("int8-dot", "int8-mmla", "int8-int4-dot", "int8-mxfp4-dot")
 
@@ -506,11 +517,16 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
     return y, ExpertsResiduals(None if gathered and not keep else xs, h0, h1, a, bounds, first, rows_q, a_q)
 
 
-def backward(experts, res, d_y):
+def backward(experts, res, d_y, combine=None):
     """Backward of :func:`forward` for the cotangent ``d_y [N, d]``.
 
     Returns ``(d_xs [N, d], grads)``, ``grads`` an :class:`ExpertGrads`;
-    rows of ``d_xs`` outside the held experts' are 0.
+    rows of ``d_xs`` outside the held experts' are 0. With ``combine``
+    ``(tokens [N] int64, slot_of [T, k] int64)`` (the dispatch's plan):
+    ``(d_x [T, d], grads)``, ``d_x[t]`` the sum of the rows of ``d_xs``
+    whose slot holds token t, in slot order (the dispatch's backward,
+    ``gw.gather_reduce`` ordered, bit for bit), added as the d_xs products
+    complete where :func:`sums_rows` (no ``[N, d]`` array of d_xs).
     """
     n = experts.num_experts
     f, d = experts.w0.shape[2], experts.wo.shape[2]
@@ -537,11 +553,20 @@ def backward(experts, res, d_y):
     a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
     dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
-    # gate and up projections
-    d_xs = _held_rows(res.xs.shape[0], d, ct, first, last, count and f)
-    if count and f:
-        gw.rows(dh0, _transposed(experts.w0), bounds, d_xs[first:last])
-        gw.rows(dh1, _transposed(experts.w1), bounds, d_xs[first:last], accumulate=True)
+    # gate and up projections: d_xs = dh0 w0^T + dh1 w1^T
+    w0_t, w1_t = _transposed(experts.w0), _transposed(experts.w1)
+    if combine is not None and sums_rows(experts, dh0, w0_t, w1_t):
+        tokens, slot_of = combine
+        d_xs = np.zeros((slot_of.shape[0], d), dtype=ct)
+        if count and f:
+            gw.combine_rows(dh0, w0_t, bounds, d_xs, tokens[first:last], None, None, ct, lhs1=dh1, w1=w1_t)
+    else:
+        d_xs = _held_rows(res.xs.shape[0], d, ct, first, last, count and f)
+        if count and f:
+            gw.rows(dh0, w0_t, bounds, d_xs[first:last])
+            gw.rows(dh1, w1_t, bounds, d_xs[first:last], accumulate=True)
+        if combine is not None:
+            d_xs = gw.gather_reduce(d_xs, combine[1], ordered=True)
     xs = _held(res.xs, first, last) if res.xs_q is None else _values(res.xs_q)
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None

@@ -234,6 +234,11 @@ typedef struct {
                              * (rows rs apart), gathered while packed */
     const long long *cidx;  /* NULL, or (a contraction's lhs, as ridx):
                              * column j is column cidx[j] of the array at p */
+    const void *rscale;     /* NULL, or (with ridx; a float32 or float64
+                             * operand) row i is rscale[i] * row ridx[i],
+                             * each element's product rounded to the
+                             * operand's dtype (an MoE layer's cotangent
+                             * rows times their router weights) */
 } rd_in_t;
 
 /* An output: elements of the plan's compute type, or (dtype RD_BF16 or

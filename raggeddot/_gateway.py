@@ -367,7 +367,7 @@ def rows_packed(lhs, packed, bounds, out, accumulate=False, quantize_lhs=False):
     return out
 
 
-def contract(lhs, rhs, bounds, out, accumulate=False, algo=None, lhs_cols=None, rhs_rows=None):
+def contract(lhs, rhs, bounds, out, accumulate=False, algo=None, lhs_cols=None, rhs_rows=None, rhs_row_scale=None):
     """Ragged contraction, the weight gradient (tgmm): for each group j,
     ``out[j] (+)= lhs[:, rows_j] @ rhs[rows_j, :]``, rows_j = ``[bounds[j],
     bounds[j + 1])``.
@@ -380,7 +380,9 @@ def contract(lhs, rhs, bounds, out, accumulate=False, algo=None, lhs_cols=None, 
     the product reads ``lhs[:, lhs_cols]``; with ``rhs_rows``, rhs is ``[t,
     n]`` and it reads ``rhs[rhs_rows]``: through the index while packing
     (float operands, algo None), never gathered whole, with the bits of the
-    gathered array's product. Returns ``out``."""
+    gathered array's product; ``rhs_row_scale`` (``[m]``, float32 or float64
+    rhs): it reads ``rhs_row_scale[:, None] * rhs[rhs_rows]``, each product
+    rounded to rhs's dtype. Returns ``out``."""
     if out.size:
         ct = kernel_dtype(out)
         a, b = operand(lhs, ct, PACKED), operand(rhs, ct, PACKED)
@@ -388,7 +390,8 @@ def contract(lhs, rhs, bounds, out, accumulate=False, algo=None, lhs_cols=None, 
             _core.ragged_contract(a, b, bounds, out, bool(accumulate), algo == "bf16", False, algo == "exact")
         else:
             _core.ragged_contract_gathered(a, b, bounds, out, bool(accumulate),
-                                           *(None if i is None else _indices(i) for i in (lhs_cols, rhs_rows)))
+                                           *(None if i is None else _indices(i) for i in (lhs_cols, rhs_rows)),
+                                           rhs_row_scale)
     return out
 
 
@@ -578,7 +581,7 @@ def gated_rows(lhs, w0, w1, bounds, a, h0, h1, b0, b1, activation, limit, alpha=
     return a
 
 
-def gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, activation, limit, alpha=1.702):
+def gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, activation, limit, alpha=1.702, rows=None, row_scale=None):
     """The first product of the experts' backward with the activation's
     gradient in its epilogue: for each group j, rows r in ``[bounds[j],
     bounds[j + 1])``, ``d_a = lhs[r] @ w[j]`` rounded to h0's dtype, then
@@ -588,8 +591,13 @@ def gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, activation, limit, alpha=1
     ``[m, k]``, w ``[g, k, n]`` (as :func:`operand` reads them for
     ``layout="packed"``), h0, h1, dh0, dh1 ``[m, n]`` of one dtype with
     contiguous rows, h0 and h1 of one row stride, dh0 and dh1 of one (the
-    halves of one ``[m, 2n]`` array, say). Returns ``(dh0, dh1)``."""
+    halves of one ``[m, 2n]`` array, say). With ``rows`` (int64 ``[m]``),
+    lhs is ``[t, k]`` and row r reads ``lhs[rows[r]]``, times
+    ``row_scale[r]`` where given (``[m]``, float32 or float64 lhs, each
+    product rounded to its dtype): through the index while packed. Returns
+    ``(dh0, dh1)``."""
     ct = compute_dtype(h0.dtype)
     _core.gated_grad_rows(operand(lhs, ct, PACKED), operand(w, ct, PACKED), bounds, h0, h1, dh0, dh1,
-                          _core.ACTIVATIONS[activation], float(limit), float(alpha))
+                          _core.ACTIVATIONS[activation], float(limit), float(alpha),
+                          None if rows is None else _indices(rows), row_scale)
     return dh0, dh1

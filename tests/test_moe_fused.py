@@ -99,8 +99,10 @@ def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, 
     """moe_block without a backward asks the fused pass for a only, reading
     the tokens' rows through the dispatch's index (no [N, d] copy of them);
     the vjp keeps h0 and h1, reads the rows so too, and its backward's gate
-    and up weight gradients read them through the index again (no gather,
-    no [N, d] copy anywhere), with the bits of the dispatched rows' products."""
+    and up weight gradients read them through the index again, and the down
+    weights' gradient the cotangent's rows times their router weights (no
+    gather, no [N, d] copy anywhere), with the bits of the dispatched rows'
+    products."""
     T, d, f, E = 40, 32, 24, 4
     x = rng.standard_normal((T, d)).astype(np.float32)
     router = rng.standard_normal((d, E)).astype(np.float32)
@@ -115,16 +117,20 @@ def test_forward_alone_keeps_neither_product_and_reads_the_tokens_in_place(rng, 
     assert seen == [(False, True, (T, d))] and gathers == []
     gathered = []
     real_contract = _core.ragged_contract_gathered
-    monkeypatch.setattr(_core, "ragged_contract_gathered", lambda *a: gathered.append(a[-2:]) or real_contract(*a))
+    monkeypatch.setattr(_core, "ragged_contract_gathered",
+                        lambda *a: gathered.append(tuple(x is not None for x in a[5:8])) or real_contract(*a))
     out, vjp = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
     assert seen[1] == (True, True, (T, d)) and gathers == []
     d_out = rng.standard_normal(out.shape).astype(np.float32)
     grads = vjp(d_out)
-    assert len(gathered) == 2 and all(c is not None and r is None for c, r in gathered)   # w0's, w1's
+    # (lhs_cols, rhs_rows, rhs_row_scale): wo's through the cotangent's index and weights, w0's and w1's
+    assert sorted(gathered) == [(False, True, True), (True, False, False), (True, False, False)], gathered
+    assert gathers == []
+    gathered.clear()
     monkeypatch.setattr(experts, "fuses", lambda *a: False)     # the dispatched rows, copied
     out2, vjp2 = raggeddot.moe_block_vjp(x, router, *ws, top_k=2)
     want = vjp2(d_out)
-    assert gathers and len(gathered) == 2     # (gathered, and no contraction through the index)
+    assert gathers and gathered == [(False, True, True)]     # (gathered; wo's through the index still)
     assert np.array_equal(_bits(out), _bits(out2))
     for name, g in want.items():
         if g is not None:
@@ -305,3 +311,49 @@ def test_contraction_through_an_index_gives_the_gathered_bits(rng, family):
     with pytest.raises(TypeError, match="not quantized"):
         _core.ragged_contract_gathered((x.T.astype(np.int8), np.ones((1, 1), np.float32), None), dh, b, out, False,
                                        i, None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_read_through_an_index_times_their_scales_give_the_scaled_arrays_bits(rng, dtype):
+    """The backward's cotangent rows d_y[i] = w[i] * d_out[tokens[i]], read
+    through the index with their scales while packed (gated_grad_rows with
+    rows and row_scale, ragged_contract_gathered with rhs_row_scale): the
+    bits of the products of the gathered, scaled array, at 1 and 3 threads,
+    past KC (k 600); and the refusals."""
+    from raggeddot import _core
+    T, N, k, f, g = 30, 90, 600, 40, 4
+    d_out = rng.standard_normal((T, k)).astype(dtype)
+    idx = rng.integers(0, T, N).astype(np.int64)
+    w = rng.random(N).astype(dtype)
+    dy = w[:, None] * d_out[idx]
+    sizes = rng.multinomial(N, np.ones(g) / g)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    wo_t = rng.standard_normal((g, k, f)).astype(dtype)
+    h0, h1 = (rng.standard_normal((N, f)).astype(dtype) for _ in range(2))
+    a = rng.standard_normal((N, f)).astype(dtype)
+    for threads in (1, 3):
+        with runtime.configured(num_threads=threads):
+            want = [np.empty((N, f), dtype) for _ in range(2)]
+            _core.gated_grad_rows(dy, wo_t, bounds, h0, h1, *want, 0, 1.0, 1.0)
+            got = [np.full((N, f), 7, dtype) for _ in range(2)]
+            _core.gated_grad_rows(d_out, wo_t, bounds, h0, h1, *got, 0, 1.0, 1.0, idx, w)
+            for x, y in zip(got, want):
+                assert np.array_equal(_bits(x), _bits(y)), threads
+            want_c = np.zeros((g, f, k), dtype)
+            _core.ragged_contract(a.T, dy, bounds, want_c, False)
+            got_c = np.full((g, f, k), 7, dtype)
+            _core.ragged_contract_gathered(a.T, d_out, bounds, got_c, False, None, idx, w)
+            assert np.array_equal(_bits(got_c), _bits(want_c)), threads
+    bad = [
+        (lambda: _core.gated_grad_rows(d_out, wo_t, bounds, h0, h1, *got, 0, 1.0, 1.0, None, w), "'rows' gathers"),
+        (lambda: _core.gated_grad_rows(d_out, wo_t, bounds, h0, h1, *got, 0, 1.0, 1.0, idx, w[:-1]), "row_scale"),
+        (lambda: _core.gated_grad_rows(d_out.astype(BF16), wo_t.astype(BF16), bounds, *(x.astype(BF16) for x in
+                                       (h0, h1, *got)), 0, 1.0, 1.0, idx, w), "not 16-bit"),
+        (lambda: _core.ragged_contract_gathered(d_out.T, a, bounds, np.zeros((g, k, f), dtype), False, idx, None,
+                                                w), "'rhs_rows'"),
+        (lambda: _core.ragged_contract_gathered(a.T, d_out, bounds, got_c, False, None, idx, w.astype(np.float16)),
+         "rhs_row_scale"),
+    ]
+    for call, message in bad:
+        with pytest.raises((ValueError, TypeError), match=message):
+            call()

@@ -51,6 +51,19 @@ rd_scratch(int which, size_t bytes)
 }
 
 
+/* Line l of a gathered block (rd_pack_block) times its row's scale, each
+ * product rounded to the element type T. */
+#define RD_SCALED_LINE(T)                                                   \
+    do {                                                                    \
+        T s_, v_;                                                           \
+        memcpy(&s_, x->rscale + (i + l) * (rd_int)es, es);                  \
+        for (rd_int t = 0; t < len; t++) {                                  \
+            memcpy(&v_, line + t * step * (rd_int)es, es);                  \
+            v_ = s_ * v_;                                                   \
+            memcpy(d + (size_t)t * es, &v_, es);                            \
+        }                                                                   \
+    } while (0)
+
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row
  * micro-panels: A as `rows` rows of x by `depth` columns; B as its
  * transpose, `rows` columns of x by `depth` rows. */
@@ -74,7 +87,11 @@ rd_pack_block(const rd_call_t *cl, int which, const rd_block_t *x, rd_int i, rd_
             const rd_int at = by_rows ? x->ridx[i + l] * x->rs + j * x->cs : (i * x->rs + x->cidx[j + l] * x->cs);
             const char *line = (const char *)x->p + at * (rd_int)es;
             char *d = stage + (size_t)(l * len) * es;
-            if (step == 1)
+            if (x->rscale != NULL && es == sizeof(float))     /* row l times its scale, rounded */
+                RD_SCALED_LINE(float);
+            else if (x->rscale != NULL)
+                RD_SCALED_LINE(double);
+            else if (step == 1)
                 memcpy(d, line, (size_t)len * es);
             else
                 for (rd_int t = 0; t < len; t++)
@@ -309,15 +326,16 @@ rd_block(const rd_in_t *x, size_t size, size_t psize, rd_int g, rd_int i0, rd_in
 {
     if (x->panels > 0)   /* prepacked: group g's panels, located per block by rd_gemm_block */
         return (rd_block_t){(const char *)x->p + g * x->gs, 0, 0, NULL, NULL, NULL, i0, j0, x->panels,
-                            x->qtile, x->qzp, NULL, NULL};
-    if (x->ridx != NULL)   /* gathered rows: the index from row i0 on, the columns from j0 */
+                            x->qtile, x->qzp, NULL, NULL, NULL};
+    if (x->ridx != NULL)   /* gathered rows: the index (and scales) from row i0 on, the columns from j0 */
         return (rd_block_t){(const char *)x->p + j0 * x->cs * (rd_int)size, x->rs, x->cs, NULL, NULL, NULL, i0,
-                            j0, 0, 0, 0, x->ridx + i0, NULL};
+                            j0, 0, 0, 0, x->ridx + i0, NULL,
+                            x->rscale != NULL ? (const char *)x->rscale + i0 * (rd_int)size : NULL};
     if (x->cidx != NULL)   /* gathered columns: the rows from i0, the index from column j0 on */
         return (rd_block_t){(const char *)x->p + i0 * x->rs * (rd_int)size, x->rs, x->cs, NULL, NULL, NULL, i0,
-                            j0, 0, 0, 0, NULL, x->cidx + j0};
+                            j0, 0, 0, 0, NULL, x->cidx + j0, NULL};
     rd_block_t b = {(const char *)x->p + (g * x->gs + i0 * x->rs + j0 * x->cs) * (rd_int)size,
-                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0, NULL, NULL};
+                    x->rs, x->cs, NULL, NULL, NULL, i0, j0, 0, 0, 0, NULL, NULL, NULL};
     if (x->q.s != NULL) {
         const rd_int off = g / x->q.tg * x->q.gs * (rd_int)psize;
         b.q = &x->q;

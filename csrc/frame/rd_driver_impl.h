@@ -39,6 +39,7 @@ typedef struct {
     int qzp;                    /* ... with zero points */
     const long long *ridx;      /* NULL, or row i is row ridx[i] of the array at p */
     const long long *cidx;      /* NULL, or column j is column cidx[j] of it */
+    const char *rscale;         /* NULL, or row i is scaled by rscale[i] (rd_in_t) */
 } rd_block_t;
 
 /* Thread-local scratch buffer `which` (0-6) of at least `bytes`, 64-byte

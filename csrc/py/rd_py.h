@@ -114,6 +114,11 @@ int rd_arg_optional(PyObject *obj, const char *name, int ndim, int type_num, con
 /* Every index of an int64 array in [lo, hi); -1 with an exception otherwise. */
 int rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi);
 
+/* The optional scale of each of the m rows an index gathers from `x`
+ * (None: *data NULL): float32 or float64 [m] as x, which must be one of
+ * those; -1 with an exception naming `name` otherwise. */
+int rd_arg_row_scale(PyObject *obj, const char *name, const rd_arg_t *x, rd_int m, const void **data);
+
 /* The methods of each role, NULL-terminated (py/rd_py_*.c). */
 extern PyMethodDef rd_matmul_methods[];
 extern PyMethodDef rd_moe_methods[];

@@ -82,6 +82,23 @@ rd_gated_hidden(PyObject *obj, const char *name, int flags, int kind, rd_arg_t *
     return 0;
 }
 
+/* The optional row index of a fused pass's lhs (None: *ridx NULL, m its
+ * rows): int64 [m] in [0, lhs rows). */
+static int
+rd_gated_row_index(PyObject *oidx, const rd_arg_t *lhs, rd_arg_t *idx, const long long **ridx, rd_int *m)
+{
+    *ridx = NULL;
+    *m = lhs->dim[0];
+    if (oidx == Py_None)
+        return 0;
+    if (rd_arg_array(oidx, "rows", 1, NPY_INT64, RD_CONTIG, idx) != 0 ||
+        rd_arg_indices(idx, "rows", 0, lhs->dim[0]) != 0)
+        return -1;
+    *ridx = (const long long *)idx->data;
+    *m = idx->dim[0];
+    return 0;
+}
+
 /* The weights of a fused pass: w0 and w1 [g, k, n] (ow1 NULL: one weight,
  * named "w"), each a float array the packing reads or the tuple
  * (qvalue, scale, zero_point...) of a QArray (dequantized while packed),
@@ -220,15 +237,10 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
         return NULL;
     /* with a row index, row i of the product is row rows[i] of lhs */
     rd_arg_t idx;
-    const long long *ridx = NULL;
-    rd_int m = lhs.dim[0];
-    if (oidx != Py_None) {
-        if (rd_arg_array(oidx, "rows", 1, NPY_INT64, RD_CONTIG, &idx) != 0 ||
-            rd_arg_indices(&idx, "rows", 0, lhs.dim[0]) != 0)
-            return NULL;
-        ridx = (const long long *)idx.data;
-        m = idx.dim[0];
-    }
+    const long long *ridx;
+    rd_int m;
+    if (rd_gated_row_index(oidx, &lhs, &idx, &ridx, &m) != 0)
+        return NULL;
     const rd_int k = lhs.dim[1], ng = w.g, n = w.n;
     if (w.k != k || a.dim[0] != m || a.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w0 and w1 [g, k, n], a [m, n] disagree");
@@ -268,7 +280,7 @@ rd_py_gated_rows(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(gated_grad_rows_doc,
-"gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, kind, limit, alpha)\n\n"
+"gated_grad_rows(lhs, w, bounds, h0, h1, dh0, dh1, kind, limit, alpha, rows=None, row_scale=None)\n\n"
 "The first products of an MoE layer's experts' backward with the\n"
 "activation's gradient in their epilogue: for each group g, rows r in\n"
 "[bounds[g], bounds[g+1]): d_a = lhs[r] @ w[g] rounded to h0's dtype (w an\n"
@@ -277,19 +289,23 @@ PyDoc_STRVAR(gated_grad_rows_doc,
 "n] arrays the packing reads; h0, h1, dh0, dh1 [m, n] of one dtype (float32,\n"
 "float64, bfloat16, float16) with contiguous rows, h0 and h1 of one row\n"
 "stride, dh0 and dh1 of one (views of one [m, 2n] array, say).  The\n"
-"values of ragged_rows into d_a then gated_act_grad, bit for bit.");
+"values of ragged_rows into d_a then gated_act_grad, bit for bit.  With\n"
+"rows (int64 [m] in [0, t)), lhs is [t, k] and row r of the product reads\n"
+"lhs[rows[r]], times row_scale[r] where given (float32 or float64 [m] of\n"
+"lhs's dtype, each product rounded to it): through the index while\n"
+"packed, the bits of the product of that gathered (scaled) array.");
 
 static PyObject *
 rd_py_gated_grad_rows(PyObject *self, PyObject *args)
 {
-    PyObject *olhs, *ow, *obounds, *oh0, *oh1, *od0, *od1;
+    PyObject *olhs, *ow, *obounds, *oh0, *oh1, *od0, *od1, *oidx = Py_None, *oscale = Py_None;
     int kind;
     double limit, alpha;
-    rd_arg_t lhs, h0;
+    rd_arg_t lhs, h0, idx;
     const rd_int *bv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOidd", &olhs, &ow, &obounds, &oh0, &oh1, &od0, &od1, &kind, &limit,
-                          &alpha))
+    if (!PyArg_ParseTuple(args, "OOOOOOOidd|OO", &olhs, &ow, &obounds, &oh0, &oh1, &od0, &od1, &kind, &limit,
+                          &alpha, &oidx, &oscale))
         return NULL;
     if (rd_gated_hidden(oh0, "h0", 0, kind, &h0) != 0)
         return NULL;
@@ -310,7 +326,19 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     if (rd_arg_array(olhs, "lhs", 2, RD_ANY_STORAGE, 0, &lhs) != 0 ||
         rd_gated_weights(ow, NULL, base, &lhs, 0, &w) != 0)
         return NULL;
-    const rd_int m = lhs.dim[0], k = lhs.dim[1], ng = w.g, n = w.n;
+    /* with a row index, row r of the product is (scale[r] times) row rows[r] of lhs */
+    const long long *ridx;
+    const void *rscale = NULL;
+    rd_int m;
+    if (rd_gated_row_index(oidx, &lhs, &idx, &ridx, &m) != 0)
+        return NULL;
+    if (oidx == Py_None && oscale != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "gated_grad_rows: 'row_scale' scales the rows an index 'rows' gathers");
+        return NULL;
+    }
+    if (rd_arg_row_scale(oscale, "row_scale", &lhs, m, &rscale) != 0)
+        return NULL;
+    const rd_int k = lhs.dim[1], ng = w.g, n = w.n;
     if (w.k != k || h0.dim[0] != m || h0.dim[1] != n) {
         PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], w [g, k, n], h0 [m, n] disagree");
         return NULL;
@@ -328,7 +356,8 @@ rd_py_gated_grad_rows(PyObject *self, PyObject *args)
     o.dh1 = d1;
     o.rs = h0.stride[0];
     o.d_rs = d_rs;
-    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1]};
+    rd_in_t x = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
+                 .ridx = ridx, .rscale = rscale};
     int rc = 0;
     if (bv[ng] > bv[0] && n > 0) {
         Py_BEGIN_ALLOW_THREADS

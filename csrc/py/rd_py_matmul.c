@@ -359,7 +359,7 @@ rd_gemm_call(PyObject *args, int contract)
         PyErr_SetString(PyExc_TypeError, "ragged_contract does not quantize its operands");
         return NULL;
     }
-    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0, NULL, NULL};
+    rd_in_t a = {lhs.data, (rd_dtype_t)lhs.dtype, 0, lhs.stride[0], lhs.stride[1], lq, 0, 0, 0, NULL, NULL, NULL};
     rd_in_t b;
     rd_out_t c;
     rd_int k, n, ng, m;
@@ -369,7 +369,8 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [k, m], rhs [m, n], out [g, k, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0, NULL, NULL};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, 0, rhs.stride[0], rhs.stride[1], rq, 0, 0, 0, NULL, NULL,
+                      NULL};
         c = (rd_out_t){out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
     }
     else {            /* lhs [m, k], rhs [ng, k, n], out [m, n] */
@@ -378,7 +379,8 @@ rd_gemm_call(PyObject *args, int contract)
             PyErr_SetString(PyExc_ValueError, "shapes of lhs [m, k], rhs [g, k, n], out [m, n] disagree");
             return NULL;
         }
-        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0, NULL, NULL};
+        b = (rd_in_t){rhs.data, (rd_dtype_t)rhs.dtype, rhs.stride[0], rhs.stride[1], rhs.stride[2], rq, 0, 0, 0,
+                      NULL, NULL, NULL};
         c = (rd_out_t){out.data, 0, out.stride[0], out.stride[1], (rd_dtype_t)out.dtype};
     }
     if (rd_arg_bounds(obounds, ng, m, contract ? "out.shape[0]" : "rhs.shape[0]", &bv) != 0)
@@ -432,21 +434,24 @@ rd_py_ragged_contract(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(ragged_contract_gathered_doc,
-"ragged_contract_gathered(lhs, rhs, bounds, out, accumulate, lhs_cols, rhs_rows)\n\n"
+"ragged_contract_gathered(lhs, rhs, bounds, out, accumulate, lhs_cols, rhs_rows, rhs_row_scale=None)\n\n"
 "ragged_contract of lhs[:, lhs_cols] (lhs [k, t], lhs_cols int64 [m] in [0, t))\n"
 "and rhs [m, n], or of lhs [k, m] and rhs[rhs_rows] (rhs [t, n]): one index,\n"
 "the other None.  The indexed operand's columns (rows) are read through the\n"
 "index while packed, never gathered whole (the dispatched rows of an MoE\n"
 "layer, token rows[i] of slot i); the bits of ragged_contract on the\n"
-"gathered array.  Float and 16-bit operands, not quantized.");
+"gathered array.  Float and 16-bit operands, not quantized.  rhs_row_scale\n"
+"(with rhs_rows; float32 or float64 [m] of rhs's dtype): row i of the\n"
+"product's rhs is rhs_row_scale[i] * rhs[rhs_rows[i]], each product rounded\n"
+"to that dtype (the bits of the product of that scaled array).");
 
 static PyObject *
 rd_py_ragged_contract_gathered(PyObject *self, PyObject *args)
 {
-    PyObject *olhs, *orhs, *obounds, *oout, *ocols, *orows;
+    PyObject *olhs, *orhs, *obounds, *oout, *ocols, *orows, *oscale = Py_None;
     int accumulate;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOpOO", &olhs, &orhs, &obounds, &oout, &accumulate, &ocols, &orows))
+    if (!PyArg_ParseTuple(args, "OOOOpOO|O", &olhs, &orhs, &obounds, &oout, &accumulate, &ocols, &orows, &oscale))
         return NULL;
     if ((ocols == Py_None) == (orows == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "ragged_contract_gathered takes one index: 'lhs_cols' or 'rhs_rows'");
@@ -484,12 +489,18 @@ rd_py_ragged_contract_gathered(PyObject *self, PyObject *args)
         return NULL;
     }
     const rd_int *bv;
-    if (rd_arg_bounds(obounds, ng, m, "out.shape[0]", &bv) != 0)
+    const void *rscale = NULL;
+    if (by_cols && oscale != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "ragged_contract_gathered: 'rhs_row_scale' goes with 'rhs_rows'");
+        return NULL;
+    }
+    if (rd_arg_bounds(obounds, ng, m, "out.shape[0]", &bv) != 0 ||
+        rd_arg_row_scale(oscale, "rhs_row_scale", &rhs, m, &rscale) != 0)
         return NULL;
     rd_in_t a = {.p = lhs.data, .dtype = (rd_dtype_t)lhs.dtype, .rs = lhs.stride[0], .cs = lhs.stride[1],
                  .cidx = by_cols ? (const long long *)idx.data : NULL};
     rd_in_t b = {.p = rhs.data, .dtype = (rd_dtype_t)rhs.dtype, .rs = rhs.stride[0], .cs = rhs.stride[1],
-                 .ridx = by_cols ? NULL : (const long long *)idx.data};
+                 .ridx = by_cols ? NULL : (const long long *)idx.data, .rscale = rscale};
     const rd_out_t c = {out.data, out.stride[0], out.stride[1], out.stride[2], (rd_dtype_t)out.dtype};
     return rd_run_gemm(&plan, 1, 0, m, k, n, ng, bv, &a, &b, &c, accumulate);
 }

@@ -147,6 +147,21 @@ rd_arg_indices(const rd_arg_t *idx, const char *name, long long lo, long long hi
     return 0;
 }
 
+int
+rd_arg_row_scale(PyObject *obj, const char *name, const rd_arg_t *x, rd_int m, const void **data)
+{
+    *data = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (x->dtype != RD_F32 && x->dtype != RD_F64) {
+        PyErr_Format(PyExc_TypeError, "'%s' scales float32 or float64 rows, not 16-bit ones", name);
+        return -1;
+    }
+    rd_arg_t sc;
+    const rd_int shape[1] = {m};
+    return rd_arg_optional(obj, name, 1, x->dtype == RD_F64 ? NPY_FLOAT64 : NPY_FLOAT32, shape, &sc, data);
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef rd_no_methods[] = {{NULL, NULL, 0, NULL}};

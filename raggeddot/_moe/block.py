@@ -122,7 +122,8 @@ def backward(layer, res, d_out, d_logits=None):
     (a tuple, when the layer has them) and shared_expert_gate ``[d, 1]``
     (when gated). ``d_logits [T, E]``: a cotangent of the router logits
     from the aux outputs (:func:`aux_logits_cotangent`), or None."""
-    d_y, d_topk_weights = combine.backward(res.combine, d_out)
+    # (the cotangent rows d_y left ungathered where the experts' backward reads them through the index)
+    d_y, d_topk_weights = combine.backward(res.combine, d_out, lazy=True)
     if layer.weights_on == "input":
         d_xs, expert_grads = experts.backward(layer.experts, res.experts, d_y)
         d_x, d_topk_weights = dispatch.backward(res.plan, d_xs, layer.x, res.route.topk_weights)

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .dispatch import Plan, slot_dots, slot_weights
+from .experts import ScaledRows
 
 __all__ = ["CombineResiduals", "forward", "backward", "jvp"]
 
@@ -53,22 +54,24 @@ def forward(y, plan, topk_weights):
     return out, CombineResiduals(y, plan, topk_weights)
 
 
-def backward(res, d_out):
+def backward(res, d_out, lazy=False):
     """Backward of :func:`forward` for ``d_out [T, d]`` (compute dtype,
     contiguous rows). Returns ``(d_y [N, d], d_topk_weights [T, k])``
     (``d_topk_weights`` None when the combine is unweighted). ``d_y`` has
     y's dtype: 16-bit expert outputs get a 16-bit cotangent, each row
     ``weight * d_out[t]`` computed in float32 and rounded once, as the
     other hidden cotangents are (the experts' backward products then run
-    on the 16-bit kernels)."""
+    on the 16-bit kernels). ``lazy``, for y of the compute dtype: d_y a
+    :class:`~.experts.ScaledRows`, the rows left ungathered for the
+    experts' backward to read through the index."""
     w, y = res.topk_weights, res.y
     hidden = y.dtype if y.dtype.itemsize == 2 else None
-    if w is None:   # unweighted (the weights went into the experts' inputs)
-        return gw.gather_rows(d_out, res.plan.token_of_slot, out_dtype=hidden), None
-    # each slot receives its token's cotangent times its router weight
-    d_y = gw.gather_rows(d_out, res.plan.token_of_slot, slot_weights(res.plan.slot_of, w, y.shape[0]),
-                         out_dtype=hidden)
-    return d_y, slot_dots(d_out, y, res.plan.slot_of)
+    tokens = res.plan.token_of_slot
+    scale = None if w is None else slot_weights(res.plan.slot_of, w, y.shape[0])   # each slot's router weight
+    d_y = ScaledRows(d_out, tokens, scale) if lazy and hidden is None \
+        else gw.gather_rows(d_out, tokens, scale, out_dtype=hidden)
+    # (unweighted: the weights went into the experts' inputs)
+    return d_y, None if w is None else slot_dots(d_out, y, res.plan.slot_of)
 
 
 def jvp(res, t_y, t_topk_weights=None):

@@ -293,20 +293,39 @@ def _transposed(w):
     return (w.unpack() if isinstance(w, PackedRhs) else w).transpose(0, 2, 1)
 
 
+#: dtype and shape ``[N, d]`` of rows ``x [T, d]`` read through ``index [N]`` (Gathered, ScaledRows)
+_INDEXED_DTYPE = property(lambda self: self.x.dtype)
+_INDEXED_SHAPE = property(lambda self: (self.index.shape[0], self.x.shape[1]))
+
+
 class Gathered(NamedTuple):
     """The dispatched rows ``x[index]`` ``[N, d]`` left ungathered: the
     fused gate and up pass reads them through the index while it packs them
     (:func:`forward` with it needs :func:`fuses`)."""
     x: np.ndarray           # [T, d]
     index: np.ndarray       # [N] int64, the token of each slot
+    dtype = _INDEXED_DTYPE
+    shape = _INDEXED_SHAPE
 
-    @property
-    def dtype(self):
-        return self.x.dtype
 
-    @property
-    def shape(self):
-        return (self.index.shape[0], self.x.shape[1])
+class ScaledRows(NamedTuple):
+    """The cotangent of the experts' outputs ``d_y [N, d]``, ``d_y[i] =
+    scale[i] * x[index[i]]`` (the combine's backward: each slot's token's
+    cotangent times its router weight; no scale: 1), left ungathered: the
+    backward's first product and the down weights' gradient read it through
+    the index while they pack it (:func:`backward`), with the bits of
+    :meth:`get`."""
+    x: np.ndarray                   # [T, d] of the compute dtype, contiguous rows
+    index: np.ndarray               # [N] int64
+    scale: Optional[np.ndarray]     # [N] of the compute dtype, or None
+    dtype = _INDEXED_DTYPE
+    shape = _INDEXED_SHAPE
+
+    def rows(self, first, last):
+        return ScaledRows(self.x, self.index[first:last], None if self.scale is None else self.scale[first:last])
+
+    def get(self):
+        return gw.gather_rows(self.x, self.index, self.scale)
 
 
 def _held(xs, first, last):
@@ -535,23 +554,32 @@ def backward(experts, res, d_y, combine=None):
     last = first + count
     hd = res.h0.dtype                 # of the hidden activations and weight gradients
     ct = gw.compute_dtype(hd)         # of d_xs and the accumulations
-    dy = d_y[first:last]
+    wo_t = _transposed(experts.wo)
+    fused = count and f and _fused(d_y.x if isinstance(d_y, ScaledRows) else d_y, wo_t, wo_t)
+    dy = d_y[first:last] if not isinstance(d_y, ScaledRows) else d_y.rows(first, last)
+    if isinstance(dy, ScaledRows) and not (fused and experts.bo is None and not experts.transposed
+                                           and res.a_q is None):
+        dy = dy.get()      # (read through the index by the fused product and a float a's dwo, [n, f, d], only)
     # down projection, and the activation's gradient: fused in the product's
     # epilogue where the weights are plain arrays (no [rows, f] array of d_a)
-    wo_t = _transposed(experts.wo)
     dh = None       # [count, 2f]: dh0 and dh1 side by side, where the fused product writes them
-    if count and f and _fused(dy, wo_t, wo_t):
+    if fused:
         dh = _buffer((count, 2 * f), hd)
         dh0, dh1 = dh[:, :f], dh[:, f:]
-        gw.gated_grad_rows(dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation, experts.limit,
-                           experts.alpha)
+        scaled = isinstance(dy, ScaledRows)
+        gw.gated_grad_rows(dy.x if scaled else dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation,
+                           experts.limit, experts.alpha, rows=dy.index if scaled else None,
+                           row_scale=dy.scale if scaled else None)
     else:
         da = _buffer((count, f), hd)
         if count and f:
             gw.rows(dy, wo_t, bounds, da)
         dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
-    dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
+    if isinstance(dy, ScaledRows):
+        dwo = gw.contract(a_read.T, dy.x, bounds, _buffer((n, f, d), hd), rhs_rows=dy.index, rhs_row_scale=dy.scale)
+    else:
+        dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)
     dbo = _segment_sum(dy, bounds, n) if experts.bo is not None else None
     # gate and up projections: d_xs = dh0 w0^T + dh1 w1^T
     w0_t, w1_t = _transposed(experts.w0), _transposed(experts.w1)

@@ -529,7 +529,8 @@ def test_int8_at_a_few_rows_a_group_takes_the_vector_kernels_with_the_tiles_bits
     k, n, sizes = 700, 70, np.array([1, 3, 0, 4, 2, 1])
     lhs = QArray(rng.integers(-128, 128, (sizes.sum(), k)).astype(np.int8),
                  rng.uniform(0.01, 0.1, (sizes.sum(), 1)).astype(np.float32))
-    rhs = QArray(rng.integers(-128, 128, (6, k, n)).astype(np.int8), rng.uniform(0.01, 0.1, (6, 1, n)).astype(np.float32))
+    rhs = QArray(rng.integers(-128, 128, (6, k, n)).astype(np.int8),
+                 rng.uniform(0.01, 0.1, (6, 1, n)).astype(np.float32))
     with runtime.configured(kernel=family):
         packed = raggeddot.prepack(rhs, lhs_dtype=np.int8)
         _core.plan_record(True)

@@ -183,10 +183,13 @@ def test_moe_block_combines_apart_where_the_columns_are_few(rng, monkeypatch):
     assert calls == [1]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("kw", [
-    dict(), dict(capacity_factor=0.6), dict(gate_up="concat", activation="gelu"),
-    dict(gate_up="interleaved", activation="swiglu_oai", swiglu_limit=2.0, w0_bias=True), dict(quantized=True)])
+_SUMMED_CASES = [dict(), dict(capacity_factor=0.6), dict(gate_up="concat", activation="gelu"),
+                 dict(gate_up="interleaved", activation="swiglu_oai", swiglu_limit=2.0, w0_bias=True)]
+
+
+@pytest.mark.parametrize("dtype, kw", [(dt, kw) for dt in DTYPES for kw in _SUMMED_CASES]
+                         + [(np.dtype(np.float32), dict(quantized=True))],   # int8 weights: a float32 layer
+                         ids=lambda p: p.name if isinstance(p, np.dtype) else "-".join(p) or "plain")
 def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_complete(
         rng, monkeypatch, always_combines, dtype, kw):
     """The backward's d_xs products (dh0 w0^T + dh1 w1^T) run as one ordered
@@ -209,8 +212,6 @@ def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_co
     if kw.pop("w0_bias", False):
         kw["w0_bias"] = rng.standard_normal((E, 2 * f)).astype(ct)
     if kw.pop("quantized", False):
-        if dtype != np.float32:
-            pytest.skip("int8 weights: a float32 layer")
         w0, w1, wo = (raggeddot.quantize(w, "int8", channelwise_axes=(0, 2)) for w in (w0, w1, wo))
     d_out = rng.standard_normal((T, d)).astype(ct)
     summed = []

@@ -13,7 +13,7 @@ import raggeddot
 from raggeddot import _core
 from raggeddot import _gateway as gw
 from raggeddot import runtime
-from raggeddot._moe import dispatch, experts
+from raggeddot._moe import combine, dispatch, experts
 
 from helpers import DOT_KERNELS, FUSED_FAMILIES, bits
 
@@ -188,7 +188,9 @@ _SUMMED_CASES = [dict(), dict(capacity_factor=0.6), dict(gate_up="concat", activ
 
 
 @pytest.mark.parametrize("dtype, kw", [(dt, kw) for dt in DTYPES for kw in _SUMMED_CASES]
-                         + [(np.dtype(np.float32), dict(quantized=True))],   # int8 weights: a float32 layer
+                         + [(np.dtype(np.float32), dict(quantized=True)),   # int8 weights: a float32 layer
+                            (BF16, dict(hidden16=True)), (BF16, dict(hidden16=True, capacity_factor=0.6)),
+                            (np.dtype(np.float16), dict(hidden16=True))],    # 16-bit hidden activations
                          ids=lambda p: p.name if isinstance(p, np.dtype) else "-".join(p) or "plain")
 def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_complete(
         rng, monkeypatch, always_combines, dtype, kw):
@@ -197,12 +199,15 @@ def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_co
     d_xs): every gradient has the bits of the separate passes (two products,
     the second accumulated, then each token's slots summed in slot order),
     at any thread count, with dropped slots, fused and interleaved gate/up
-    weights, biases and int8 weights dequantized while packed."""
+    weights, biases and int8 weights dequantized while packed, and 16-bit
+    hidden activations (a router of the layer's dtype: their cotangent rows
+    gathered as a 16-bit array); the separate passes gather the cotangent
+    rows of every layer."""
     T, d, f, E = 64, 40, 24, 5
     ct = gw.compute_dtype(dtype)
     kw = dict(kw)
     x = rng.standard_normal((T, d)).astype(dtype)
-    router = rng.standard_normal((d, E)).astype(ct)
+    router = rng.standard_normal((d, E)).astype(dtype if kw.pop("hidden16", False) else ct)
     gate_up = kw.get("gate_up")
     if gate_up:
         w0, w1 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype), None
@@ -225,6 +230,8 @@ def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_co
             grads.append(fn(d_out.astype(out.dtype)))
     assert summed == [True] * 3, "the d_xs products combined"
     monkeypatch.setattr(experts, "sums_rows", lambda *a: False)
+    real_backward = combine.backward     # and the cotangent rows gathered into an array
+    monkeypatch.setattr(combine, "backward", lambda res, d_out, lazy=False: real_backward(res, d_out))
     with runtime.configured(num_threads=2):
         out, fn = raggeddot.moe_block_vjp(x, router, w0, w1, wo, top_k=2, **kw)
         want = fn(d_out.astype(out.dtype))

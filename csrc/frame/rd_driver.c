@@ -55,13 +55,15 @@ rd_scratch(int which, size_t bytes)
  * product rounded to the element type T. */
 #define RD_SCALED_LINE(T)                                                   \
     do {                                                                    \
-        T s_, v_;                                                           \
-        memcpy(&s_, x->rscale + (i + l) * (rd_int)es, es);                  \
-        for (rd_int t = 0; t < len; t++) {                                  \
-            memcpy(&v_, line + t * step * (rd_int)es, es);                  \
-            v_ = s_ * v_;                                                   \
-            memcpy(d + (size_t)t * es, &v_, es);                            \
-        }                                                                   \
+        const T s_ = ((const T *)(const void *)x->rscale)[i + l];           \
+        const T *src_ = (const T *)(const void *)line;                      \
+        T *dst_ = (T *)(void *)d;                                           \
+        if (step == 1)                                                      \
+            for (rd_int t = 0; t < len; t++)                                \
+                dst_[t] = s_ * src_[t];                                     \
+        else                                                                \
+            for (rd_int t = 0; t < len; t++)                                \
+                dst_[t] = s_ * src_[t * step];                              \
     } while (0)
 
 /* The block of `x` at (i, j), operand `which` (0: A, 1: B), into r-row

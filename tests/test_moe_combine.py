@@ -116,6 +116,18 @@ def test_gather_reduce_ordered_sums_each_row_in_index_order(rng):
         assert np.array_equal(_bits(got), _bits(want)), ordered
 
 
+def _layer(rng, dtype, router_dtype, T, d, f, E, gate_up):
+    """Tokens [T, d], a router [d, E] of router_dtype and the experts' weights (w0, w1, wo) of
+    dtype: w0 [E, d, 2f] and w1 None with gate_up, else two [E, d, f]; wo [E, f, d]."""
+    x = rng.standard_normal((T, d)).astype(dtype)
+    router = rng.standard_normal((d, E)).astype(router_dtype)
+    if gate_up:
+        w0, w1 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype), None
+    else:
+        w0, w1 = ((rng.standard_normal((E, d, f)) / np.sqrt(d)).astype(dtype) for _ in range(2))
+    return x, router, (w0, w1, (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype))
+
+
 @pytest.fixture
 def always_combines(monkeypatch):
     """The combine in the down product at any width (the rule that keeps it
@@ -138,14 +150,7 @@ def test_moe_block_combines_in_the_down_product(rng, always_combines, dtype, kw)
     T, d, f, E = 64, 40, 24, 5
     ct = gw.compute_dtype(dtype)
     kw = dict(kw)
-    x = rng.standard_normal((T, d)).astype(dtype)
-    router = rng.standard_normal((d, E)).astype(ct)
-    gate_up = kw.get("gate_up")
-    if gate_up:
-        w0, w1 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype), None
-    else:
-        w0, w1 = ((rng.standard_normal((E, d, f)) / np.sqrt(d)).astype(dtype) for _ in range(2))
-    wo = (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype)
+    x, router, (w0, w1, wo) = _layer(rng, dtype, ct, T, d, f, E, kw.get("gate_up"))
     if kw.pop("w0_bias", False):
         kw["w0_bias"] = rng.standard_normal((E, f)).astype(ct)
     if kw.pop("wo_bias", False):
@@ -206,14 +211,8 @@ def test_backward_adds_the_row_gradients_into_the_tokens_as_the_d_xs_products_co
     T, d, f, E = 64, 40, 24, 5
     ct = gw.compute_dtype(dtype)
     kw = dict(kw)
-    x = rng.standard_normal((T, d)).astype(dtype)
-    router = rng.standard_normal((d, E)).astype(dtype if kw.pop("hidden16", False) else ct)
-    gate_up = kw.get("gate_up")
-    if gate_up:
-        w0, w1 = (rng.standard_normal((E, d, 2 * f)) / np.sqrt(d)).astype(dtype), None
-    else:
-        w0, w1 = ((rng.standard_normal((E, d, f)) / np.sqrt(d)).astype(dtype) for _ in range(2))
-    wo = (rng.standard_normal((E, f, d)) / np.sqrt(f)).astype(dtype)
+    x, router, (w0, w1, wo) = _layer(rng, dtype, dtype if kw.pop("hidden16", False) else ct, T, d, f, E,
+                                     kw.get("gate_up"))
     if kw.pop("w0_bias", False):
         kw["w0_bias"] = rng.standard_normal((E, 2 * f)).astype(ct)
     if kw.pop("quantized", False):

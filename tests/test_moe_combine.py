@@ -258,6 +258,8 @@ def test_the_combine_binding_refuses_bad_arguments():
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, np.empty(0, np.int32)), "'hidden'"),
         (lambda: _core.combine_rows(a, w[:, :7], b, out, tok, sw, None, hid), "disagree"),
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a), "come together"),
+        (lambda: _core.combine_rows(a, (w, w, "float32", "float32", 2, 8, 6, 512, 32, 0, False), b, out, tok, sw,
+                                    None, hid, a, w), "not prepacked"),
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a[:3], w), "'lhs1'"),
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a.astype(np.float64), w), "'lhs1'"),
         (lambda: _core.combine_rows(a, w, b, out, tok, sw, None, hid, a, w[:, :, :5]), "'w0' and 'w1'"),

@@ -402,6 +402,10 @@ rd_py_combine_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "combine_rows: 'lhs1' and 'w1' come together");
         return NULL;
     }
+    if (summed && PyTuple_Check(ow) && PyTuple_GET_SIZE(ow) == 11) {   /* (rd_gated_weights would read its buf1) */
+        PyErr_SetString(PyExc_TypeError, "combine_rows: 'lhs1' and 'w1' take plain or QArray weights, not prepacked");
+        return NULL;
+    }
     if (rd_arg_array(ohid, "hidden", 1, RD_ANY_STORAGE, 0, &hid) != 0)
         return NULL;
     if (hid.dtype != RD_F32 && hid.dtype != RD_F64 && hid.dtype != RD_F16 && hid.dtype != RD_BF16) {

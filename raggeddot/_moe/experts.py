@@ -555,18 +555,18 @@ def backward(experts, res, d_y, combine=None):
     hd = res.h0.dtype                 # of the hidden activations and weight gradients
     ct = gw.compute_dtype(hd)         # of d_xs and the accumulations
     wo_t = _transposed(experts.wo)
-    fused = count and f and _fused(d_y.x if isinstance(d_y, ScaledRows) else d_y, wo_t, wo_t)
-    dy = d_y[first:last] if not isinstance(d_y, ScaledRows) else d_y.rows(first, last)
-    if isinstance(dy, ScaledRows) and not (fused and experts.bo is None and not experts.transposed
-                                           and res.a_q is None):
-        dy = dy.get()      # (read through the index by the fused product and a float a's dwo, [n, f, d], only)
+    scaled = isinstance(d_y, ScaledRows)
+    fused = count and f and _fused(d_y.x if scaled else d_y, wo_t, wo_t)
+    dy = d_y.rows(first, last) if scaled else d_y[first:last]
+    # read through the index by the fused product and a float a's dwo ([n, f, d]) only
+    if scaled and not (fused and experts.bo is None and not experts.transposed and res.a_q is None):
+        dy, scaled = dy.get(), False
     # down projection, and the activation's gradient: fused in the product's
     # epilogue where the weights are plain arrays (no [rows, f] array of d_a)
     dh = None       # [count, 2f]: dh0 and dh1 side by side, where the fused product writes them
     if fused:
         dh = _buffer((count, 2 * f), hd)
         dh0, dh1 = dh[:, :f], dh[:, f:]
-        scaled = isinstance(dy, ScaledRows)
         gw.gated_grad_rows(dy.x if scaled else dy, wo_t, bounds, res.h0, res.h1, dh0, dh1, experts.activation,
                            experts.limit, experts.alpha, rows=dy.index if scaled else None,
                            row_scale=dy.scale if scaled else None)
@@ -576,7 +576,7 @@ def backward(experts, res, d_y, combine=None):
             gw.rows(dy, wo_t, bounds, da)
         dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
     a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
-    if isinstance(dy, ScaledRows):
+    if scaled:
         dwo = gw.contract(a_read.T, dy.x, bounds, _buffer((n, f, d), hd), rhs_rows=dy.index, rhs_row_scale=dy.scale)
     else:
         dwo = _weight_grad(a_read.T, dy, bounds, n, experts.transposed, hd)

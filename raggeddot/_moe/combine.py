@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _gateway as gw
 from .dispatch import Plan, slot_dots, slot_weights
-from .experts import ScaledRows
+from .rows import ScaledRows
 
 __all__ = ["CombineResiduals", "forward", "backward", "jvp"]
 
@@ -62,7 +62,7 @@ def backward(res, d_out, lazy=False):
     ``weight * d_out[t]`` computed in float32 and rounded once, as the
     other hidden cotangents are (the experts' backward products then run
     on the 16-bit kernels). ``lazy``, for y of the compute dtype: d_y a
-    :class:`~.experts.ScaledRows`, the rows left ungathered for the
+    :class:`~.rows.ScaledRows`, the rows left ungathered for the
     experts' backward to read through the index."""
     w, y = res.topk_weights, res.y
     hidden = y.dtype if y.dtype.itemsize == 2 else None

@@ -47,9 +47,11 @@ import numpy as np
 
 from .. import _gateway as gw
 from .. import _validate as v
-from .._prepack import PackedRhs, meet, quantizes_in_kernel
-from ..quant import QArray, quantize, refuse_non_finite
+from .._prepack import PackedRhs, meet
+from ..quant import QArray
 from ..runtime import get_num_threads
+from .rows import (Deferred, Gathered, ScaledRows, held, kernels_quantize, naming_rows, quantized, rows_product,
+                   values)
 
 __all__ = ["Experts", "ExpertsResiduals", "ExpertGrads", "GATE_UP", "Gathered", "fuses", "split_gate_up", "forward",
            "backward", "jvp"]
@@ -116,7 +118,7 @@ class ExpertsResiduals(NamedTuple):
     the held experts, ``[first, first + len(h0))`` of xs; ``bounds [n + 1]``
     are their group bounds counted from ``first``. With activation
     quantization, xs_q and a_q are the quantized rows the products read
-    (QArrays of the held rows, or the _Deferred quantization the kernels
+    (QArrays of the held rows, or the Deferred quantization the kernels
     made while packing, made again when read), for the weight gradients;
     else None. xs is the rows ``[N, d]``, or the :class:`Gathered` tokens
     and index the forward read them through (the weight gradients read them
@@ -206,132 +208,10 @@ def _rows_grad(xs, dh, bounds, num_groups, transposed, dtype, out=None):
     return _weight_grad(xs.T, dh, bounds, num_groups, transposed, dtype, out)
 
 
-def _rows(x, w, bounds, out, accumulate=False):
-    """gw.rows, or gw.rows_packed for prepacked weights, on the layout that
-    multiplies ``x`` as the plain weights would (``_prepack.meet``: made
-    once and kept on the PackedRhs when it is not its own). ``x`` may be a
-    :class:`_Deferred` quantization, done by the kernels while they pack
-    it."""
-    deferred = isinstance(x, _Deferred)
-    lhs = x.rows if deferred else x
-    with _naming_rows(x):
-        if isinstance(w, PackedRhs):
-            lhs, w = meet(w, lhs, gw.kernel_dtype(out), "moe_block", "w0/w1/wo", quantize_lhs=deferred)
-            if isinstance(w, PackedRhs):
-                return gw.rows_packed(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
-        return gw.rows(lhs, w, bounds, out, accumulate, quantize_lhs=deferred)
-
-
-class _naming_rows:
-    """``with _naming_rows(x):`` where the kernels quantize ``x`` (a
-    :class:`_Deferred`) and refuse its infinities and NaNs from the rows'
-    scales (a ValueError that cannot name the call), the error that names
-    moe_block and the first one. (A class: a generator's context manager
-    costs a decode step's products a few microseconds each.)"""
-    __slots__ = ("x",)
-
-    def __init__(self, x):
-        self.x = x
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        if kind is not None and issubclass(kind, ValueError) and isinstance(self.x, _Deferred):
-            refuse_non_finite(self.x.rows, self.x.qtype, "moe_block", _QUANTIZED_ROWS)
-        return False
-
-
-class _Deferred(NamedTuple):
-    """Rows quantized per row to int8 by the kernels while they pack them
-    (gw.rows(..., quantize_lhs=True)): no NumPy pass, no int8 copy. Its
-    :meth:`get` makes the same QArray (bit for bit) when the backward or the
-    jvp needs the values the products read."""
-    rows: np.ndarray
-    qtype: str
-
-    def get(self):
-        return quantize(self.rows, self.qtype, channelwise_axes=(0,))
-
-
-_QUANTIZED_ROWS = ("the experts' input rows (x, or the activations of the gate and up products), quantized "
-                   "per row for activation_qtype,")
-
-
-def _quantized_rows(rows, qtype, *weights):
-    """``rows [r, d]`` quantized per row (one absmax scale a row), or None
-    without activation quantization; a :class:`_Deferred` when the kernels
-    can quantize them while packing for every product with ``weights``
-    (they refuse an infinity or a NaN from the rows' scales before writing
-    anything, so no pass of their own checks the rows: :func:`_rows` names
-    them in the error)."""
-    if qtype is None:
-        return None
-    if weights and all(_in_kernel(rows, w, qtype) for w in weights):
-        return _Deferred(rows, qtype)
-    refuse_non_finite(rows, qtype, "moe_block", _QUANTIZED_ROWS)
-    return quantize(rows, qtype, channelwise_axes=(0,))
-
-
-def _in_kernel(rows, w, qtype):
-    """Whether the kernels quantize ``rows`` per row to ``qtype`` while they
-    pack them for the product with ``w`` (a PackedRhs: as for the plain
-    weights it holds)."""
-    if isinstance(w, PackedRhs):
-        return qtype in ("int8", np.int8) and quantizes_in_kernel(rows, w)
-    return gw.quantizes_in_kernel(rows, w, qtype)
-
-
-def _values(q):
-    """The QArray a product read (a deferred quantization made now)."""
-    return q.get() if isinstance(q, _Deferred) else q
-
-
 def _transposed(w):
     """The weights ``[n, a, b]`` as ``[n, b, a]`` (a view; prepacked weights,
     laid out for the forward product only, are unpacked first)."""
     return (w.unpack() if isinstance(w, PackedRhs) else w).transpose(0, 2, 1)
-
-
-#: dtype and shape ``[N, d]`` of rows ``x [T, d]`` read through ``index [N]`` (Gathered, ScaledRows)
-_INDEXED_DTYPE = property(lambda self: self.x.dtype)
-_INDEXED_SHAPE = property(lambda self: (self.index.shape[0], self.x.shape[1]))
-
-
-class Gathered(NamedTuple):
-    """The dispatched rows ``x[index]`` ``[N, d]`` left ungathered: the
-    fused gate and up pass reads them through the index while it packs them
-    (:func:`forward` with it needs :func:`fuses`)."""
-    x: np.ndarray           # [T, d]
-    index: np.ndarray       # [N] int64, the token of each slot
-    dtype = _INDEXED_DTYPE
-    shape = _INDEXED_SHAPE
-
-
-class ScaledRows(NamedTuple):
-    """The cotangent of the experts' outputs ``d_y [N, d]``, ``d_y[i] =
-    scale[i] * x[index[i]]`` (the combine's backward: each slot's token's
-    cotangent times its router weight; no scale: 1), left ungathered: the
-    backward's first product and the down weights' gradient read it through
-    the index while they pack it (:func:`backward`), with the bits of
-    :meth:`get`."""
-    x: np.ndarray                   # [T, d] of the compute dtype, contiguous rows
-    index: np.ndarray               # [N] int64
-    scale: Optional[np.ndarray]     # [N] of the compute dtype, or None
-    dtype = _INDEXED_DTYPE
-    shape = _INDEXED_SHAPE
-
-    def rows(self, first, last):
-        return ScaledRows(self.x, self.index[first:last], None if self.scale is None else self.scale[first:last])
-
-    def get(self):
-        return gw.gather_rows(self.x, self.index, self.scale)
-
-
-def _held(xs, first, last):
-    """The held experts' rows ``[first, last)`` of ``xs`` (an array or a
-    :class:`Gathered`)."""
-    return Gathered(xs.x, xs.index[first:last]) if isinstance(xs, Gathered) else xs[first:last]
 
 
 def in_kernel(experts, x, *weights):
@@ -339,7 +219,7 @@ def in_kernel(experts, x, *weights):
     the kernels while they pack them for every product with ``weights``:
     no int8 copy of them is made."""
     q = experts.act_qtype
-    return q is not None and all(_in_kernel(x, w, q) for w in weights)
+    return q is not None and all(kernels_quantize(x, w, q) for w in weights)
 
 
 def gate_up_one_pass(experts, x):
@@ -399,7 +279,7 @@ def _fused_int8(rows, w0, w1):
     quantize per row reads them (gw.gated_rows with quantize_lhs), or None:
     two int8 QArrays of one kind (integral zero points), or two PackedRhs
     that multiply such rows in one int8 dot layout. The rows' caller made
-    them a :class:`_Deferred` only where the kernels quantize them for
+    them a :class:`Deferred` only where the kernels quantize them for
     both weights."""
     if isinstance(w0, PackedRhs) and isinstance(w1, PackedRhs):
         (_, p0), (_, p1) = (meet(w, rows, np.dtype(np.float32), "moe_block", "w0/w1", quantize_lhs=True)
@@ -427,11 +307,11 @@ def _fused(lhs, w0, w1):
     activation quantization), and plain weights of one dtype the packing
     reads, two QArrays of one kind, or two PackedRhs that multiply it in one
     float layout (the ones ``meet`` gives, made once and kept); or rows the
-    kernels quantize to int8 (a :class:`_Deferred`) and :func:`_fused_int8`'s
+    kernels quantize to int8 (a :class:`Deferred`) and :func:`_fused_int8`'s
     weights."""
     if isinstance(lhs, Gathered):
         lhs = lhs.x
-    if isinstance(lhs, _Deferred):
+    if isinstance(lhs, Deferred):
         return _fused_int8(lhs.rows, w0, w1)
     if not isinstance(lhs, np.ndarray):
         return None
@@ -500,22 +380,22 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
             else _buffer((out_rows, w.shape[2]), np.dtype(dt))
         part = out[first:last] if fill_zero else out
         if computes:
-            _rows(lhs, w, bounds, part)
+            rows_product(lhs, w, bounds, part)
         _add_group_bias(part, bias, bounds)
         return out if out.dtype == hd else gw.narrow(out, hd)
 
     gathered = isinstance(xs, Gathered)
     rows = Gathered(xs.x, xs.index[first:last]) if gathered else xs[first:last]
-    rows_q = None if gathered else _quantized_rows(rows, experts.act_qtype, experts.w0, experts.w1)
+    rows_q = None if gathered else quantized(rows, experts.act_qtype, experts.w0, experts.w1)
     lhs = rows if rows_q is None else rows_q
     fused = _fused(lhs, experts.w0, experts.w1)
     if fused:
         count = last - first
         a = _buffer((count, f), hd)
         h0, h1 = (_buffer((count, f), hd) for _ in range(2)) if keep else (None, None)
-        deferred = isinstance(lhs, _Deferred)
+        deferred = isinstance(lhs, Deferred)
         if count and f:
-            with _naming_rows(lhs):
+            with naming_rows(lhs):
                 gw.gated_rows(lhs.x if gathered else lhs.rows if deferred else lhs, *fused, bounds, a, h0, h1,
                               experts.b0, experts.b1, experts.activation, experts.limit, experts.alpha,
                               rows=lhs.index if gathered else None, quantize_lhs=deferred)
@@ -523,7 +403,7 @@ def forward(experts, xs, group_sizes, group_offset=0, keep=True, combine=None):
         h0 = product(lhs, experts.w0, experts.b0, last - first)
         h1 = product(lhs, experts.w1, experts.b1, last - first)
         a = gw.gated_act(h0, h1, experts.activation, experts.limit, experts.alpha)
-    a_q = _quantized_rows(a, experts.act_qtype, experts.wo)
+    a_q = quantized(a, experts.act_qtype, experts.wo)
     if combine is not None:
         tokens, weights, T = combine
         out = np.zeros((T, d), dtype=ct)
@@ -575,7 +455,7 @@ def backward(experts, res, d_y, combine=None):
         if count and f:
             gw.rows(dy, wo_t, bounds, da)
         dh0, dh1 = gw.gated_act_grad(res.h0, res.h1, da, experts.activation, experts.limit, experts.alpha)
-    a_read = res.a if res.a_q is None else _values(res.a_q)     # what the forward multiplied
+    a_read = res.a if res.a_q is None else values(res.a_q)     # what the forward multiplied
     if scaled:
         dwo = gw.contract(a_read.T, dy.x, bounds, _buffer((n, f, d), hd), rhs_rows=dy.index, rhs_row_scale=dy.scale)
     else:
@@ -595,7 +475,7 @@ def backward(experts, res, d_y, combine=None):
             gw.rows(dh1, w1_t, bounds, d_xs[first:last], accumulate=True)
         if combine is not None:
             d_xs = gw.gather_reduce(d_xs, combine[1], ordered=True)
-    xs = _held(res.xs, first, last) if res.xs_q is None else _values(res.xs_q)
+    xs = held(res.xs, first, last) if res.xs_q is None else values(res.xs_q)
     db0 = _segment_sum(dh0, bounds, n) if experts.b0 is not None else None
     db1 = _segment_sum(dh1, bounds, n) if experts.b1 is not None else None
     if experts.gate_up is None:
@@ -637,7 +517,7 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
     t_y = np.zeros((res.xs.shape[0], d), dtype=ct)
     if not count:
         return t_y
-    xs = _held(res.xs, first, last) if res.xs_q is None else _values(res.xs_q)   # what the forward multiplied
+    xs = held(res.xs, first, last) if res.xs_q is None else values(res.xs_q)   # what the forward multiplied
     if isinstance(xs, Gathered):    # (the tangent products take the rows as an array)
         xs = xs.x[xs.index]
     t_rows = None if t_xs is None else t_xs[first:last]
@@ -646,7 +526,7 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
         """t_lhs @ w[l] + lhs @ t_w[l] over the groups, [count, cols]."""
         out = np.zeros((count, cols), dtype=ct)
         if cols and t_lhs is not None:
-            _rows(t_lhs, w, bounds, out)
+            rows_product(t_lhs, w, bounds, out)
         if cols and t_w is not None:
             gw.rows(lhs, t_w, bounds, out, accumulate=True)
         return out
@@ -657,6 +537,6 @@ def jvp(experts, res, t_xs=None, t_w0=None, t_w1=None, t_wo=None):
     da_dh0, da_dh1 = gw.gated_act_grad(h0, h1, np.ones_like(h0), experts.activation, experts.limit,
                                        experts.alpha)
     t_a = da_dh0 * t_h0 + da_dh1 * t_h1
-    a = res.a if res.a_q is None else _values(res.a_q)
+    a = res.a if res.a_q is None else values(res.a_q)
     t_y[first:last] = product(a, experts.wo, t_a, t_wo, d)
     return t_y

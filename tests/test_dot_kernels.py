@@ -555,7 +555,7 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
     quantize the rows and the gated activations while packing), and its
     output and gradients equal those of the layer that quantizes first (a
     float family named: no int8 dot products), bit for bit."""
-    from raggeddot._moe import experts
+    from raggeddot._moe import rows
     T, d, f, E = 50, 40, 36, 5
     x = rng.standard_normal((T, d)).astype(np.float32)
     router = rng.standard_normal((d, E)).astype(np.float32)
@@ -568,8 +568,8 @@ def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):
         want, want_fn = raggeddot.moe_block_vjp(x, router, *ws, top_k=2, activation_qtype="int8")
         want_g = want_fn(ct)
     calls = []
-    real = experts.quantize
-    monkeypatch.setattr(experts, "quantize", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = rows.quantize
+    monkeypatch.setattr(rows, "quantize", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for family in INT8_FAMILIES:
         calls.clear()
         with runtime.configured(kernel=family):

@@ -414,6 +414,41 @@ rd_q8_row_avx2(const void *x, int bf16, rd_int n, float s, int8_t *q)
         q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p), s);
 }
 
+/* A contiguous row x of `depth` values quantized as rd_q8_row_avx2 does and
+ * stored, + 128, as the k-quads of row 0 of a panel of r rows (d: its
+ * first word; steps r words apart), up to kq (padding bytes 0); returns the
+ * row's sum of q.  One pass: no copy of q dealt out byte by byte. */
+__attribute__((target("avx2"))) static int32_t
+rd_q8_quads_avx2(const void *x, int bf16, rd_int depth, rd_int kq, float s, uint32_t *d, rd_int r)
+{
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    __m256i sum = _mm256_setzero_si256();
+    rd_int p = 0;
+    for (; p + 8 <= depth; p += 8) {
+        const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi);
+        const __m256i v = _mm256_cvtps_epi32(y);
+        sum = _mm256_add_epi32(sum, v);
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        const __m128i q = _mm_xor_si128(_mm_packs_epi16(w, w), flip);
+        d[p / 4 * r] = (uint32_t)_mm_cvtsi128_si32(q);
+        d[(p / 4 + 1) * r] = (uint32_t)_mm_extract_epi32(q, 1);
+    }
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    int32_t acc = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
+    for (; p < kq; p += 4) {
+        uint32_t word = 0;
+        for (rd_int e = 0; e < 4 && p + e < depth; e++) {
+            const int32_t q = rd_quantize_q8(rd_widen_any(x, bf16, p + e), s);
+            acc += q;
+            word |= (uint32_t)(uint8_t)(q ^ 0x80) << (8 * e);
+        }
+        d[p / 4 * r] = word;
+    }
+    return acc;
+}
+
 __attribute__((target("avx2"))) static float
 rd_absmax_avx2(const void *x, int bf16, rd_int n)
 {
@@ -479,6 +514,14 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
             const char *x = (const char *)src + (i0 + i) * rs * (rd_int)esize;
             const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
             int32_t acc = 0;
+#ifdef RD_HAVE_X86_KERNELS
+            if (unit == 4 && cs == 1 && rd_cpu()->avx2) {
+                sum[i] = rd_q8_quads_avx2(x, bf16, depth, kq, s, (uint32_t *)(void *)(dst + 4 * i), r);
+                sc[i] = s;
+                zp[i] = 0;
+                continue;
+            }
+#endif
             /* a stretch of the row quantized, then dealt into the panel a
              * block of `unit` steps at a time */
             for (rd_int p0 = 0; p0 < kq; p0 += 256) {
@@ -499,9 +542,10 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
             sc[i] = s;
             zp[i] = 0;
         }
-        for (rd_int i = have; i < r; i++) {
+        if (have < r)   /* the padding rows' values: one stretch a block of steps */
             for (rd_int p = 0; p < kq; p += unit)
-                memset(dst + p * (rd_int)r + (rd_int)unit * i, 0, (size_t)unit);
+                memset(dst + p * (rd_int)r + (rd_int)unit * have, 0, (size_t)(unit * (r - have)));
+        for (rd_int i = have; i < r; i++) {
             sum[i] = 0;
             sc[i] = 0.0f;
             zp[i] = 0;

@@ -96,7 +96,10 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
         float32 or bfloat16 rows is left to the kernels to quantize while they
         pack it, where they can for this rhs (``_gateway.quantizes_in_kernel``),
         the product then that of the QArray quantize() would make, bit for
-        bit; any other AsQArray is quantized here.
+        bit; any other AsQArray is quantized here. The kernels refuse rows
+        holding an infinity or a NaN (from the rows' scales, before they
+        write anything): the caller names that refusal
+        (:func:`refuse_lhs_non_finite`); no pass over the rows here.
 
     The checks run in this order: the ranks of lhs then rhs, the float
     dtypes of lhs then rhs.
@@ -104,7 +107,6 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
     rows = None
     if in_kernel and _per_row_int8(lhs):
         rows = v.as_array(lhs.array, "lhs", fn, _rank(lhs_doc), lhs_doc)
-        _finite(lhs, rows, fn, "lhs")
     else:
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     rhs = operand(rhs, "rhs", fn, rhs_doc, packed)
@@ -130,6 +132,13 @@ def _finite(asq, arr, fn, name):
     if arr.dtype.kind == "f" or v.is_bfloat16(arr.dtype):
         qtype = asq.qtype if isinstance(asq.qtype, str) else getattr(np.dtype(asq.qtype), "name", asq.qtype)
         refuse_non_finite(arr, qtype, fn, f"'{name}' (an AsQArray, which the call quantizes)")
+
+
+def refuse_lhs_non_finite(rows, fn):
+    """Where the kernels refused to quantize ``rows`` (:func:`operands`'
+    in-kernel lhs), the ValueError that names ``fn`` and the first
+    non-finite value; returns when the rows are all finite."""
+    refuse_non_finite(rows, "int8", fn, "'lhs' (an AsQArray, which the call quantizes)")
 
 
 def _per_row_int8(x):

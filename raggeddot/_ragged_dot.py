@@ -78,7 +78,8 @@ def _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_
     """ragged_dot, its messages naming ``fn`` (ragged_dot_general of a
     PackedRhs comes here). Every check runs before anything is allocated or
     written: a refused call leaves the caller's ``out`` and a PackedRhs's
-    layouts as they were."""
+    layouts as they were (but for rows the kernels quantize, refused by the
+    kernels before they write: a layout made for them stays cached)."""
     # an AsQArray lhs of one int8 scale a row: quantized by the kernels while they pack it, where they can
     lhs, rhs, lt, rt, quantize_lhs = _operand.operands(lhs, rhs, fn, " [m, k]", " [g, k, n]", packed=True,
                                                        in_kernel=True)
@@ -104,13 +105,18 @@ def _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_
         packed = isinstance(rhs, PackedRhs)
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, inputs)
-    res[:bounds[0]] = 0
-    res[bounds[-1]:] = 0
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
-        if packed:
-            gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)
-        else:
-            gw.rows(lhs, rhs, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
+        try:
+            if packed:
+                gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)
+            else:
+                gw.rows(lhs, rhs, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
+        except ValueError:
+            if quantize_lhs:   # (the kernels' refusal of a non-finite row, named)
+                _operand.refuse_lhs_non_finite(lhs, fn)
+            raise
+    res[:bounds[0]] = 0       # (rows of no local group; the kernels write none)
+    res[bounds[-1]:] = 0
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
 

@@ -40,6 +40,11 @@ void rd_pack_s_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, r
                         const rd_qblock_t *qb);
 void rd_pack_b_q8_qpack(rd_int rows, rd_int depth, const void *src, rd_int rs, rd_int cs, int r, void *dst,
                         const rd_qblock_t *qb);
+/* rows x depth float32 (bf16 0) or bfloat16 (1) values quantized to int8
+ * per row while packed into panels of r rows, in blocks of `unit` steps (4:
+ * RD_CT_U8S8's k-quads; 8: RD_CT_U8S8MMA's), frame/rd_pack_q8.c. */
+void rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_int cs, int r, void *dst_,
+                const rd_qblock_t *qb, int unit);
 
 /* The 4-bit k-quads of the w4a8 types' B (RD_CT_U8S8_I4, RD_CT_U8S8_F4),
  * with a trailer of runs of scales, from int4 values held in int8 (i8_w4)

@@ -185,6 +185,8 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
         int32_t *sum = (int32_t *)(void *)tr;
         float *sc = (float *)(void *)(tr + 4 * (rd_int)r);
         int32_t *zp = (int32_t *)(void *)(tr + 8 * (rd_int)r);
+        if (have < r)   /* the padding rows' values 0: the panel cleared at once, its rows written after */
+            memset(dst, 0, (size_t)r * (size_t)kq);
         for (rd_int i = 0; i < have; i++) {
             const char *x = (const char *)src + (i0 + i) * rs * (rd_int)esize;
             const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
@@ -217,9 +219,6 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
             sc[i] = s;
             zp[i] = 0;
         }
-        if (have < r)   /* the padding rows' values: one stretch a block of steps */
-            for (rd_int p = 0; p < kq; p += unit)
-                memset(dst + p * (rd_int)r + (rd_int)unit * have, 0, (size_t)(unit * (r - have)));
         for (rd_int i = have; i < r; i++) {
             sum[i] = 0;
             sc[i] = 0.0f;

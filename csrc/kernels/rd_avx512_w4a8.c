@@ -312,23 +312,20 @@ rd_w4_few_##F4##_##R##_##P(rd_int kc, const rd_w4_rows_t *A, const char *b, size
 RD_W4_VARIANTS(0)
 RD_W4_VARIANTS(1)
 
-/* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra) for its first m rows,
- * times 128: the signed bytes each step of the body multiplies (af, padding
- * included). */
-static void
-rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, int m, rd_int r0, rd_int r1, uint32_t *ra)
+/* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra), times 128: the
+ * signed bytes each step of the body multiplies (af, padding included;
+ * the rows past m are 0), a step's four rows' quads summed by one
+ * vpdpbusd with bytes 1. */
+RD_W4_TARGET __attribute__((target("avx512vl"))) static void
+rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, rd_int r0, rd_int r1, uint32_t *ra)
 {
+    const __m128i ones = _mm_set1_epi8(1);
     for (rd_int r = r0; r < r1; r++) {
-        const rd_int p0 = rd_qrun_start(h, r), p1 = rd_qrun_end(h, r, kc);
-        for (int i = 0; i < m; i++) {
-            uint32_t sum = 0;
-            for (rd_int p = p0; p < p1; p += 4) {
-                const uint32_t w = (uint32_t)af[p + i];     /* (4 a step: p / 4 * 4) */
-                sum += (uint32_t)(int8_t)w + (uint32_t)(int8_t)(w >> 8) + (uint32_t)(int8_t)(w >> 16)
-                       + (uint32_t)(int8_t)(w >> 24);
-            }
-            ra[(r - r0) * 4 + i] = sum * 128u;
-        }
+        const rd_int p1 = rd_qrun_end(h, r, kc);
+        __m128i sum = _mm_setzero_si128();
+        for (rd_int p = rd_qrun_start(h, r); p < p1; p += 4)     /* (4 a step: p / 4 * 4) */
+            sum = _mm_dpbusd_epi32(sum, ones, _mm_load_si128((const __m128i *)(const void *)(af + p)));
+        _mm_storeu_si128((__m128i *)(void *)(ra + (r - r0) * 4), _mm_slli_epi32(sum, 7));
     }
 }
 
@@ -336,12 +333,15 @@ rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, int m, rd_i
  * signed again (each byte xor 128), 4 a step, once a call for all its
  * panels (kq / 4 steps; kq <= RD_W4_KMAX, the descriptor's kmax; rows
  * past m 0). */
-static void
+RD_W4_TARGET __attribute__((target("avx512vl"))) static void
 rd_w4_flip(const int32_t *a32, rd_int kq, int m, int32_t *af)
 {
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    const __mmask8 rows = (__mmask8)((1u << m) - 1u);
     for (rd_int s = 0; s < kq / 4; s++)
-        for (int i = 0; i < 4; i++)
-            af[s * 4 + i] = i < m ? (int32_t)((uint32_t)a32[s * 12 + i] ^ 0x80808080u) : 0;
+        _mm_store_si128((__m128i *)(void *)(af + s * 4),
+                        _mm_maskz_xor_epi32(rows, _mm_loadu_si128((const __m128i *)(const void *)(a32 + s * 12)),
+                                            flip));
 }
 
 /* Panels q on of the call in runs of P. */
@@ -375,7 +375,7 @@ NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int r
     for (rd_int r1; A.r0 < runs; A.r0 = r1, A.p0 = A.p1) {                  \
         r1 = runs - A.r0 < RD_W4_RUNS ? runs : A.r0 + RD_W4_RUNS;           \
         A.p1 = rd_qrun_end(&h, r1 - 1, kc);                                 \
-        rd_w4_row_sums(af, &h, kc, m, A.r0, r1, ra);                        \
+        rd_w4_row_sums(af, &h, kc, A.r0, r1, ra);                           \
         const int put = A.r0 == 0 ? mode : RD_ADD;                          \
         rd_int q = 0;                                                       \
         if (m == 1) {                                                       \

@@ -38,6 +38,8 @@
 #include "rd_avx512_w4a8.h"
 
 #define RD_W4_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+/* (one attribute: clang takes the last of two target attributes, not both) */
+#define RD_W4_TARGET_VL __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 #define RD_W4_INLINE inline __attribute__((always_inline))
 
 /* the values of the codes (int4: (c ^ 8) - 8; float4_e2m1fn: 2 e2m1(c)),
@@ -316,7 +318,7 @@ RD_W4_VARIANTS(1)
  * signed bytes each step of the body multiplies (af, padding included;
  * the rows past m are 0), a step's four rows' quads summed by one
  * vpdpbusd with bytes 1. */
-RD_W4_TARGET __attribute__((target("avx512vl"))) static void
+RD_W4_TARGET_VL static void
 rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, rd_int r0, rd_int r1, uint32_t *ra)
 {
     const __m128i ones = _mm_set1_epi8(1);
@@ -333,7 +335,7 @@ rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, rd_int r0, 
  * signed again (each byte xor 128), 4 a step, once a call for all its
  * panels (kq / 4 steps; kq <= RD_W4_KMAX, the descriptor's kmax; rows
  * past m 0). */
-RD_W4_TARGET __attribute__((target("avx512vl"))) static void
+RD_W4_TARGET_VL static void
 rd_w4_flip(const int32_t *a32, rd_int kq, int m, int32_t *af)
 {
     const __m128i flip = _mm_set1_epi8((char)0x80);

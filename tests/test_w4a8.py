@@ -82,7 +82,7 @@ CASES = [("int4", 32, 256, 70), ("int4", 128, 512, 64), ("int4", 12, 96, 33), ("
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("qtype,tile,k,n", CASES)
 def test_w4a8_layout_gives_the_oracle_and_the_plain_bits(rng, family, qtype, tile, k, n):
-    gs = np.array([1, 2, 0, 3, 4, 5, 13], dtype=np.int64)
+    gs = np.array([1, 2, 0, 3, 4, 5, 13, 6, 8, 7], dtype=np.int64)     # (1-8 rows: the few-row kernels)
     q = _weights(rng, qtype, len(gs), k, n, tile)
     x = rng.standard_normal((int(gs.sum()), k)).astype(np.float32)
     xq = raggeddot.quantize(x, "int8", channelwise_axes=(0,))

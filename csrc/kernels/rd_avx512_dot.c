@@ -222,8 +222,8 @@ const rd_family_t rd_family_avx512_vnni = {
      [RD_CT_U8S8_I4] = RD_VNNI_DESC(rd_w4a8_avx512_i4),
      [RD_CT_U8S8_F4] = RD_VNNI_DESC(rd_w4a8_avx512_f4)},
     0, {{NULL, 0, 0}},
-    {[RD_CT_U8S8_I4] = {rd_w4a8_few_avx512_i4, 4, rd_w4a8_avx512_i4, RD_W4_KMAX},
-     [RD_CT_U8S8_F4] = {rd_w4a8_few_avx512_f4, 4, rd_w4a8_avx512_f4, RD_W4_KMAX}},
+    {[RD_CT_U8S8_I4] = {rd_w4a8_few_avx512_i4, RD_W4_FEW_ROWS, rd_w4a8_avx512_i4, RD_W4_KMAX},
+     [RD_CT_U8S8_F4] = {rd_w4a8_few_avx512_f4, RD_W4_FEW_ROWS, rd_w4a8_avx512_f4, RD_W4_KMAX}},
 };
 
 #endif /* RD_HAVE_X86_KERNELS */

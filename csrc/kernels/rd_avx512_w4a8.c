@@ -17,7 +17,7 @@
  *       count 4, 8, 12, as the int8-dot kernel: A + 128 times B decoded
  *       signed, less 128 times B's column sums of the run (two vpdpbusd a
  *       step, shared by the 12 rows).
- *   rd_w4a8_few_avx512_i4 / _f4 (rd_fukr_t, 1-4 rows): several panels at
+ *   rd_w4a8_few_avx512_i4 / _f4 (rd_fukr_t, 1-8 rows): several panels at
  *       once, so that the chains of dependent vpdpbusd overlap and each B
  *       vector is decoded once for all the rows (decoding, where the time
  *       is that of reading the weights): B decoded + 128 times A made
@@ -218,10 +218,11 @@ rd_w4_get16(const float *c, rd_int cs_c, rd_int cols)
  * the same operations in the same order). */
 #define RD_W4_RUNS 128
 
-/* What the bodies read of A: its rows' quads made signed again (af, 4 a
- * step), the rows' scales, and for runs r0.. of the part of the block
- * [p0, p1), 128 times each row's sum of its values over the run,
- * ra[(r - r0) * 4 + i] (wrapping, as the instruction's sums do). */
+/* What the bodies read of A: its rows' quads made signed again (af,
+ * RD_W4_FEW_ROWS a step), the rows' scales, and for runs r0.. of the part
+ * of the block [p0, p1), 128 times each row's sum of its values over the
+ * run, ra[(r - r0) * RD_W4_FEW_ROWS + i] (wrapping, as the instruction's
+ * sums do). */
 typedef struct {
     const int32_t *af;
     const float *sa;
@@ -241,7 +242,7 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
     const __m512i tab = rd_w4_table(F4, 1);
     rd_qtrailer_t h;
     memcpy(&h, b + 16 * kq, sizeof h);
-    __m512 out[4][4][2], sav[4];
+    __m512 out[RD_W4_FEW_ROWS][4][2], sav[RD_W4_FEW_ROWS];
     for (int i = 0; i < R; i++)
         sav[i] = _mm512_set1_ps(A->sa[i]);
     /* C first for RD_ADD, else -0: the identity of the additions (-0 + x
@@ -255,15 +256,15 @@ rd_w4_few_body(const int F4, const int R, const int P, rd_int kc, const rd_w4_ro
         }
     const uint32_t *ra = A->ra;
     rd_int p = A->p0;
-    for (rd_int r = A->r0; p < A->p1; r++, ra += 4) {
+    for (rd_int r = A->r0; p < A->p1; r++, ra += RD_W4_FEW_ROWS) {
         const rd_int end = rd_qrun_end(&h, r, kc);
-        __m512i acc[4][4][2];
+        __m512i acc[RD_W4_FEW_ROWS][4][2];
         for (int q = 0; q < P; q++)
             for (int i = 0; i < R; i++)
                 acc[i][q][0] = acc[i][q][1] = _mm512_set1_epi32((int32_t)(0u - ra[i]));
         for (; p < end; p += 4) {
-            const int32_t *as = A->af + p;     /* (4 a step: p / 4 * 4) */
-            __m512i av[4];
+            const int32_t *as = A->af + (size_t)p / 4 * RD_W4_FEW_ROWS;
+            __m512i av[RD_W4_FEW_ROWS];
             for (int i = 0; i < R; i++)
                 av[i] = _mm512_set1_epi32(as[i]);
             for (int q = 0; q < P; q++) {
@@ -310,40 +311,42 @@ rd_w4_few_##F4##_##R##_##P(rd_int kc, const rd_w4_rows_t *A, const char *b, size
 #define RD_W4_VARIANTS(F4)                                                  \
     RD_W4_VARIANT(F4, 1, 4) RD_W4_VARIANT(F4, 1, 2) RD_W4_VARIANT(F4, 1, 1) \
     RD_W4_VARIANT(F4, 2, 4) RD_W4_VARIANT(F4, 2, 2) RD_W4_VARIANT(F4, 2, 1) \
-    RD_W4_VARIANT(F4, 3, 2) RD_W4_VARIANT(F4, 3, 1) RD_W4_VARIANT(F4, 4, 2) RD_W4_VARIANT(F4, 4, 1)
+    RD_W4_VARIANT(F4, 3, 2) RD_W4_VARIANT(F4, 3, 1) RD_W4_VARIANT(F4, 4, 2) RD_W4_VARIANT(F4, 4, 1) \
+    RD_W4_VARIANT(F4, 5, 1) RD_W4_VARIANT(F4, 6, 1) RD_W4_VARIANT(F4, 7, 1) RD_W4_VARIANT(F4, 8, 1)
 RD_W4_VARIANTS(0)
 RD_W4_VARIANTS(1)
 
 /* A's row sums of runs [r0, r1) (rd_w4_rows_t's ra), times 128: the
  * signed bytes each step of the body multiplies (af, padding included;
- * the rows past m are 0), a step's four rows' quads summed by one
- * vpdpbusd with bytes 1. */
+ * the rows past m are 0), a step's rows' quads summed by one vpdpbusd
+ * with bytes 1. */
 RD_W4_TARGET_VL static void
 rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, rd_int r0, rd_int r1, uint32_t *ra)
 {
-    const __m128i ones = _mm_set1_epi8(1);
+    const __m256i ones = _mm256_set1_epi8(1);
     for (rd_int r = r0; r < r1; r++) {
         const rd_int p1 = rd_qrun_end(h, r, kc);
-        __m128i sum = _mm_setzero_si128();
-        for (rd_int p = rd_qrun_start(h, r); p < p1; p += 4)     /* (4 a step: p / 4 * 4) */
-            sum = _mm_dpbusd_epi32(sum, ones, _mm_load_si128((const __m128i *)(const void *)(af + p)));
-        _mm_storeu_si128((__m128i *)(void *)(ra + (r - r0) * 4), _mm_slli_epi32(sum, 7));
+        __m256i sum = _mm256_setzero_si256();
+        for (rd_int p = rd_qrun_start(h, r); p < p1; p += 4)
+            sum = _mm256_dpbusd_epi32(sum, ones, _mm256_load_si256((const __m256i *)(const void *)(af + (size_t)p / 4
+                                                                                                    * RD_W4_FEW_ROWS)));
+        _mm256_storeu_si256((__m256i *)(void *)(ra + (r - r0) * RD_W4_FEW_ROWS), _mm256_slli_epi32(sum, 7));
     }
 }
 
 /* The first m rows' quads of the packed A (a32: 12 a step, + 128) made
- * signed again (each byte xor 128), 4 a step, once a call for all its
- * panels (kq / 4 steps; kq <= RD_W4_KMAX, the descriptor's kmax; rows
- * past m 0). */
+ * signed again (each byte xor 128), RD_W4_FEW_ROWS a step, once a call
+ * for all its panels (kq / 4 steps; kq <= RD_W4_KMAX, the descriptor's
+ * kmax; rows past m 0). */
 RD_W4_TARGET_VL static void
 rd_w4_flip(const int32_t *a32, rd_int kq, int m, int32_t *af)
 {
-    const __m128i flip = _mm_set1_epi8((char)0x80);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __mmask8 rows = (__mmask8)((1u << m) - 1u);
-    for (rd_int s = 0; s < kq / 4; s++)
-        _mm_store_si128((__m128i *)(void *)(af + s * 4),
-                        _mm_maskz_xor_epi32(rows, _mm_loadu_si128((const __m128i *)(const void *)(a32 + s * 12)),
-                                            flip));
+    for (rd_int s = 0; s < kq / 4; s++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(a32 + s * 12));
+        _mm256_store_si256((__m256i *)(void *)(af + s * RD_W4_FEW_ROWS), _mm256_maskz_xor_epi32(rows, q, flip));
+    }
 }
 
 /* Panels q on of the call in runs of P. */
@@ -358,7 +361,7 @@ rd_w4_flip(const int32_t *a32, rd_int kq, int m, int32_t *af)
  * registers, the C tile kept on the stack between runs: two streams in
  * flight measured 10-12% faster than one on Zen4, 64 experts x [2048, 768]
  * at 4 rows, 19.0 -> 16.8 cycles a 64-byte step at one thread, 18.2 ->
- * 16.4 at two). */
+ * 16.4 at two), five to eight one panel at a time. */
 #define RD_W4_FEW(NAME, F4)                                                 \
 void                                                                        \
 NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int rs_c, rd_int cs_c, int m, \
@@ -370,8 +373,8 @@ NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int r
     rd_qtrailer_t h;                                                        \
     memcpy(&h, b + 16 * kq, sizeof h);                                      \
     const rd_int runs = rd_qruns(h.first, h.tile, kc);                      \
-    uint32_t ra[RD_W4_RUNS * 4];                                            \
-    int32_t af[RD_W4_KMAX] __attribute__((aligned(64)));                    \
+    uint32_t ra[RD_W4_RUNS * RD_W4_FEW_ROWS];                               \
+    int32_t af[RD_W4_KMAX / 4 * RD_W4_FEW_ROWS] __attribute__((aligned(64))); \
     rd_w4_flip((const int32_t *)a_, kq, m, af);                            \
     rd_w4_rows_t A = {af, (const float *)(const void *)((const char *)a_ + 12 * kq + 48), ra, 0, 0, 0}; \
     for (rd_int r1; A.r0 < runs; A.r0 = r1, A.p0 = A.p1) {                  \
@@ -386,8 +389,16 @@ NAME(rd_int kc, const void *a_, const void *b_, size_t bstep, void *c_, rd_int r
             RD_W4_RUN(F4, 2, 4) RD_W4_RUN(F4, 2, 2) RD_W4_RUN(F4, 2, 1)     \
         } else if (m == 3) {                                                \
             RD_W4_RUN(F4, 3, 2) RD_W4_RUN(F4, 3, 1)                         \
-        } else {                                                            \
+        } else if (m == 4) {                                                \
             RD_W4_RUN(F4, 4, 2) RD_W4_RUN(F4, 4, 1)                         \
+        } else if (m == 5) {                                                \
+            RD_W4_RUN(F4, 5, 1)                                             \
+        } else if (m == 6) {                                                \
+            RD_W4_RUN(F4, 6, 1)                                             \
+        } else if (m == 7) {                                                \
+            RD_W4_RUN(F4, 7, 1)                                             \
+        } else {                                                            \
+            RD_W4_RUN(F4, 8, 1)                                             \
         }                                                                   \
     }                                                                       \
 }

@@ -131,14 +131,19 @@ def _finite(asq, arr, fn, name):
     ``name``), whether the kernels or quantize() quantize it."""
     if arr.dtype.kind == "f" or v.is_bfloat16(arr.dtype):
         qtype = asq.qtype if isinstance(asq.qtype, str) else getattr(np.dtype(asq.qtype), "name", asq.qtype)
-        refuse_non_finite(arr, qtype, fn, f"'{name}' (an AsQArray, which the call quantizes)")
+        refuse_non_finite(arr, qtype, fn, _quantized_by_the_call(name))
 
 
 def refuse_lhs_non_finite(rows, fn):
     """Where the kernels refused to quantize ``rows`` (:func:`operands`'
     in-kernel lhs), the ValueError that names ``fn`` and the first
     non-finite value; returns when the rows are all finite."""
-    refuse_non_finite(rows, "int8", fn, "'lhs' (an AsQArray, which the call quantizes)")
+    refuse_non_finite(rows, "int8", fn, _quantized_by_the_call("lhs"))
+
+
+def _quantized_by_the_call(name):
+    """How the refusals of non-finite values name an AsQArray argument."""
+    return f"'{name}' (an AsQArray, which the call quantizes)"
 
 
 def _per_row_int8(x):

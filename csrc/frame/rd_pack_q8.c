@@ -72,19 +72,32 @@ rd_load8(const void *x, int bf16, rd_int p)
     return _mm256_loadu_ps((const float *)x + p);
 }
 
+/* x[p .. p + 8) quantized as rd_quantize_q8 does (the same division,
+ * clip and rounding), as int32 lanes (vs: the scale in every lane). */
+__attribute__((target("avx2"))) static inline __m256i
+rd_q8_8(const void *x, int bf16, rd_int p, __m256 vs)
+{
+    const __m256 lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    /* max(y, lo) gives lo for a NaN y (its second operand); then the
+     * conversion rounds to nearest even (MXCSR's default) */
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi));
+}
+
+/* rd_q8_8's lanes as bytes, in the low 8 of the result. */
+__attribute__((target("avx2"))) static inline __m128i
+rd_q8_bytes(__m256i v)
+{
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packs_epi16(w, w);
+}
+
 __attribute__((target("avx2"))) static void
 rd_q8_row_avx2(const void *x, int bf16, rd_int n, float s, int8_t *q)
 {
-    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 vs = _mm256_set1_ps(s);
     rd_int p = 0;
-    for (; p + 8 <= n; p += 8) {
-        /* max(y, lo) gives lo for a NaN y (its second operand); then the
-         * conversion rounds to nearest even (MXCSR's default) */
-        const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi);
-        const __m256i v = _mm256_cvtps_epi32(y);
-        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        _mm_storel_epi64((__m128i *)(void *)(q + p), _mm_packs_epi16(w, w));
-    }
+    for (; p + 8 <= n; p += 8)
+        _mm_storel_epi64((__m128i *)(void *)(q + p), rd_q8_bytes(rd_q8_8(x, bf16, p, vs)));
     for (; p < n; p++)
         q[p] = (int8_t)rd_quantize_q8(rd_widen_any(x, bf16, p), s);
 }
@@ -96,16 +109,14 @@ rd_q8_row_avx2(const void *x, int bf16, rd_int n, float s, int8_t *q)
 __attribute__((target("avx2"))) static int32_t
 rd_q8_quads_avx2(const void *x, int bf16, rd_int depth, rd_int kq, float s, uint32_t *d, rd_int r)
 {
-    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 vs = _mm256_set1_ps(s);
     const __m128i flip = _mm_set1_epi8((char)0x80);
     __m256i sum = _mm256_setzero_si256();
     rd_int p = 0;
     for (; p + 8 <= depth; p += 8) {
-        const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(rd_load8(x, bf16, p), vs), lo), hi);
-        const __m256i v = _mm256_cvtps_epi32(y);
+        const __m256i v = rd_q8_8(x, bf16, p, vs);
         sum = _mm256_add_epi32(sum, v);
-        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        const __m128i q = _mm_xor_si128(_mm_packs_epi16(w, w), flip);
+        const __m128i q = _mm_xor_si128(rd_q8_bytes(v), flip);
         d[p / 4 * r] = (uint32_t)_mm_cvtsi128_si32(q);
         d[(p / 4 + 1) * r] = (uint32_t)_mm_extract_epi32(q, 1);
     }

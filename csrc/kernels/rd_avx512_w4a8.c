@@ -327,9 +327,10 @@ rd_w4_row_sums(const int32_t *af, const rd_qtrailer_t *h, rd_int kc, rd_int r0, 
     for (rd_int r = r0; r < r1; r++) {
         const rd_int p1 = rd_qrun_end(h, r, kc);
         __m256i sum = _mm256_setzero_si256();
-        for (rd_int p = rd_qrun_start(h, r); p < p1; p += 4)
-            sum = _mm256_dpbusd_epi32(sum, ones, _mm256_load_si256((const __m256i *)(const void *)(af + (size_t)p / 4
-                                                                                                    * RD_W4_FEW_ROWS)));
+        for (rd_int p = rd_qrun_start(h, r); p < p1; p += 4) {
+            const int32_t *step = af + (size_t)p / 4 * RD_W4_FEW_ROWS;
+            sum = _mm256_dpbusd_epi32(sum, ones, _mm256_load_si256((const __m256i *)(const void *)step));
+        }
         _mm256_storeu_si256((__m256i *)(void *)(ra + (r - r0) * RD_W4_FEW_ROWS), _mm256_slli_epi32(sum, 7));
     }
 }

@@ -5,12 +5,14 @@ and ends the process when its pages are touched, so the size is compared
 with the physical memory where the array is allocated."""
 import tracemalloc
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import raggeddot
 from raggeddot import _core
 from raggeddot import _validate as v
+from raggeddot._moe import block, config
 
 
 def test_physical_memory_is_known():
@@ -76,6 +78,7 @@ def test_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
         counted.setdefault(spy.fn, sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in arrays))
         return check(arrays)
     monkeypatch.setattr(v, "check_fits", spy)
+    monkeypatch.setattr(block, "activations_bound", lambda layer: float("inf"))     # (count them)
     for spy.fn in ("moe_block", "moe_block_vjp"):
         getattr(raggeddot, spy.fn)(*args, top_k=2)
     lean, kept = counted["moe_block"], counted["moe_block_vjp"]
@@ -92,6 +95,29 @@ def test_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
     assert np.array_equal(raggeddot.moe_block(*args, top_k=2), want)
     with pytest.raises(MemoryError, match=r"^moe_block_vjp: out of memory for the layer's activations"):
         raggeddot.moe_block_vjp(*args, top_k=2)
+
+
+@pytest.mark.parametrize("dtype, kw", [("float32", {}), ("float32", {"activation_qtype": "int8"}),
+                                       ("float32", {"router_weights_on": "input"}),
+                                       ("float32", {"shared": True}), ("bfloat16", {}), ("float64", {})])
+def test_the_activations_bound_holds_every_branch(rng, dtype, kw):
+    """The bound a layer far below the memory is let through by (a decode
+    step, without following the forward's branches) is at least what those
+    branches count, the forward's and the vjp's."""
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    T, d, f, E = 37, 24, 40, 6
+    x = rng.standard_normal((T, d)).astype(dt)
+    ws = [rng.standard_normal(s).astype(dt) for s in ((E, d, f), (E, d, f), (E, f, d))]
+    opts = dict(top_k=3, score_func="softmax", router_bias=None, selection_bias=None, n_groups=None,
+                topk_groups=None, norm_topk_prob=False, routed_scaling_factor=1.0, activation="silu",
+                w0_bias=None, w1_bias=None, wo_bias=None, capacity_factor=None, weights_layout="edf",
+                swiglu_limit=7.0, activation_qtype=kw.get("activation_qtype"),
+                router_weights_on=kw.get("router_weights_on", "output"),
+                shared_experts=(ws[0][0], ws[1][0], ws[2][0]) if kw.get("shared") else None)
+    layer = config.prepare(x, rng.standard_normal((d, E)).astype(dt), *ws, **opts)
+    for keep in (False, True):
+        counted = sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in block.activations(layer, keep))
+        assert 0 < counted <= block.activations_bound(layer)
 
 
 def test_w8a8_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
@@ -113,6 +139,7 @@ def test_w8a8_moe_block_counts_what_its_forward_allocates(rng, monkeypatch):
         counted.append(sum(int(np.prod(s)) * np.dtype(t).itemsize for s, t in arrays))
         return check(arrays)
     monkeypatch.setattr(v, "check_fits", spy)
+    monkeypatch.setattr(block, "activations_bound", lambda layer: float("inf"))
     raggeddot.moe_block(x, router, *ws, top_k=2, activation_qtype="int8")
     tracemalloc.start()
     try:

@@ -115,6 +115,25 @@ def activations(layer, keep=True):
     return held
 
 
+def activations_bound(layer):
+    """Bytes :func:`activations` never exceeds, whatever branches the
+    forward takes: every array of every branch counted, at 8 bytes an
+    element."""
+    T, d = layer.x.shape
+    N, E, f = T * layer.router.top_k, layer.num_experts, layer.experts.w0.shape[2]
+    return 8 * (2 * T * E + 2 * N + 3 * N * d + 4 * N * f + T * d)
+
+
+def fits(layer, keep=True):
+    """MemoryError (v.check_fits) when :func:`activations` cannot fit in the
+    machine's memory; a layer whose :func:`activations_bound` fits (a
+    decode step) skips following the branches."""
+    limit = v.physical_memory()
+    if limit is not None and activations_bound(layer) <= limit:
+        return
+    v.check_fits(activations(layer, keep))
+
+
 def backward(layer, res, d_out, d_logits=None):
     """Gradients of the layer for ``d_out [T, d]`` (compute dtype, contiguous
     rows), in the compute dtype: a dict with x ``[T, d]``, router_weights,
@@ -299,7 +318,7 @@ def moe_block(x, router_weights, w0, w1, wo, *, top_k, score_func="softmax", rou
                     gate_up=gate_up, load_balance=load_balance, activation_qtype=activation_qtype)
     with v.memory_for("moe_block", "the layer's activations (routing, dispatched rows, hidden "
                       "activations [N, f], expert outputs [N, d]) or its result [..., d]"):
-        v.check_fits(activations(layer, keep=False))
+        fits(layer, keep=False)
         out, res = forward(layer, keep=False)     # no backward: h0, h1 need not be kept
         out = deliver_out(layer, out)
     if return_aux:
@@ -339,7 +358,7 @@ def moe_block_vjp(x, router_weights, w0, w1, wo, **kwargs):
     layer = prepare(**kw, fn=fn)
     with v.memory_for(fn, "the layer's activations (routing, dispatched rows, hidden activations "
                       "[N, f], expert outputs [N, d]) or its result [..., d]"):
-        v.check_fits(activations(layer))
+        fits(layer)
         out, res = forward(layer)
 
     def gradients(d_out, d_aux):

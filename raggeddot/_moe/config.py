@@ -3,6 +3,7 @@ to the compute dtype as the steps take them: a :class:`Layer` holding the
 tokens, the :class:`~.route.Router`, the :class:`~.experts.Experts` and the
 :class:`~.shared.SharedExperts`."""
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Optional
@@ -166,6 +167,18 @@ def _choice(value, name, allowed, fn):
     return value
 
 
+@functools.lru_cache(maxsize=256)
+def _promoted(dtypes):
+    """``(out_dtype, compute_dtype)`` of the layer's input dtypes (x first):
+    x's promoted with every other but bfloat16, and the kernels' compute
+    dtype (kept per tuple: NumPy's promotion costs a decode step a few
+    microseconds a pair)."""
+    out_dtype = dtypes[0]
+    for dt in dtypes[1:]:
+        out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
+    return out_dtype, gw.compute_dtype(*dtypes)
+
+
 def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, selection_bias,
             n_groups, topk_groups, norm_topk_prob, routed_scaling_factor, activation, w0_bias,
             w1_bias, wo_bias, shared_experts, capacity_factor, weights_layout, swiglu_limit,
@@ -228,10 +241,7 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         _check_weight(wo, "wo", (H, d, f), f"[{h}, d, f]", fn, weights_layout)
 
     dts = [_operand.dtype(a, n, fn) for a, n in [(x, "x"), (rw, "router_weights")] + [(arrays[n], n) for _, n in named]]
-    out_dtype = dts[0]
-    for dt in dts[1:]:
-        out_dtype = np.result_type(out_dtype, dt) if not v.is_bfloat16(dt) else out_dtype
-    ct = gw.compute_dtype(*dts)
+    out_dtype, ct = _promoted(tuple(dts))
 
     top_k = v.index(top_k, "top_k", fn)
     if not 1 <= top_k <= E:
@@ -328,11 +338,16 @@ def prepare(x, router_weights, w0, w1, wo, *, top_k, score_func, router_bias, se
         hidden = out_dtype if ct == np.float32 and out_dtype.itemsize == 2 and x.dtype == out_dtype else ct
         for a, name in named:
             w = arrays[name]
+            # (passed before for these rows, kernels and layouts: a decode step asks again each call)
+            key, gen = ("moe_block rows", hidden, activation_qtype, ct), gw.selection()
+            if w._checks.get(key) == (gen, len(w._kept)):
+                continue
             rows, in_kernel = np.zeros((1, w.shape[1]), hidden), False
             if activation_qtype is not None:
                 in_kernel = activation_qtype == "int8" and quantizes_in_kernel(rows, w)
                 rows = rows if in_kernel else qz.quantize(rows, activation_qtype, channelwise_axes=(0,))
             check(w, rows, ct, fn, name, quantize_lhs=in_kernel)
+            w._checks[key] = (gen, len(w._kept))
     experts = Experts(w0, w1, wo, b0, b1, bo, activation, limit, transposed=weights_layout == "efd",
                       alpha=alpha, gate_up=gate_up if fused else None, act_qtype=activation_qtype)
     capacity = capacity_of(T, top_k, E, capacity_factor)

@@ -1,20 +1,11 @@
-"""Predicted speed of the ARM micro-kernels on cores we cannot run here.
-
-Compiles the NEON kernel files of csrc/kernels for aarch64 (gcc and/or clang cross compilers),
-cuts each micro-kernel's inner loop out of the object code (the loop of its 12-row body: the one
-with the most arithmetic instructions), and asks llvm-mca for the cycles an iteration takes on
-the scheduling models of Neoverse V2 (Graviton 4, Grace), Neoverse N1 (Graviton 2, Ampere Altra)
-and Apple M4. Each loop's bound is its count of the instruction that does the work (fmla,
-bfmmla, usmmla, udot, sdot) over the number of pipes the model issues it to per cycle (measured
-on the model with a loop of independent copies of that instruction); the figure is the bound
-over the predicted cycles; for the few-row kernels (decoding, where memory bounds), the bytes of
-B an iteration reads over its cycles instead.
+"""Predicted speed of the ARM micro-kernels on cores we cannot run here (README: "Supported CPUs
+and systems"): each micro-kernel's inner loop, cut out of the object code of the NEON kernel
+files compiled for aarch64, through llvm-mca's models of CPUS; the figure: the loop's count of
+its work instruction (KERNELS) over the pipes the model issues it to (PROBE), over the predicted
+cycles (few-row kernels: the bytes of B an iteration reads, FEW_BYTES, a cycle). A model, not a
+measurement. Needs llvm-mca and llvm-objdump (Debian's llvm-19) and an aarch64 compiler.
 
     python benchmarks/arm_mca.py [--cc aarch64-linux-gnu-gcc] [--cc "clang-19 --target=aarch64-linux-gnu"]
-
-Needs llvm-mca and llvm-objdump (Debian's llvm-19) and an aarch64 compiler. A model, not a
-measurement: whether the loop can issue its multiply-adds as fast as the core's pipes take
-them, not what memory does.
 """
 import argparse
 import os
@@ -40,8 +31,7 @@ KERNELS = {
     **{f"rd_few_neon_{t}": (f"rd_few_neon_{t}_plain", "fmla") for t in ("f32", "bf16w", "i8w", "f8w", "f4w", "i4w")},
     # w4a8 (rd_neon_w4a8.c): 4-bit weights decoded by tbl into sdot; the few-row loop of one
     # row over 4 panels (8 sdot an iteration)
-    "rd_w4a8_neon_i4": ("wn_i4_rows12", "sdot"),
-    "rd_w4a8_few_neon_i4": ("rd_w4n_few_0_1_4", "sdot"),
+    "rd_w4a8_neon_i4": ("wn_i4_rows12", "sdot"), "rd_w4a8_few_neon_i4": ("rd_w4n_few_0_1_4", "sdot"),
     "rd_w4a8_few_neon_f4": ("rd_w4n_few_1_1_4", "sdot"),
 }
 #: bytes of B one iteration of a few-row kernel's loop reads (a step of 8 panels of 8 columns,
@@ -49,14 +39,10 @@ KERNELS = {
 FEW_BYTES = {"rd_few_neon_f32": 256, "rd_few_neon_bf16w": 128, "rd_few_neon_i8w": 64, "rd_few_neon_f8w": 64,
              "rd_few_neon_f4w": 32, "rd_few_neon_i4w": 32, "rd_w4a8_few_neon_i4": 64, "rd_w4a8_few_neon_f4": 64}
 MATTR = "+bf16,+i8mm,+dotprod"
-PROBE = {  # one independent instance of each instruction, for the pipes
-    "fmla": "fmla v{d}.4s, v0.4s, v1.s[0]",
-    "bfmmla": "bfmmla v{d}.4s, v0.8h, v1.8h",
-    "usmmla": "usmmla v{d}.4s, v0.16b, v1.16b",
-    "udot": "udot v{d}.4s, v0.16b, v1.4b[0]",
-    "sdot": "sdot v{d}.4s, v0.16b, v1.4b[0]",
-    "fmla.2d": "fmla v{d}.2d, v0.2d, v1.d[0]",
-}
+#: one independent instance of each instruction, for the pipes
+PROBE = {"fmla": "fmla v{d}.4s, v0.4s, v1.s[0]", "bfmmla": "bfmmla v{d}.4s, v0.8h, v1.8h",
+         "usmmla": "usmmla v{d}.4s, v0.16b, v1.16b", "udot": "udot v{d}.4s, v0.16b, v1.4b[0]",
+         "sdot": "sdot v{d}.4s, v0.16b, v1.4b[0]", "fmla.2d": "fmla v{d}.2d, v0.2d, v1.d[0]"}
 
 
 def tool(name):
@@ -102,12 +88,6 @@ def loops(obj, symbol, objdump):
     return found
 
 
-def asm_of(body):
-    """The loop as llvm-mca reads it: symbols dropped, the closing branch's target (which does
-    not matter to the model) made local."""
-    return "\n".join([re.sub(r"<[^>]*>", "", ins) for ins in body[:-1]] + ["b.ne ."]) + "\n"
-
-
 def build(cc, out):
     """Compile the NEON kernel files with `cc` into `out`; object paths."""
     objs = [os.path.join(out, name + ".o") for name in SOURCES]
@@ -146,8 +126,10 @@ def main():
                                                   sum(x.split()[0].startswith("ld") for x in b if x.split())
                                                   if symbol in FEW_BYTES else 0))
                 count, cells = sum(x.split()[0] == op for x in body if x.split()), []
+                # as llvm-mca reads it: symbols dropped, the closing branch's target made local
+                asm = "\n".join([re.sub(r"<[^>]*>", "", x) for x in body[:-1]] + ["b.ne ."]) + "\n"
                 for cpu in CPUS:
-                    cyc = mca(asm_of(body), cpu, mca_bin)
+                    cyc = mca(asm, cpu, mca_bin)
                     cells.append(f"{cyc:8.2f} ({100 * count / rates[insn, cpu] / cyc:5.1f}%)" if symbol not in
                                  FEW_BYTES else f"{cyc:8.2f} ({FEW_BYTES[symbol] / cyc:4.1f} B/c)")
                 print(f"{shlex.split(cc)[0]:<14} {symbol:<27} {count:>9} " + " ".join(f"{c:>26}" for c in cells))

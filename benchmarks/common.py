@@ -1,7 +1,6 @@
-"""What the benchmark scripts share: the machine they ran on (CPU, NumPy's OpenBLAS and the
-core type it chose, load, stolen CPU time), the yardsticks measured at start (FMA peak, the
-peaks of the 16-bit and int8 instructions, read bandwidth), medians of interleaved rounds, the
-checks before timing, text tables and JSON."""
+"""What the benchmark scripts share: the machine (CPU, NumPy's OpenBLAS, load, stolen CPU time),
+the yardsticks measured at start, medians of interleaved rounds, the checks before timing,
+text tables and JSON."""
 from __future__ import annotations
 
 import ctypes
@@ -18,8 +17,8 @@ import numpy as np
 from raggeddot import runtime, specs
 from raggeddot._timing import interleaved, summary
 
-#: the instruction a bfloat16 or int8 product runs natively, by the family build_info() says
-#: serves it, and the peak_gflops isas probing it
+#: the instruction a bfloat16 or int8 product runs natively, by the family serving it, and the
+#: peak_gflops isas probing it
 NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdpbf16ps", ("avx512_bf16",)),
                        "neon-bf16": ("BFMMLA", ("neon_bf16",))},
           "int8": {"amx": ("TDPBUSD", ("amx_int8",)), "avx512-vnni": ("vpdpbusd", ("avx512_vnni", "avx_vnni")),
@@ -28,8 +27,7 @@ NATIVE = {"bfloat16": {"amx": ("TDPBF16PS", ("amx_bf16",)), "avx512-bf16": ("vdp
 
 
 def openblas(name: str, restype=ctypes.c_int):
-    """openblas_<name>() of the OpenBLAS bundled with NumPy's wheel (numpy.libs/), or None:
-    get_corename, the core type it chose at load time (e.g. b'Haswell'), get_num_threads."""
+    """openblas_<name>() of NumPy's bundled OpenBLAS, or None (get_corename: e.g. b'Haswell')."""
     for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "lib*openblas*.so*")):
         for symbol in (f"{p}openblas_{name}{s}" for p in ("scipy_", "") for s in ("64_", "_64", "")):
             fn = getattr(ctypes.CDLL(path), symbol, None)
@@ -70,8 +68,8 @@ def loadavg() -> list[float]:
 
 
 def vm(key: str) -> int:
-    """This process's /proc/self/status figure ``key`` in bytes: VmRSS, VmHWM (its peak RSS: its
-    own memory's, where getrusage's maxrss also counts a parent's from before the exec)."""
+    """This process's /proc/self/status figure ``key`` in bytes: VmRSS, VmHWM (its own peak RSS,
+    where getrusage's maxrss also counts a parent's from before the exec)."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
@@ -105,13 +103,11 @@ def serving(dtype: str) -> tuple[str, tuple]:
 
 
 def yardsticks(seconds: float, bandwidth_s: float = 0.5, bandwidth_mb: float = 256) -> dict:
-    """Measured while the process is quiet, each probe (runtime.peak_gflops) run for ``seconds``
-    at 1..ncpu threads ({threads: GFLOP/s, None where the CPU lacks the instruction}):
-    peaks: the float32 FMA peaks of avx2 and avx512, or neon (the best of two runs); peak_isa:
-    that of raggeddot's kernel; native_peaks: {float16, bfloat16, int8: {instruction, gflops,
-    basis}}: bfloat16 and int8 the peak of the instruction serving them (serving(); basis
-    'native'), else bfloat16 the FMA peak (widened: 'fma') and int8 none ('absent'); float16 the
-    FMA peak. read_bandwidth: the best of two runs of runtime.read_bandwidth at raggeddot's threads."""
+    """Probes (runtime.peak_gflops for ``seconds``) at 1..ncpu threads, {threads: GFLOP/s or None}:
+    peaks: the float32 FMA peaks (avx2 and avx512, or neon; best of two); peak_isa: the kernel's;
+    native_peaks {float16, bfloat16, int8: {instruction, gflops, basis}}: the instruction serving
+    bfloat16 / int8 ('native'), else bfloat16 the FMA peak ('fma'), int8 none ('absent'); float16
+    the FMA peak. read_bandwidth: the best of two runs at raggeddot's threads."""
     def probe(isa, repeats=1):
         return {str(t): max(runtime.peak_gflops(isa, t, seconds) for _ in range(repeats)) or None
                 for t in range(1, (os.cpu_count() or 1) + 1)}
@@ -144,10 +140,9 @@ def describe_yardsticks(ys: dict) -> list[str]:
 
 
 def medians(fns: dict, rounds: int, warmup: int = 2, pause_s: float = 0.2, **kw) -> dict:
-    """{name: median seconds} of the callables ``fns`` in interleaved rounds
-    (raggeddot._timing.interleaved: each round calls every one once, so that a drifting load
-    weighs on all alike), after ``warmup`` calls each and ``pause_s`` before every call (for
-    torch's spinning threads); a single round has neither."""
+    """{name: median seconds} of ``fns`` in interleaved rounds (each round calls every one once, so
+    that a drifting load weighs on all alike), after ``warmup`` calls each and ``pause_s`` before
+    every call (for torch's spinning threads); a single round has neither."""
     quiet = dict(warmup=warmup, pause_s=pause_s) if rounds > 1 else dict(warmup=0)
     return {name: summary(ts)["median"] for name, ts in interleaved(fns, rounds=rounds, **quiet, **kw).items()}
 

@@ -1,22 +1,17 @@
-"""decode (run.py decode): the products of serving, where a step multiplies a few tokens and the
-time is that of reading the active experts' weights once.
+"""decode (run.py decode): the products of serving, a few tokens a step, timed by the reading of
+the active experts' weights (README: "Decode").
 
-Each weight format prepacked (bfloat16; int8 one scale a column; int4 and MXFP4 a scale a column
-per 32 steps of the contraction; "w8a8": int8 weights prepacked for int8 activations,
-activation_qtype="int8"; "w4a8 int4" and "w4a8 mxfp4": the 4-bit ones prepacked for int8
-activations), checked first against moe_block / ragged_dot on its dequantized weights, timed in
-interleaved rounds with a read-bandwidth probe (runtime.read_bandwidth, 256 MB, at raggeddot's
-threads) in every round, medians; two tables:
-  layer: moe_block forward (softmax top-k routing, SiLU experts, bfloat16 tokens) of a
-    Qwen3-30B-A3B-shaped layer (128 experts, top-8, d 2048, f 768) and a gpt-oss-20b-shaped one
-    (32 experts, top-4, d = f = 2880) at 1, 4, 16 and 64 tokens; and transformers' eager expert
-    loop in torch, bfloat16 weights (moe_baselines.torch_fn), in the same rounds.
-  rows: ragged_dot on prepacked weights, 64 experts x [2048, 768], 1, 2, 4 and 8 rows an expert,
-    float32 and bfloat16 rows.
-Columns: ms; GB/s: the active experts' bytes in the format (values, scales; an expert is active
-when a token chose it) over the time; %bw: of the read bandwidth of the same rounds; tok/s;
-x torch (layer): torch's time over ours; x bf16: bfloat16 weights' time over the format's.
---quick: a quarter of the experts (top-k kept), two rounds; --smoke: 1/16 of the widths, one round.
+Each weight format prepacked (formats()), checked first against moe_block / ragged_dot on its
+dequantized weights, timed in interleaved rounds with a read-bandwidth probe (256 MB, at
+raggeddot's threads) in every round, medians; two tables:
+  layer: moe_block forward (softmax top-k, SiLU experts, bfloat16 tokens) of the LAYERS at TOKENS,
+    and transformers' eager expert loop in torch, bfloat16 weights, in the same rounds.
+  rows: ragged_dot on prepacked weights, 64 experts x [2048, 768], ROWS rows an expert, float32
+    and bfloat16 rows.
+Columns: ms; GB/s: the active experts' bytes in the format (values, scales) over the time; %bw:
+of the read bandwidth of the same rounds; tok/s; x torch: torch's time over ours; x bf16:
+bfloat16 weights' time over the format's. --quick: a quarter of the experts (top-k kept), at most
+three rounds; --smoke: 1/16 of the widths, one round.
 """
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
 #!/usr/bin/env python
 """Benchmark expert parallelism: one MoE layer (raggeddot.distributed.moe_block, forward) on P
-MPI ranks.
+MPI ranks (README: "Expert parallelism (MPI)").
 
     mpiexec -n P python benchmarks/distributed.py [--spec mixtral|deepseek|NAME] [--tokens T] [--smoke] ...
     python benchmarks/distributed.py --ranks 1,2,4 [same options]   # runs mpiexec for each P
 
-An MoE spec of raggeddot.specs ("deepseek" = "deepseek-v3") at T tokens in all, split evenly
-over the ranks; rank r holds experts [r E/P, (r+1) E/P). Every rank first checks the layer
-against single-process moe_block on the first tokens of every rank (all experts): bitwise
-equal. Per rank, after a warm-up call, medians over --runs calls (a barrier before each) of:
-route (router, scores, top-k), dispatch (sort by expert, gather of the rows), exchange (the two
-ragged all-to-alls of rows, waiting for the slowest rank included), experts (the held experts'
-grouped matmuls), combine (weighted combine, shared experts), other (argument checks, the
-count allgather), and the bytes of rows sent to other ranks; tokens/s = T / the slowest rank's
-median layer time.
-
-Model: a rank's layer time on P ranks over a network of bandwidth B (bytes/s per rank each way,
-through a non-blocking switch) and latency a per collective (4: the argument agreement, the
-counts, rows out, rows back), compute and transfer not overlapped: t(P, B) = c(P) + V(P) / B +
-4 a, c(P) the compute time (route + dispatch + experts + combine) and V(P) the bytes sent, of
-the slowest rank (balanced routing: V(P) = 2 (T / P) k d s (P - 1) / P, k experts a token, s
-bytes a value); throughput T / t(P, B). With --ranks also with c(P) = c(1) / P (each rank on
-cores of its own), since ranks sharing one machine's cores inflate the measured c(P).
+T tokens split evenly over the ranks, rank r holding experts [r E/P, (r+1) E/P); every rank first
+checks the layer against single-process moe_block (bitwise). Per rank, after a warm-up call,
+medians over --runs calls (a barrier before each) of each of STEPS (exchange: the two ragged
+all-to-alls, waiting for the slowest rank included; other: argument checks, the count
+allgather) and the bytes sent to other ranks; tokens/s = T / the slowest rank's layer time.
+Model (no overlap of compute and transfer): t(P, B) = c(P) + V(P) / B + 4 a, c(P) the compute
+(route + dispatch + experts + combine) and V(P) the bytes sent of the slowest rank, B bytes/s a
+rank each way, a the latency of a collective; with --ranks also with c(P) = c(1) / P.
 """
 from __future__ import annotations
 
@@ -37,11 +28,9 @@ from collections import defaultdict
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
-
-from raggeddot import specs as S  # noqa: E402
-from raggeddot._timing import call_time, summary  # noqa: E402
+import common as C
+from raggeddot import specs as S
+from raggeddot._timing import call_time, summary
 
 SPECS = {"deepseek": "deepseek-v3", **{s.name: s.name for s in S.select("moe")}}
 STEPS = ("route", "dispatch", "exchange", "experts", "combine", "other")

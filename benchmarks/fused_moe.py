@@ -1,30 +1,22 @@
-"""moe_block with its experts' fused passes (the gate and up products in one pass with the
-activation in their epilogue, the dispatch read while packing, the combine in the down product's
-epilogue, the backward's d_a product with the activation's gradient in its epilogue and its d_xs
-products with the dispatch's backward in theirs; int8 weights
-with activation_qtype="int8": the gate and up products in one pass over rows quantized once)
-against the same layer as separate passes (the same bits: checked first) and torch's expert loop
-(transformers' eager loop, moe_baselines.py; forward, and forward+backward by autograd), in
-interleaved rounds (medians), each with its share of the peak of the instruction serving the
-dtype's products here (common.serving, else the FMA; at raggeddot's threads), and the peak extra
-memory (RSS) of the float32 forward and forward+backward, each in a process of its own.
+"""moe_block with its experts' fused passes (README: "A Mixture-of-Experts layer") against the same
+layer as separate passes (the same bits: checked first) and torch's expert loop (forward, and
+forward+backward by autograd) in interleaved rounds, medians, with their share of the peak of the
+instruction serving the dtype's products at raggeddot's threads; then the peak extra memory (RSS)
+of the float32 forward and forward+backward, each in a process of its own.
 
     python benchmarks/fused_moe.py [--T 2048 --d 2048 --f 768 --E 32 --top-k 4] [--rounds 7]
 """
 import argparse
-import os
 import subprocess
 import sys
 
 import numpy as np
 
+import common as C
 import raggeddot
 from raggeddot import runtime
 from raggeddot._moe import experts
 from raggeddot._timing import interleaved, summary
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
 
 
 def layer(args, dtype):
@@ -51,11 +43,6 @@ def separate(fn):
         finally:
             experts._fused = real
     return run
-
-
-def same_bits(fn, what: str = ""):
-    if not np.array_equal(np.asarray(fn()).view(np.uint8), np.asarray(separate(fn)()).view(np.uint8)):
-        raise SystemExit(f"{what}the fused and separate passes disagree")
 
 
 def torch_loop(args, x, router, ws, ct, dtype):
@@ -124,7 +111,8 @@ def timings(args):
             out, vjp_fn = raggeddot.moe_block_vjp(x, router, *ws, **kw)
             return vjp_fn(ct.astype(out.dtype))
 
-        same_bits(fwd, "w8a8: " if name == "int8" else "")
+        if not np.array_equal(np.asarray(fwd()).view(np.uint8), np.asarray(separate(fwd)()).view(np.uint8)):
+            raise SystemExit(f"{'w8a8: ' if name == 'int8' else ''}the fused and separate passes disagree")
         if name == "int8":
             compare(f"w8a8 int8 weights x int8 rows ({insn} peak {peak:.0f} GOP/s at these threads):",
                     {"fwd fused": fwd, "fwd separate": separate(fwd)}, args, peak)

@@ -1,9 +1,8 @@
-"""The MoE layer of raggeddot.moe_block computed other ways, for the moe benchmark, from the
-inputs of an MoE spec: ``{"out": ...}``, with the backward also the gradients named as
-moe_block_vjp names them. numpy: argsort routing, a stable argsort of the assignments by
-expert, a gather, one np.matmul per expert and projection, the activation, a weighted combine;
-its backward the same per-expert loops (the oracle of the timed runs, itself checked against
-raggeddot.reference). torch: transformers' eager expert loop (torch_fn).
+"""The MoE layer of raggeddot.moe_block computed other ways from the inputs of an MoE spec:
+``{"out": ...}``, with the backward also the gradients as moe_block_vjp names them. numpy: a
+stable argsort of the assignments by expert, one np.matmul per expert and projection, a weighted
+combine, its backward the same loops (the oracle of the timed runs); torch: transformers' eager
+expert loop (torch_fn).
 """
 from __future__ import annotations
 
@@ -155,7 +154,8 @@ def np_forward(inputs: dict, x=None, save: bool = False):
 
 
 def np_backward(inputs: dict, r: dict, ct: np.ndarray) -> dict:
-    """Gradients of sum(out * ct) with the expert choice held fixed, per-expert loops."""
+    """Gradients of sum(out * ct) with the expert choice held fixed, per-expert loops (None for
+    the biases the layer lacks)."""
     kw = inputs["options"]
     rw, w0, w1, wo = inputs["router_weights"], inputs["w0"], inputs["w1"], inputs["wo"]
     x, bounds, tok, slot, w = r["x"], r["bounds"], r["tok"], r["slot"], r["w"]
@@ -218,13 +218,8 @@ def np_backward(inputs: dict, r: dict, ct: np.ndarray) -> dict:
         g["shared_experts"] = (x.T @ dhs0, x.T @ dhs1, as_.T @ ct)
         dx += dhs0 @ s0.T
         dx += dhs1 @ s1.T
-    g.update(x=dx, w0=dw0, w1=dw1, wo=dwo)
-    if kw.get("router_bias") is not None:
-        g["router_bias"] = dlogits.sum(axis=0)
-    if has_b:
-        g["w0_bias"], g["w1_bias"] = db0, db1
-    if dbo is not None:
-        g["wo_bias"] = dbo
+    rb = dlogits.sum(axis=0) if kw.get("router_bias") is not None else None
+    g.update(x=dx, w0=dw0, w1=dw1, wo=dwo, router_bias=rb, w0_bias=db0, w1_bias=db1, wo_bias=dbo)
     return g
 
 

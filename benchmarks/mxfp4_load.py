@@ -1,20 +1,10 @@
-"""Peak memory of loading a gpt-oss checkpoint's experts in MXFP4, measured on a small
-gpt-oss (gpt-oss-20b's widths, fewer layers and experts, a smaller vocabulary) and scaled
-to gpt-oss-20b by its parameter counts.
+"""Peak memory of loading a gpt-oss checkpoint's experts in MXFP4 (README: "4-bit float weights:
+float4_e2m1fn and MXFP4"): measured on a small gpt-oss (gpt-oss-20b's widths, fewer layers and
+experts, a smaller vocabulary), each recipe ("meta": load_mxfp4_checkpoint into a meta-device
+model; "bf16": from_config(dtype="bfloat16"), load_mxfp4_experts, load_state_dict) in a fresh
+process, and scaled to gpt-oss-20b (counted on the meta device).
 
     python benchmarks/mxfp4_load.py [--layers 2] [--experts 4] [--vocab 8192]
-
-A checkpoint in gpt-oss's layout (experts as ``*_blocks`` / ``*_scales``, the rest bfloat16,
-three safetensors shards) is written to a temporary directory; each recipe runs in a fresh
-process, which reports VmHWM (its peak resident memory) over its memory after the imports and
-a first model of the same class built on the meta device: "meta", the README's (``with
-torch.device("meta"): from_config(...)``, then ``raggeddot.torch.load_mxfp4_checkpoint``), and
-"bf16", the recipe it replaces (``from_config(..., dtype="bfloat16")``, every expert parameter
-allocated, then ``load_mxfp4_experts`` and ``load_state_dict``). The growth splits into H, the
-bytes the loaded model holds (parameters, buffers, the MXFP4 experts' PackedRhs), and X, the
-rest (tensors in flight, allocator slack). For gpt-oss-20b (counted on the meta device), H at
-the same bytes per weight and X scaled by the experts per layer (the largest tensor in flight
-is one expert weight's blocks); the "bf16" growth scaled by the parameter count.
 """
 import argparse
 import importlib
@@ -108,9 +98,8 @@ def checkpoint(config, directory):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--experts", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192)
+    for name, default in (("layers", 2), ("experts", 4), ("vocab", 8192)):
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--load", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.load:

@@ -11,15 +11,14 @@
     python benchmarks/run.py decode       # the few-token products of serving (benchmarks/decode.py)
 (the last four: benchmarks/suites.py, their variants timed in interleaved rounds)
 
---quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke:
-those at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing).
-Every variant is checked first: max |out - ref| / max |ref| within 1e-4 float32, 1e-10
-float64, 1e-2 bfloat16, 2e-3 float16 of the oracle (raggeddot.reference; moe: the NumPy
-layer, itself checked against raggeddot.reference on 48 tokens; quant: the reference product
-of the dequantized operands), else it is FAILED and not timed. Then raggeddot._timing.measure
-times it: the median of >= 3 calls after warm-up (~0.75 s a variant, 0.2 s with --quick).
-'*': while timed, the variant got < 75% of its threads' CPU time or > 5% of the CPU time was
-stolen (a busy machine: unreliable figure).
+--quick: the specs tagged 'quick' (or --spec; moe at 1024 tokens), shorter timing; --smoke: those
+at 1/16 of their sizes, each variant once (checks the run; its figures mean nothing). Every
+variant is checked first against the oracle (raggeddot.reference; moe: the NumPy layer, itself
+checked against raggeddot.reference on 48 tokens; quant: the reference product of the
+dequantized operands): max |out - ref| / max |ref| within 1e-4 float32, 1e-10 float64, 1e-2
+bfloat16, 2e-3 float16, else it is FAILED and not timed. Then _timing.measure times it: the
+median of >= 3 calls after warm-up (~0.75 s a variant, 0.2 s with --quick). '*': while timed, it
+got < 75% of its threads' CPU time or > 5% of the CPU time was stolen (unreliable figure).
 
 Variants (GFLOP/s; moe: ms). 16-bit cases hold the float32 draws rounded; "f32" variants run
 float32 on those values and their results are rounded for the check:
@@ -64,15 +63,13 @@ import tracemalloc
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
-import report  # noqa: E402
-import suites  # noqa: E402
-import variants as V  # noqa: E402
-
-import raggeddot  # noqa: E402
-from raggeddot import runtime, specs  # noqa: E402
-from raggeddot._timing import call_time, measure, summary  # noqa: E402
+import common as C
+import raggeddot
+import report
+import suites
+import variants as V
+from raggeddot import runtime, specs
+from raggeddot._timing import call_time, measure, summary
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SCALING_SPEC = {"full": "qwen3-m16384-g128-balanced", "quick": "qwen3-m4096-g128-balanced"}

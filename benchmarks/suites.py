@@ -1,25 +1,19 @@
-"""The benchmarks of run.py that time a fixed set of variants together in interleaved rounds
-(common.medians), so that a shared machine's drifting load weighs on all alike: medians of
---repeat rounds (--quick: smaller shapes, --smoke: 1/16 sizes, one round). Every variant is
-checked before it is timed.
+"""The suites of run.py: fixed variants timed together in interleaved rounds (common.medians), so
+that a drifting load weighs on all alike, medians of --repeat rounds (--quick: smaller shapes,
+--smoke: 1/16 sizes, one round); every variant is checked before it is timed.
 
-lowp: a table a shape (dense 4096^3, qwen3-like m16384 k2048 n768 g64 skewed, deepseek-like 16
-  rows a group, moe_block forward and forward+backward T=8192 d=2048 f=768 E=64 top-8; --quick:
-  half the sizes); rows: run.py's variants (checked as there; bfloat16 as auto serves it, on
-  vdpbf16ps named, and widened to float32), and moe_block with int8 weights and
-  activation_qtype="int8" (QArrays, and prepacked; checked against moe_block on the dequantized
-  weights, 5e-2). Columns: ms, GFLOP/s, x f32: raggeddot float32's time over the row's, x torch:
-  the best torch row's of its dtype over the row's, %peak: of the measured peak of the
-  instruction it runs (TDPBF16PS / TDPBUSD, vdpbf16ps, vpdpbusd, else the FMA).
-experts: transformers' experts implementations (--variants; default eager, grouped_mm,
-  raggeddot) in a Qwen3-MoE-shaped model (random init, SHAPE), one model per --dtype switched
-  between calls (outside the timing), ms: prefill (1024 tokens, KV cache on, last logits only),
-  decode (one token on a cache of 1024, cropped back after each step), train (forward +
-  backward of the language-model loss at 512 tokens; float32).
-jax: raggeddot.jax's FFI custom calls in jax.jit against jax.jit(jax.lax.ragged_dot) (on the CPU
-  a [g, m, k] masked lhs, one dense dot over g*k; at most 3 rounds) and against raggeddot's NumPy
-  call on the same buffers (the FFI's cost): ragged_dot float32 m=4096 k=2048 n=768 g=64 (--quick:
-  512, 256, 128, 8); a JAX MoE layer (16 experts) forward + backward (value_and_grad under jit).
+lowp: a table a shape of LOWP (--quick: half the sizes); rows: run.py's variants (checked as
+  there) and moe_block with int8 weights and activation_qtype="int8" (QArrays, and prepacked;
+  checked against moe_block on the dequantized weights). Columns: ms, GFLOP/s, x f32 and x torch:
+  raggeddot float32's and the best torch row's of its dtype time over the row's, %peak: of the
+  measured peak of the instruction it runs (TDPBF16PS / TDPBUSD, vdpbf16ps, vpdpbusd, else FMA).
+experts: transformers' experts implementations (--variants; default eager, grouped_mm, raggeddot)
+  in a Qwen3-MoE-shaped model (SHAPE, random init), one model per --dtype, ms: prefill (1024
+  tokens, KV cache on), decode (one token on a cache of 1024), train (forward + backward of the
+  language-model loss at 512 tokens; float32).
+jax: raggeddot.jax's custom calls in jax.jit against jax.jit(jax.lax.ragged_dot) (at most 3 rounds)
+  and raggeddot's NumPy call on the same buffers (the FFI's cost): ragged_dot, and a JAX MoE layer
+  forward + backward (value_and_grad under jit).
 decode: benchmarks/decode.py.
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -185,50 +186,44 @@ def quant_operands(c: Case, mode: str):
     return c.extra[key]
 
 
-def _rd(key: str = "inputs", prepacked: bool = False):
-    """raggeddot.ragged_dot on the case's inputs (key "inputs32": their float32 copies, a
-    16-bit case only); ``prepacked``: on rhs packed once by raggeddot.prepack (outside the timing)."""
-    def build(c):
-        if key == "inputs32" and not c.half:
-            raise Skip("a float32 twin of a 16-bit case only")
-        lhs, rhs, gs = (getattr(c, key)[x] for x in ("lhs", "rhs", "group_sizes"))
-        rhs = raggeddot.prepack(rhs) if prepacked else rhs
-        return lambda: {"out": raggeddot.ragged_dot(lhs, rhs, gs)}
-
-    return build
+def _rd(c: Case, key: str = "inputs", prepacked: bool = False):
+    """raggeddot.ragged_dot on the case's inputs (key "inputs32": their float32 copies, a 16-bit
+    case only); ``prepacked``: on rhs packed once by raggeddot.prepack (outside the timing)."""
+    if key == "inputs32" and not c.half:
+        raise Skip("a float32 twin of a 16-bit case only")
+    lhs, rhs, gs = (getattr(c, key)[x] for x in ("lhs", "rhs", "group_sizes"))
+    rhs = raggeddot.prepack(rhs) if prepacked else rhs
+    return lambda: {"out": raggeddot.ragged_dot(lhs, rhs, gs)}
 
 
-def _on_kernel(build, named: str | None = None):
-    """The variant of ``build`` on a bfloat16 case run on one kernel family: ``named`` (the
-    vdpbf16ps family, where the CPU has it: that choice measured, whatever auto takes here), or
-    the best float family, whose products widen to float32 and run FMAs, not the dot kernels."""
-    def build_on(c):
-        if c.dtype.name != "bfloat16":
-            raise Skip(f"the {'vdpbf16ps' if named else 'forced widening'} path of a bfloat16 case only")
-        if named and named not in raggeddot.runtime.runnable_kernels():
-            raise Skip("this CPU has no vdpbf16ps")
-        fn = build(c)
-        family = named or next(k["name"] for k in raggeddot.build_info()["kernels"]
-                               if k["runnable"] and "float32" in k["types"])
+def _on_kernel(c: Case, build, named: str | None = None):
+    """build(c) on a bfloat16 case run on one kernel family: ``named`` (the vdpbf16ps family, where
+    the CPU has it: measured whatever auto takes here), or the best float family, whose products
+    widen to float32 and run FMAs, not the dot kernels."""
+    if c.dtype.name != "bfloat16":
+        raise Skip(f"the {'vdpbf16ps' if named else 'forced widening'} path of a bfloat16 case only")
+    if named and named not in raggeddot.runtime.runnable_kernels():
+        raise Skip("this CPU has no vdpbf16ps")
+    fn = build(c)
+    family = named or next(k["name"] for k in raggeddot.build_info()["kernels"]
+                           if k["runnable"] and "float32" in k["types"])
 
-        def call():
-            with raggeddot.runtime.configured(kernel=family):
-                return fn()
-        return call
-
-    return build_on
+    def call():
+        with raggeddot.runtime.configured(kernel=family):
+            return fn()
+    return call
 
 
-def _np_loop(c):
+def _np_loop(c: Case):
     return specs.numpy_loop(c.spec, c.inputs32)
 
 
-def _np_dense(c):
+def _np_dense(c: Case):
     lhs, rhs0 = c.inputs32["lhs"], c.inputs32["rhs"][0]
     return lambda: {"dense": lhs @ rhs0}
 
 
-def _np_tgmm(c):
+def _np_tgmm(c: Case):
     lhs, ct, (g, k, n) = c.inputs32["lhs"], c.inputs32["ct"], c.inputs["rhs"].shape
     bounds, empty = specs.group_bounds(c.inputs["group_sizes"]), np.flatnonzero(c.inputs["group_sizes"] == 0)
 
@@ -238,58 +233,49 @@ def _np_tgmm(c):
             np.matmul(lhs[s:e].T, ct[s:e], out=d_rhs[i])
         d_rhs[empty] = 0
         return {"d_rhs": d_rhs}
-
     return loop
 
 
-def _tgmm(fresh: bool):
+def _tgmm(c: Case, fresh: bool = False):
     """tgmm(lhs.T, ct, gs) in the case's dtype (megablox's default is float32); ``fresh``: with
     raggeddot's result-buffer cache off, so that every call pays the OS's zeroing of new pages."""
-    def build(c):
-        lhs_t, ct, gs, dt = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"], c.dtype
+    lhs_t, ct, gs, dt = c.inputs["lhs"].T, c.inputs["ct"], c.inputs["group_sizes"], c.dtype
 
-        def call():
-            limit = raggeddot.set_buffer_cache(0) if fresh else None  # also frees the last call's block
-            try:
-                return {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs, preferred_element_type=dt)}
-            finally:
-                if fresh:
-                    raggeddot.set_buffer_cache(limit)
-
-        return call
-
-    return build
+    def call():
+        limit = raggeddot.set_buffer_cache(0) if fresh else None  # also frees the last call's block
+        try:
+            return {"d_rhs": raggeddot.tgmm(lhs_t, ct, gs, preferred_element_type=dt)}
+        finally:
+            if fresh:
+                raggeddot.set_buffer_cache(limit)
+    return call
 
 
-def _torch(product, name: str = "out", dense: bool = False):
-    """A torch baseline: product(torch, case) -> fn(i, s, e, rows) writing rows s:e of the
-    [m, n] result for every group i with rows (the rows past the groups zeroed; ``dense``:
-    fn(rows) of lhs @ rhs[0]), under torch.inference_mode; its result named ``name``."""
-    def build(c):
-        torch, tensor, _ = need_torch()
-        fn, gs = product(torch, tensor, c), c.inputs["group_sizes"]
-        m, n, total = c.inputs["lhs"].shape[0], c.inputs["rhs"].shape[2], int(gs.sum())
-        dt = tensor(c.inputs["lhs"]).dtype if name == "out" else torch.float32
+def _torch(c: Case, product, name: str = "out", dense: bool = False):
+    """A torch baseline: product(torch, tensor, case) -> fn(i, s, e, rows) writing rows s:e of the
+    [m, n] result for every group i with rows (the rows past the groups zeroed; ``dense``: rows
+    of lhs @ rhs[0]), under torch.inference_mode; its result named ``name``."""
+    torch, tensor, _ = need_torch()
+    fn, gs = product(torch, tensor, c), c.inputs["group_sizes"]
+    m, n, total = c.inputs["lhs"].shape[0], c.inputs["rhs"].shape[2], int(gs.sum())
+    dt = tensor(c.inputs["lhs"]).dtype if name == "out" else torch.float32
 
-        def call():
-            with torch.inference_mode():
-                out = torch.empty((m, n), dtype=dt)
-                for i, s, e in [(0, 0, m)] if dense else specs.group_bounds(gs):
-                    fn(i, s, e, out[s:e])
-                out[m if dense else total:] = 0
-                return {"dense" if dense else name: out}
-
-        return call
-
-    return build
+    def call():
+        with torch.inference_mode():
+            out = torch.empty((m, n), dtype=dt)
+            for i, s, e in [(0, 0, m)] if dense else specs.group_bounds(gs):
+                fn(i, s, e, out[s:e])
+            out[m if dense else total:] = 0
+            return {"dense" if dense else name: out}
+    return call
 
 
-def _torch_matmul(torch, tensor, c):
+def _torch_matmul(torch, tensor, c: Case):
     lhs, rhs = tensor(c.inputs["lhs"]), tensor(c.inputs["rhs"])
     return lambda i, s, e, rows: torch.matmul(lhs[s:e], rhs[i], out=rows)
 
 
-def _torch_gmm(c):
+def _torch_gmm(c: Case):
     torch, tensor, _ = need_torch()
     k, n = c.inputs["rhs"].shape[1:]
     if c.dtype == np.float64 or (c.half and ((k * c.dtype.itemsize) % 16 or (n * c.dtype.itemsize) % 16)):
@@ -302,47 +288,45 @@ def _torch_gmm(c):
             out = torch._grouped_mm(lhs, rhs, offs=offs)
             out[total:] = 0  # torch leaves the rows past sum(group_sizes) uninitialised
             return {"out": out}
-
     return gmm
 
 
-def _moe(kind: str, backward: bool):
-    def build(c):
-        if kind == "numpy":
-            if c.extra["numpy_vs_reference"]["status"] != "ok":
-                raise Skip(f"the NumPy layer disagrees with raggeddot.reference ({REFERENCE_TOKENS} tokens)")
-            return MB.numpy_fn(c.inputs32, backward)
-        if kind == "torch":
-            if c.dtype == np.float64 or (c.half and backward):
-                raise Skip("torch's expert loop here: float32, and 16-bit forwards")
-            try:
-                return MB.torch_fn(need_torch()[0], c.inputs32, backward, c.dtype.name)
-            except MB.Unsupported as e:
-                raise Skip(str(e)) from None
-        if kind == "rd-f32" and not c.half:
-            raise Skip("a float32 twin of a 16-bit case only")
-        inputs = c.inputs32 if kind == "rd-f32" else c.inputs
-        args, kw = [inputs[a] for a in specs.MOE_ARGS], inputs["options"]
-        if not backward:
-            return lambda: {"out": raggeddot.moe_block(*args, **kw)}
+def _moe(c: Case, kind: str, backward: bool):
+    """moe_block ("moe_block", "rd-f32"), or moe_baselines' "numpy" or "torch" layer."""
+    if kind == "numpy":
+        if c.extra["numpy_vs_reference"]["status"] != "ok":
+            raise Skip(f"the NumPy layer disagrees with raggeddot.reference ({REFERENCE_TOKENS} tokens)")
+        return MB.numpy_fn(c.inputs32, backward)
+    if kind == "torch":
+        if c.dtype == np.float64 or (c.half and backward):
+            raise Skip("torch's expert loop here: float32, and 16-bit forwards")
+        try:
+            return MB.torch_fn(need_torch()[0], c.inputs32, backward, c.dtype.name)
+        except MB.Unsupported as e:
+            raise Skip(str(e)) from None
+    if kind == "rd-f32" and not c.half:
+        raise Skip("a float32 twin of a 16-bit case only")
+    inputs = c.inputs32 if kind == "rd-f32" else c.inputs
+    args, kw = [inputs[a] for a in specs.MOE_ARGS], inputs["options"]
+    if not backward:
+        return lambda: {"out": raggeddot.moe_block(*args, **kw)}
 
-        def fwd_bwd():
-            out, vjp_fn = raggeddot.moe_block_vjp(*args, **kw)
-            return dict(MB.flat_grads(vjp_fn(inputs["ct"])), out=out)
-
-        return fwd_bwd
-
-    return build
+    def fwd_bwd():
+        out, vjp_fn = raggeddot.moe_block_vjp(*args, **kw)
+        return dict(MB.flat_grads(vjp_fn(inputs["ct"])), out=out)
+    return fwd_bwd
 
 
 def _moe_variants(phase: str, backward: bool) -> list[Variant]:
     refs = ("out",) + (MB.MAIN_GRADS if backward else ())
-    return [Variant("raggeddot", phase, _moe("moe_block", backward), refs, phase, memory=True),
-            Variant("rd-f32", phase, _moe("rd-f32", backward), refs, phase, f32=True),
-            Variant("rd-widen", phase, _on_kernel(_moe("moe_block", backward)), refs, phase),
-            Variant("rd-vdpbf16", phase, _on_kernel(_moe("moe_block", backward), "avx512-bf16"), refs, phase),
-            Variant("numpy", phase, _moe("numpy", backward), refs, phase, numpy=True, memory=True, f32=True),
-            Variant("torch", phase, _moe("torch", backward), refs, phase)]
+
+    def v(name, kind, **kw):
+        return Variant(name, phase, partial(_moe, kind=kind, backward=backward), refs, phase, **kw)
+    rd = v("raggeddot", "moe_block", memory=True)
+    return [rd, v("rd-f32", "rd-f32", f32=True),
+            Variant("rd-widen", phase, partial(_on_kernel, build=rd.build), refs, phase),
+            Variant("rd-vdpbf16", phase, partial(_on_kernel, build=rd.build, named="avx512-bf16"), refs, phase),
+            v("numpy", "numpy", numpy=True, memory=True, f32=True), v("torch", "torch")]
 
 
 def run_gathers(c: Case, timer) -> dict:
@@ -362,39 +346,32 @@ def run_gathers(c: Case, timer) -> dict:
             "bytes": int((tok.size * x.shape[1] * 2 + x.shape[0] * x.shape[1] * (k + 1)) * c.dtype.itemsize)}
 
 
-def _prepacked(c: Case, mode: str):
-    """The quantized rhs of ``mode`` prepacked once (kept in the case), or Skip."""
+def _quant_rhs(c: Case, mode: str, prepacked: bool):
+    """The quantized rhs of ``mode``; ``prepacked``: prepacked once (kept in the case), or Skip."""
     key = f"qp:{mode}"
-    if key not in c.extra:
+    if prepacked and key not in c.extra:
         try:
             c.extra[key] = raggeddot.prepack(quant_operands(c, mode)[1])
         except (TypeError, ValueError) as e:
             raise Skip(f"prepack refuses the {mode} weights: {str(e)[:120]}") from None
-    return c.extra[key]
+    return c.extra[key] if prepacked else quant_operands(c, mode)[1]
 
 
-def _rd_quant(mode: str, prepacked: bool = False):
+def _rd_quant(c: Case, mode: str, prepacked: bool = False):
     """ragged_dot on the operands of ``mode``; ``prepacked``: on its rhs prepacked outside the
     timing, one byte a weight read in place and dequantized in the micro-kernel."""
-    def build(c):
-        lhs, rhs = quant_operands(c, mode)
-        rhs, gs = _prepacked(c, mode) if prepacked else rhs, c.inputs["group_sizes"]
-        return lambda: {f"out:{mode}": raggeddot.ragged_dot(lhs, rhs, gs)}
-
-    return build
+    lhs, rhs, gs = quant_operands(c, mode)[0], _quant_rhs(c, mode, prepacked), c.inputs["group_sizes"]
+    return lambda: {f"out:{mode}": raggeddot.ragged_dot(lhs, rhs, gs)}
 
 
-def _qsize(mode: str, prepacked: bool = False):
+def _qsize(c: Case, mode: str, prepacked: bool = False):
     """Bytes a quantized weight value costs: its storage plus its share of the scales; prepacked:
     the layout's bytes (values, panel padding, the scales after each panel) over the values."""
-    def size(c):
-        w = _prepacked(c, mode) if prepacked else quant_operands(c, mode)[1]
-        return (w.nbytes if prepacked else w.qvalue.nbytes + w.scale.nbytes) / max(int(np.prod(w.shape)), 1)
-
-    return size
+    w = _quant_rhs(c, mode, prepacked)
+    return (w.nbytes if prepacked else w.qvalue.nbytes + w.scale.nbytes) / max(int(np.prod(w.shape)), 1)
 
 
-def _torch_int_mm(torch, tensor, c):
+def _torch_int_mm(torch, tensor, c: Case):
     """int8 x int8 per group with torch._int_mm (int32 accumulation), the per-row and
     per-column scales applied after: the per-channel "int8" mode."""
     lq, rq = quant_operands(c, "int8")
@@ -402,41 +379,45 @@ def _torch_int_mm(torch, tensor, c):
 
     def product(i, s, e, rows):
         torch.mul(torch._int_mm(a[s:e], b[i]).to(torch.float32), sa[s:e] * sb[i], out=rows)
-
     return product
+
+
+def _quant(mode: str, prepacked: bool) -> Variant:
+    """The variant of quant mode ``mode`` (``prepacked``: "<mode>-prepacked")."""
+    how = dict(mode=mode, prepacked=prepacked)
+    return Variant(mode + ("-prepacked" if prepacked else ""), "quant", partial(_rd_quant, **how), (f"out:{mode}",),
+                   "flops", threads="rd", mode=mode, wsize=partial(_qsize, **how))
 
 
 STEP = ("out", "d_lhs", "d_rhs")
 VARIANTS: dict[str, list[Variant]] = {
     "ragged_dot": [
-        Variant("raggeddot", "ragged_dot", _rd(), ("out",), "flops", threads="rd"),
-        Variant("rd-f32", "ragged_dot", _rd("inputs32"), ("out",), "flops", threads="rd", f32=True),
-        Variant("rd-widen", "ragged_dot", _on_kernel(_rd()), ("out",), "flops", threads="rd"),
-        Variant("rd-vdpbf16", "ragged_dot", _on_kernel(_rd(), "avx512-bf16"), ("out",), "flops", threads="rd"),
-        Variant("rd-prepacked", "ragged_dot", _rd(prepacked=True), ("out",), "flops", threads="rd"),
-        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True,
-                f32=True),
+        Variant("raggeddot", "ragged_dot", _rd, ("out",), "flops", threads="rd"),
+        Variant("rd-f32", "ragged_dot", partial(_rd, key="inputs32"), ("out",), "flops", threads="rd", f32=True),
+        Variant("rd-widen", "ragged_dot", partial(_on_kernel, build=_rd), ("out",), "flops", threads="rd"),
+        Variant("rd-vdpbf16", "ragged_dot", partial(_on_kernel, build=_rd, named="avx512-bf16"), ("out",), "flops",
+                threads="rd"),
+        Variant("rd-prepacked", "ragged_dot", partial(_rd, prepacked=True), ("out",), "flops", threads="rd"),
+        Variant("np-dense", "ragged_dot", _np_dense, ("dense",), "dense", threads="blas", numpy=True, f32=True),
         Variant("np-loop", "ragged_dot", _np_loop, ("out",), "flops", numpy=True, f32=True),
-        Variant("torch-dense", "ragged_dot", _torch(_torch_matmul, dense=True), ("dense",), "dense"),
-        Variant("torch-loop", "ragged_dot", _torch(_torch_matmul), ("out",), "flops"),
+        Variant("torch-dense", "ragged_dot", partial(_torch, product=_torch_matmul, dense=True), ("dense",), "dense"),
+        Variant("torch-loop", "ragged_dot", partial(_torch, product=_torch_matmul), ("out",), "flops"),
         Variant("torch-gmm", "ragged_dot", _torch_gmm, ("out",), "flops"),
     ],
     "backward": [
         Variant("raggeddot", "step", lambda c: lambda: specs.run_raggeddot(c.spec, c.inputs), STEP, "step",
                 threads="rd"),
         Variant("np-loop", "step", _np_loop, STEP, "step", numpy=True, f32=True),
-        Variant("tgmm", "tgmm", _tgmm(False), ("d_rhs",), "flops", threads="rd"),
-        Variant("tgmm-fresh", "tgmm", _tgmm(True), ("d_rhs",), "flops", threads="rd"),
-        Variant("forward", "tgmm", _rd(), ("out",), "flops", threads="rd"),
+        Variant("tgmm", "tgmm", _tgmm, ("d_rhs",), "flops", threads="rd"),
+        Variant("tgmm-fresh", "tgmm", partial(_tgmm, fresh=True), ("d_rhs",), "flops", threads="rd"),
+        Variant("forward", "tgmm", _rd, ("out",), "flops", threads="rd"),
         Variant("np-loop", "tgmm", _np_tgmm, ("d_rhs",), "flops", numpy=True, f32=True),
     ],
     "moe": _moe_variants("fwd", False) + _moe_variants("fwd+bwd", True),
-    "quant": [Variant("rd-f32", "quant", _rd(), ("out",), "flops", threads="rd"),
-              *(Variant(f"{mode}{pre}", "quant", _rd_quant(mode, bool(pre)), (f"out:{mode}",), "flops", threads="rd",
-                        mode=mode, wsize=_qsize(mode, bool(pre)))
-                for pre, modes in (("", QUANT_MODES), ("-prepacked", QUANT_PREPACKED)) for mode in modes),
-              Variant("torch-int8", "quant", _torch(_torch_int_mm, "out:int8"), ("out:int8",), "flops", mode="int8",
-                      wsize=_qsize("int8"))],
+    "quant": [Variant("rd-f32", "quant", _rd, ("out",), "flops", threads="rd"),
+              *(_quant(mode, False) for mode in QUANT_MODES), *(_quant(mode, True) for mode in QUANT_PREPACKED),
+              Variant("torch-int8", "quant", partial(_torch, product=_torch_int_mm, name="out:int8"), ("out:int8",),
+                      "flops", mode="int8", wsize=partial(_qsize, mode="int8"))],
 }
 
 

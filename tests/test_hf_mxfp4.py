@@ -186,6 +186,55 @@ def test_another_implementation_says_it_cannot_run_them():
         assert torch.equal(model(ids).logits, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_rows_multiply_the_held_weights(monkeypatch, dtype):
+    """set_activation_qtype(model, "int8"): every product with the held
+    MXFP4 weights takes its rows quantized per row to int8 (w4a8), and is,
+    bit for bit, the product of quantize()'s QArray of those rows and the
+    MXFP4 QArray (gmm on the plain weights, checked call by call: the gate
+    and up weights' and the down weights' of each layer); the logits stay
+    within the rows' rounding of the float rows'; the weights are laid out
+    again for int8 rows (none held twice), state_dict still gives the same
+    blocks, and None gives the float rows' logits back, bit for bit."""
+    model = _model(dtype=dtype)
+    rt.quantize_experts_mxfp4(model)
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+    blocks = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("_blocks")}
+    assert rt.set_activation_qtype(model, "int8") == 2
+    ragged_dot, gmm, seen = raggeddot.ragged_dot, raggeddot.gmm, []
+
+    def spy(lhs, rhs, group_sizes, **kw):
+        out = ragged_dot(lhs, rhs, group_sizes, **kw)
+        assert isinstance(lhs, raggeddot.AsQArray) and lhs.qtype == "int8" and lhs.channelwise_axes == (0,)
+        rows = np.asarray(lhs.array, dtype=np.float32)
+        oracle = gmm(raggeddot.quantize(rows, "int8", channelwise_axes=(0,)), rhs.unpack(), group_sizes)
+        assert np.array_equal(np.asarray(out, dtype=np.float32), oracle.astype(out.dtype).astype(np.float32))
+        seen.append(rhs.ctype)
+        return out
+    monkeypatch.setattr(rt._experts._rd, "ragged_dot", spy)
+    with torch.no_grad():
+        got = model(ids).logits
+    monkeypatch.undo()
+    assert len(seen) == 4     # two products a layer, two layers
+    for _, m in _experts(model):
+        for packed in m._raggeddot_mxfp4.values():      # laid out as prepack lays them out for int8 rows
+            assert packed.ctype == raggeddot.prepack(packed.unpack(), lhs_dtype=np.int8).ctype
+            if packed.ctype == "int8-mxfp4-dot":        # (4 bits a weight for int8 rows: nothing else kept)
+                assert list(packed.layouts) == [packed.ctype]
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max()
+    assert 0 < err < 0.05, err
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in blocks.items())
+    rt.set_activation_qtype(model, None)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    with pytest.raises(ValueError, match=r"^set_activation_qtype: 'qtype' must be \"int8\" or None, got 'int4'"):
+        rt.set_activation_qtype(model, "int4")
+    with pytest.raises(ValueError, match=r"^set_activation_qtype: Linear has no transformers experts module"):
+        rt.set_activation_qtype(torch.nn.Linear(2, 2), "int8")
+
+
 def test_state_dict_and_save_pretrained_give_the_mxfp4_weights(tmp_path):
     """state_dict gives each held weight as gpt-oss's blocks and scales (no
     empty tensor), save_pretrained writes them, and load_mxfp4_checkpoint

@@ -36,7 +36,8 @@ from ._moe_ops import (ACTIVATIONS, LAYOUTS, gated_activation, gated_activation_
                        ragged_gather_backward, ragged_gather_reduce, ragged_gather_reduce_backward)
 from ._experts import (EXPERTS_IMPLEMENTATION, clear_weight_cache, experts_forward, register_transformers,
                        set_weight_cache)
-from ._mxfp4 import hold_mxfp4, load_mxfp4_checkpoint, load_mxfp4_experts, quantize_experts_mxfp4
+from ._mxfp4 import (hold_mxfp4, load_mxfp4_checkpoint, load_mxfp4_experts, quantize_experts_mxfp4,
+                     set_activation_qtype)
 
 __all__ = [
     "ragged_dot",
@@ -55,6 +56,7 @@ __all__ = [
     "quantize_experts_mxfp4",
     "load_mxfp4_experts",
     "load_mxfp4_checkpoint",
+    "set_activation_qtype",
     "EXPERTS_IMPLEMENTATION",
     "ACTIVATIONS",
     "LAYOUTS",

@@ -72,8 +72,9 @@ import raggeddot as _rd
 
 from . import _convert as cv
 from ._matmul import gmm
-from ._moe_ops import gated_activation, ragged_gather, ragged_gather_reduce
-from ._mxfp4 import CACHE_ATTRS, MXFP4_ATTR
+from ._moe_ops import (gated_activation, gated_rows_act, gather_reduce_rows, gather_rows, ragged_gather,
+                       ragged_gather_reduce)
+from ._mxfp4 import ACT_ATTR, CACHE_ATTRS, MXFP4_ATTR
 
 __all__ = ["EXPERTS_IMPLEMENTATION", "experts_forward", "register_transformers", "set_weight_cache",
            "clear_weight_cache"]
@@ -176,8 +177,28 @@ def fused_gate(module):
 
 def _sort_by_expert(top_k_index, num_experts):
     """``(token_of_slot [N], slot_of [T, k], expert_of_slot [N], group_sizes
-    [E])`` (int64, N = T*k): a stable sort of the assignments by expert id.
-    Sentinel ids (>= E) sort last, outside every group; their slot_of is -1."""
+    [E])`` (int64 tensors, N = T*k): a stable sort of the assignments by
+    expert id. Sentinel ids (>= E) sort last, outside every group; their
+    slot_of is -1. (In NumPy where torch.compile does not trace it: a
+    decode step's dozen small torch operators cost ~0.1 ms.)"""
+    if torch.compiler.is_compiling() or top_k_index.device.type != "cpu":
+        return _sort_by_expert_traced(top_k_index, num_experts)
+    T, k = top_k_index.shape
+    ids = cv.array(top_k_index.detach()).astype(np.int64, copy=False)
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    slot_of = np.empty_like(order)
+    slot_of[order] = np.arange(flat.shape[0])
+    slot_of = np.where(ids >= num_experts, -1, slot_of.reshape(T, k))
+    clipped = np.clip(flat, 0, num_experts)
+    group_sizes = np.bincount(clipped, minlength=num_experts + 1)[:num_experts]
+    expert_of_slot = np.minimum(clipped[order], num_experts - 1)
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (order // k, slot_of, expert_of_slot,
+                                                                      group_sizes))
+
+
+def _sort_by_expert_traced(top_k_index, num_experts):
+    """:func:`_sort_by_expert` in torch operators (what torch.compile traces)."""
     T, k = top_k_index.shape
     flat = top_k_index.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)
@@ -200,8 +221,12 @@ def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dty
             raise RuntimeError("experts held in MXFP4 (hold_mxfp4) are for inference: run under "
                                "torch.no_grad(), or keep the weights as parameters to train")
         out = cv.empty((rows.shape[0], weight.shape[2]), dtype)
-        _rd.gmm(cv.array(rows.detach()), weight, cv.array(group_sizes), preferred_element_type=cv.np_dtype(dtype),
-                out=cv.array(out))
+        lhs = cv.array(rows.detach())
+        if getattr(module, ACT_ATTR, None) == "int8":     # (set_activation_qtype: w4a8)
+            lhs = _rd.AsQArray(lhs, "int8", channelwise_axes=(0,))
+        # (ragged_dot: gmm's product, rows of an AsQArray quantized by the kernels while they pack them)
+        _rd.ragged_dot(lhs, weight, cv.array(group_sizes), preferred_element_type=cv.np_dtype(dtype),
+                       out=cv.array(out))
     elif _use_prepacked(rows, weight):
         out = cv.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype)
         _rd.gmm(cv.array(rows), _prepacked(weight, transpose), cv.array(group_sizes),
@@ -324,7 +349,11 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
         return ragged_gather_reduce(y, slot_of, top_k_weights, True).to(dtype)
-    xs = ragged_gather(hidden_states, token_of_slot)
+    # held MXFP4 weights are for inference: their rows need no autograd, and the
+    # operators' bodies are called without torch's dispatcher (~30 us a call at decode)
+    direct = bool(held) and not torch.compiler.is_compiling() \
+        and not (torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad))
+    xs = (gather_rows if direct else ragged_gather)(hidden_states, token_of_slot)
     if self.has_gate:
         w_up, b_up = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if has_bias else None
         w_up = held.get("gate_up_proj", w_up)
@@ -333,7 +362,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         w_up = held.get("up_proj", w_up)
     h = _grouped_linear(self, xs, w_up, b_up, group_sizes, expert_of_slot, dtype)
     if self.has_gate:
-        a = gated_activation(h, *spec) if spec is not None else self._apply_gate(h)
+        a = (gated_rows_act if direct else gated_activation)(h, *spec) if spec is not None else self._apply_gate(h)
     else:
         a = self.act_fn(h)
     b_down = getattr(self, "down_proj_bias", None) if has_bias else None
@@ -341,7 +370,8 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
                         expert_of_slot, dtype)
     if getattr(self, "has_post_expert_norm", False):
         y = self.post_expert_norm(y)
-    out = ragged_gather_reduce(y, slot_of, top_k_weights, True)    # a token's experts in expert order
+    # a token's experts in expert order
+    out = (gather_reduce_rows if direct else ragged_gather_reduce)(y, slot_of, top_k_weights, True)
     return out.to(dtype)
 
 

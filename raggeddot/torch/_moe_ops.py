@@ -72,6 +72,12 @@ def ragged_gather(x: torch.Tensor, indices: torch.Tensor, weights: Optional[torc
     (times ``weights[i]``). x ``[T, d]``, indices ``[N]`` in ``[0, T)``,
     weights ``[N]`` or None; returns ``[N, d]`` in x's dtype."""
     _gather_meta(x, indices, weights, "ragged_gather", "x", 1)
+    return gather_rows(x, indices, weights)
+
+
+def gather_rows(x, indices, weights=None):
+    """The body of :func:`ragged_gather`, without torch's dispatcher or
+    autograd (for inference callers that checked their operands)."""
     return cv.tensor(_rd.ragged_gather(cv.array(x), cv.array(indices), cv.array(weights)))
 
 
@@ -125,6 +131,12 @@ def ragged_gather_reduce(y: torch.Tensor, indices: torch.Tensor,
     d]``, indices ``[T, k]`` in ``[-1, N)``, weights ``[T, k]`` or None
     (ones); returns ``[T, d]`` in y's dtype."""
     _gather_meta(y, indices, weights, "ragged_gather_reduce", "y", 2)
+    return gather_reduce_rows(y, indices, weights, ordered)
+
+
+def gather_reduce_rows(y, indices, weights=None, ordered=False):
+    """The body of :func:`ragged_gather_reduce`, without torch's dispatcher
+    or autograd (for inference callers that checked their operands)."""
     return cv.tensor(_rd.ragged_gather_reduce(cv.array(y), cv.array(indices), cv.array(weights),
                                               ordered=bool(ordered)))
 
@@ -190,6 +202,12 @@ def gated_activation(h: torch.Tensor, activation: str = "silu", layout: str = "c
     or "interleaved" (gate in the even columns, up in the odd ones).
     Returns ``[N, f]`` in h's dtype (16-bit values computed in float32)."""
     _act_meta(h, activation, layout, "gated_activation")
+    return gated_rows_act(h, activation, layout, limit, alpha)
+
+
+def gated_rows_act(h, activation="silu", layout="concat", limit=7.0, alpha=1.702):
+    """The body of :func:`gated_activation`, without torch's dispatcher or
+    autograd (for inference callers that checked their operands)."""
     gate, up = _split(cv.array(h), layout)
     return cv.tensor(_gw.gated_act(gate, up, activation, limit, alpha))
 

@@ -38,9 +38,11 @@ import raggeddot as _rd
 
 from . import _convert as cv
 
-__all__ = ["hold_mxfp4", "quantize_experts_mxfp4", "load_mxfp4_experts", "load_mxfp4_checkpoint"]
+__all__ = ["hold_mxfp4", "quantize_experts_mxfp4", "load_mxfp4_experts", "load_mxfp4_checkpoint",
+           "set_activation_qtype"]
 
 MXFP4_ATTR = "_raggeddot_mxfp4"     # {weight name: PackedRhs} of the weights a module holds in MXFP4
+ACT_ATTR = "_raggeddot_activation_qtype"    # "int8": held weights multiply rows quantized to int8 (w4a8)
 _HOOKS_ATTR = "_raggeddot_mxfp4_hooks"
 # the prepacked float copies inference keeps on a parameter (``_experts._prepacked``)
 CACHE_ATTRS = ("_raggeddot_prepacked", "_raggeddot_prepacked_halves")
@@ -115,8 +117,8 @@ def hold_mxfp4(module, **weights):
         if tuple(q.shape) != want:
             raise ValueError(f"{fn}: '{name}' has shape {tuple(q.shape)}, but the module's weight is "
                              f"[E, out, in] = {want}")
-    for name, q in weights.items():
-        made[name] = _rd.prepack(q, transpose_rhs=True)
+    for name, q in weights.items():     # (laid out for the rows set_activation_qtype says)
+        made[name] = _rd.prepack(q, transpose_rhs=True, lhs_dtype=_lhs_dtype(module))
     held = getattr(module, MXFP4_ATTR, None)
     if held is None:
         held = {}
@@ -128,6 +130,56 @@ def hold_mxfp4(module, **weights):
         module._parameters[name] = torch.nn.Parameter(torch.empty(0, dtype=old.dtype), requires_grad=False)
     _hook(module)
     return sum(p.nbytes for p in held.values())
+
+
+def _lhs_dtype(module):
+    """The lhs dtype ``module``'s held weights are laid out for: int8 rows
+    under ``set_activation_qtype(..., "int8")``, else float ones (None)."""
+    return np.int8 if getattr(module, ACT_ATTR, None) == "int8" else None
+
+
+def set_activation_qtype(model, qtype):
+    """Multiply the expert weights held in MXFP4 (:func:`hold_mxfp4`, and
+    the loaders and :func:`quantize_experts_mxfp4` that call it) by rows
+    quantized to int8 (``qtype="int8"``), or by the float rows as they come
+    (None, the default), in every experts module of ``model`` (a model, or
+    one experts module); weights held later follow the module's setting.
+
+    With "int8" each product's rows (the tokens' hidden states for the gate
+    and up weights, the gated activations for the down weights) are
+    quantized per row (one absmax scale a row, :func:`raggeddot.quantize`
+    with ``channelwise_axes=(0,)``) by the kernels while they pack them, and
+    the MXFP4 weights multiply them as the int8 QArray of the same values
+    (``2 v``, the scale halved: exact) on the int8 dot-product instructions,
+    as moe_block's ``activation_qtype="int8"`` does (w4a8): at decode the
+    weights' 4.25 bits stream at about the read bandwidth, where the float
+    rows' products (float32, each weight widened and scaled) run at about
+    half of it. The result is the product of the quantized rows, each
+    row's rounding error up to half its absmax / 127 a value: a numerical
+    change, which is why it is asked for. The held weights are laid out
+    again for the rows chosen, as ``prepack(..., lhs_dtype=np.int8)`` lays
+    them out: where the kernels selected have the 4-bit int8 layout
+    (AVX-512 VNNI, Arm DotProd) in the same bytes, nothing else kept;
+    elsewhere (AMX, AVX-VNNI, Arm I8MM) the int8 rows meet a one-byte int8
+    copy made on first use and kept beside them. Returns the number of
+    experts modules set.
+
+    Raises ValueError for a qtype other than "int8" or None, or a
+    ``model`` with no experts module."""
+    fn = "set_activation_qtype"
+    if qtype is not None and qtype != "int8":
+        raise ValueError(f"{fn}: 'qtype' must be \"int8\" or None, got {qtype!r}")
+    modules = [model] if hasattr(model, "has_gate") and hasattr(model, "down_proj") \
+        else [m for _, m in experts_modules(model)]
+    if not modules:
+        raise ValueError(f"{fn}: {type(model).__name__} has no transformers experts module (a module with "
+                         "has_gate and down_proj)")
+    for m in modules:
+        setattr(m, ACT_ATTR, qtype)
+        held = getattr(m, MXFP4_ATTR, {})
+        for name, packed in list(held.items()):
+            held[name] = _rd.prepack(packed.unpack(), lhs_dtype=_lhs_dtype(m))
+    return len(modules)
 
 
 def _hook(module):

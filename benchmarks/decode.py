@@ -3,9 +3,11 @@ the active experts' weights (README: "Decode").
 
 Each weight format prepacked (formats()), checked first against moe_block / ragged_dot on its
 dequantized weights, timed in interleaved rounds with a read-bandwidth probe (256 MB, at
-raggeddot's threads) in every round, medians; two tables:
+raggeddot's threads) in every round, medians; three tables:
   layer: moe_block forward (softmax top-k, SiLU experts, bfloat16 tokens) of the LAYERS at TOKENS,
     and transformers' eager expert loop in torch, bfloat16 weights, in the same rounds.
+  hf: transformers' Qwen3-MoE block on the "raggeddot" experts (bfloat16, MXFP4 held with float
+    rows and with int8 rows) against its eager loop, at TOKENS (hf_table).
   rows: ragged_dot on prepacked weights, 64 experts x [2048, 768], ROWS rows an expert, float32
     and bfloat16 rows.
 Columns: ms; GB/s: the active experts' bytes in the format (values, scales) over the time; %bw:
@@ -14,6 +16,8 @@ bfloat16 weights' time over the format's. --quick: a quarter of the experts (top
 three rounds; --smoke: 1/16 of the widths, one round.
 """
 from __future__ import annotations
+
+import importlib.util
 
 import ml_dtypes
 import numpy as np
@@ -147,6 +151,59 @@ def rows_table(args, rng, threads) -> list:
     return out
 
 
+def hf_table(args, torch, rng, threads) -> list:
+    """transformers' Qwen3-MoE block (the qwen3 shape of LAYERS, bfloat16 tokens) on the "raggeddot"
+    experts implementation: bfloat16 experts, and experts held in MXFP4 (quantize_experts_mxfp4)
+    multiplying float rows and int8 rows (set_activation_qtype); transformers' eager loop on the
+    bfloat16 experts, in the same rounds. The bfloat16 experts hold the MXFP4 values (exact in
+    bfloat16), so that every variant is checked against the eager loop."""
+    import copy
+    import raggeddot.torch as rt
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as Q
+    shape = LAYERS["qwen3-30b-a3b"]
+    E = shape["E"] // (4 if args.quick and not args.smoke else 1)
+    d, f = (max(64, int(shape[k] * args.scale) // 32 * 32) for k in ("d", "f"))
+    cfg = Q.Qwen3MoeConfig(hidden_size=d, moe_intermediate_size=f, num_experts=E, num_experts_per_tok=shape["top_k"],
+                           norm_topk_prob=True)
+    cfg._experts_implementation = "raggeddot"
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    blocks = {k: Q.Qwen3MoeSparseMoeBlock(copy.deepcopy(cfg)).to(torch.bfloat16).eval() for k in ("bf16", "f4", "f4a8")}
+    with torch.no_grad():
+        for p in blocks["bf16"].parameters():
+            p.normal_(0, d ** -0.5)
+        for k in ("f4", "f4a8"):
+            blocks[k].load_state_dict(blocks["bf16"].state_dict())
+            rt.quantize_experts_mxfp4(blocks[k])
+        ex = blocks["bf16"].experts      # the MXFP4 values, exactly
+        for name in ("gate_up_proj", "down_proj"):
+            q = blocks["f4"].experts._raggeddot_mxfp4[name].unpack()       # [E, in, out]
+            getattr(ex, name).copy_(torch.from_numpy(quant.dequantize(q).transpose(0, 2, 1).copy()))
+    rt.set_activation_qtype(blocks["f4a8"], "int8")
+
+    def call(blk, impl="raggeddot"):
+        def fn():
+            blk.experts.config._experts_implementation = impl
+            with torch.no_grad():
+                return blk(x)
+        return fn
+    fns = {"bfloat16": call(blocks["bf16"]), "mxfp4": call(blocks["f4"]), "w4a8 mxfp4": call(blocks["f4a8"]),
+           "torch bf16 loop": call(blocks["bf16"], "eager")}
+    held = {"bfloat16": 3 * d * f * 2, "torch bf16 loop": 3 * d * f * 2, "mxfp4": 3 * d * f * 17 / 32}
+    held["w4a8 mxfp4"] = held["mxfp4"]
+    rows = []
+    for T in TOKENS if not args.smoke else TOKENS[:2]:
+        x = torch.from_numpy(rng.standard_normal((1, T, d)).astype(np.float32)).to(torch.bfloat16)
+        want = fns["torch bf16 loop"]().float().numpy()
+        for k in ("bfloat16", "mxfp4", "w4a8 mxfp4"):
+            C.require_close(f"decode hf {k}", fns[k]().float().numpy(), want)
+        with torch.no_grad():
+            active = len(torch.unique(blocks["bf16"].gate(x.view(-1, d))[2]))
+        t, bw = timed(fns, args.repeat, threads)
+        rows += [dict(r, tokens=T, active=active, tok_s=T / t[r["format"]], x_torch=t["torch bf16 loop"] / t[r["format"]])
+                 for r in figures(t, bw, lambda k: held[k] * active)]
+    return rows
+
+
 def run_decode(args, ctx) -> dict:
     rng, threads = np.random.default_rng(args.seed), runtime.get_num_threads()
     try:
@@ -161,8 +218,16 @@ def run_decode(args, ctx) -> dict:
                          [[r["layer"], r["tokens"], r["active"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]),
                            C.fmt(r["pct_bw"]), C.fmt(r["tok_s"], 0), C.fmt(r["x_torch"], 2), C.fmt(r["x_bf16"], 2)]
                           for r in layers]))
+    hf = []
+    if torch is None or importlib.util.find_spec("transformers") is None:
+        print("torch or transformers not importable: no table of transformers' MoE block")
+    else:
+        hf = hf_table(args, torch, rng, threads)
+        print(C.format_table(["tokens", "experts", "transformers block", "ms", "GB/s", "%bw", "tok/s", "x torch"],
+                             [[r["tokens"], r["active"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]),
+                               C.fmt(r["pct_bw"]), C.fmt(r["tok_s"], 0), C.fmt(r["x_torch"], 2)] for r in hf]))
     rows = rows_table(args, rng, threads)
     print(C.format_table(["lhs", "rows", "format", "ms", "GB/s", "%bw", "read GB/s", "x bf16"],
                          [[r["lhs"], r["rows"], r["format"], C.fmt(r["ms"], 3), C.fmt(r["gbs"]), C.fmt(r["pct_bw"]),
                            C.fmt(r["read_gbs"]), C.fmt(r["x_bf16"], 2)] for r in rows]))
-    return {"layer": layers, "rows": rows, "threads": threads}
+    return {"layer": layers, "hf": hf, "rows": rows, "threads": threads}

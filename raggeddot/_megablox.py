@@ -150,8 +150,10 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     """
     fn = "gmm"
     # a PackedRhs: weights laid out once as [g_local, k, n] (prepack's transpose_rhs says how they came)
-    lhs, rhs, lt, rt, _ = _operand.operands(lhs, rhs, fn, " [m, k]", " [g, n, k]" if transpose_rhs else " [g, k, n]",
-                                            packed=True, transposed=transpose_rhs)
+    # an AsQArray lhs of one int8 scale a row: quantized by the kernels while they pack it, where they can
+    lhs, rhs, lt, rt, quantize_lhs = _operand.operands(lhs, rhs, fn, " [m, k]",
+                                                       " [g, n, k]" if transpose_rhs else " [g, k, n]",
+                                                       packed=True, transposed=transpose_rhs, in_kernel=True)
     packed = isinstance(rhs, PackedRhs)
     w = rhs.transpose(0, 2, 1) if transpose_rhs else rhs      # [g_local, k, n] view
     m, k = lhs.shape
@@ -174,18 +176,23 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     inputs = {"lhs": _operand.storage(lhs), "rhs": _operand.storage(rhs)}
     gw.check_out(out, existing, (m, n), out_dtype, fn, inputs)
     if packed:   # the layout for this lhs (prepack's rule), checked, then made if it is new
-        lhs, w = meet(rhs, lhs, ct, fn, exact=(algo == "exact"))
+        lhs, w = meet(rhs, lhs, ct, fn, quantize_lhs=quantize_lhs, exact=(algo == "exact"))
         packed = isinstance(w, PackedRhs)
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, inputs)
-    if existing is None:
+    with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
+        try:
+            if packed:
+                gw.rows_packed(lhs, w, bounds, res, quantize_lhs=quantize_lhs)
+            else:
+                gw.rows(lhs, w, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
+        except ValueError:
+            if quantize_lhs:   # (the kernels' refusal of a non-finite row, named)
+                _operand.refuse_lhs_non_finite(lhs, fn)
+            raise
+    if existing is None:      # (rows of no local group, after the kernels: a refused call writes nothing)
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0
-    with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
-        if packed:
-            gw.rows_packed(lhs, w, bounds, res)
-        else:
-            gw.rows(lhs, w, bounds, res, algo=algo)
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):
         return gw.deliver(res, out, out_dtype)
 

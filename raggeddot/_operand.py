@@ -110,6 +110,9 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
     else:
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     rhs = operand(rhs, "rhs", fn, rhs_doc, packed)
+    if isinstance(rhs, PackedRhs) and transposed:
+        raise ValueError(f"{fn}: a prepacked 'rhs' is already [g, k, n] (give transpose_rhs to "
+                         f"prepack, not to {fn}); got transpose_rhs=True")
     if rows is not None:
         in_k = quantizes_in_kernel(rows, rhs) if isinstance(rhs, PackedRhs) else \
             gw.quantizes_in_kernel(rows, rhs, "int8")
@@ -117,9 +120,6 @@ def operands(lhs, rhs, fn, lhs_doc="", rhs_doc="", *, packed=False, transposed=F
             return Operands(rows, rhs, gw.compute_dtype(rows.dtype), dtype(rhs, "rhs", fn), True)
         lhs = operand(lhs, "lhs", fn, lhs_doc)
     if isinstance(rhs, PackedRhs):
-        if transposed:
-            raise ValueError(f"{fn}: a prepacked 'rhs' is already [g, k, n] (give transpose_rhs to "
-                             f"prepack, not to {fn}); got transpose_rhs=True")
         if not isinstance(lhs, (np.ndarray, QArray)):
             raise TypeError(f"{fn}: a prepacked 'rhs' takes an array or QArray 'lhs', got {type(lhs).__name__}")
     return Operands(lhs, rhs, dtype(lhs, "lhs", fn), dtype(rhs, "rhs", fn))

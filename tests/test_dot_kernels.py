@@ -547,6 +547,12 @@ def test_rows_quantized_while_packed_equal_quantize_first(rng, family, dtype):
         for rhs in (w, raggeddot.prepack(w, lhs_dtype=np.int8)):
             got = raggeddot.ragged_dot(raggeddot.AsQArray(x, "int8", channelwise_axes=(0,)), rhs, sizes)
             assert got.dtype == want.dtype and np.array_equal(_bits(got), _bits(want))
+            # gmm takes the same path (its weights [g, k, n], or [g, n, k] with transpose_rhs)
+            got = raggeddot.gmm(raggeddot.AsQArray(x, "int8", channelwise_axes=(0,)), rhs, sizes)
+            assert np.array_equal(_bits(got), _bits(want))
+        wt = QArray(np.ascontiguousarray(w.qvalue.transpose(0, 2, 1)), w.scale.transpose(0, 2, 1))
+        got = raggeddot.gmm(raggeddot.AsQArray(x, "int8", channelwise_axes=(0,)), wt, sizes, transpose_rhs=True)
+        assert np.array_equal(_bits(got), _bits(want))
 
 
 def test_moe_block_quantizes_activations_in_the_kernels(rng, monkeypatch):

@@ -63,9 +63,13 @@ def test_non_finite_operands_quantized_by_the_call(rng):
     int8_w = raggeddot.quantize(w, "int8", channelwise_axes=(0, 2))
     for rhs in (w, int8_w, raggeddot.prepack(int8_w, lhs_dtype=np.int8)):
         for asq in (raggeddot.AsQArray(lhs, "int8", channelwise_axes=(0,)), raggeddot.AsQArray(lhs, "int4")):
-            with pytest.raises(ValueError, match=r"^ragged_dot: 'lhs' \(an AsQArray, which the call quantizes\) "
-                                                 r"holds 1 non-finite value \(the first, nan, at \(4, 5\)\)"):
-                raggeddot.ragged_dot(asq, rhs, gs)
+            for fn in (raggeddot.ragged_dot, raggeddot.gmm):
+                out = np.full((6, 8), 7.0, np.float32)      # (a refused call writes nothing into out)
+                with pytest.raises(ValueError, match=rf"^{fn.__name__}: 'lhs' \(an AsQArray, which the call "
+                                                     r"quantizes\) holds 1 non-finite value \(the first, nan, "
+                                                     r"at \(4, 5\)\)"):
+                    fn(asq, rhs, gs, out=out)
+                assert np.all(out == 7.0)
     w_inf = w.copy()
     w_inf[1, 2, 3] = -np.inf
     with pytest.raises(ValueError, match=r"^gmm: 'rhs' \(an AsQArray, which the call quantizes\) holds 1 "

@@ -54,7 +54,9 @@ Expert weights may be kept in MXFP4 (``_mxfp4``: ``hold_mxfp4``,
 ``quantize_experts_mxfp4``, ``load_mxfp4_experts`` and
 ``load_mxfp4_checkpoint`` from a gpt-oss checkpoint's ``*_blocks`` /
 ``*_scales``): prepacked at 4.25 bits a weight and multiplied by the 4-bit
-micro-kernels, for inference.
+micro-kernels, for inference, with the float rows or (``set_activation_qtype``)
+rows quantized to int8 by the kernels (w4a8); that path calls the gather,
+gate and combine operators' bodies directly (no autograd to record).
 
 Known gates run in C (:func:`gated_activation`): the default
 ``act_fn(gate) * up`` for SiLU, GELU (erf), tanh GELU and ReLU, with gate

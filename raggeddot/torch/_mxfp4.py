@@ -26,6 +26,8 @@ A held module says what the rest of torch and transformers get:
 :func:`load_mxfp4_checkpoint` loads a whole checkpoint into a model built on
 the meta device, holding its experts in MXFP4 from the ``*_blocks`` /
 ``*_scales`` tensors: the float experts are never made.
+:func:`set_activation_qtype` makes the held weights multiply rows quantized
+to int8 (w4a8) instead of the float rows.
 """
 import json
 import os

@@ -177,19 +177,10 @@ def gmm(lhs, rhs, group_sizes, preferred_element_type=None, tiling=None, group_o
     gw.check_out(out, existing, (m, n), out_dtype, fn, inputs)
     if packed:   # the layout for this lhs (prepack's rule), checked, then made if it is new
         lhs, w = meet(rhs, lhs, ct, fn, quantize_lhs=quantize_lhs, exact=(algo == "exact"))
-        packed = isinstance(w, PackedRhs)
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, existing, (m, n), out_dtype, ct, fn, inputs)
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
-        try:
-            if packed:
-                gw.rows_packed(lhs, w, bounds, res, quantize_lhs=quantize_lhs)
-            else:
-                gw.rows(lhs, w, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
-        except ValueError:
-            if quantize_lhs:   # (the kernels' refusal of a non-finite row, named)
-                _operand.refuse_lhs_non_finite(lhs, fn)
-            raise
+        _operand.product_rows(lhs, w, bounds, res, algo, quantize_lhs, fn)
     if existing is None:      # (rows of no local group, after the kernels: a refused call writes nothing)
         res[:bounds[0]] = 0
         res[bounds[-1]:] = 0

@@ -134,6 +134,21 @@ def _finite(asq, arr, fn, name):
         refuse_non_finite(arr, qtype, fn, _quantized_by_the_call(name))
 
 
+def product_rows(lhs, rhs, bounds, res, algo, quantize_lhs, fn):
+    """The grouped product of ragged_dot and gmm into ``res``: gw.rows_packed
+    (a PackedRhs ``rhs``) or gw.rows; the kernels' refusal of a non-finite
+    row they quantize (``quantize_lhs``) named (:func:`refuse_lhs_non_finite`)."""
+    try:
+        if isinstance(rhs, PackedRhs):
+            gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)
+        else:
+            gw.rows(lhs, rhs, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
+    except ValueError:
+        if quantize_lhs:
+            refuse_lhs_non_finite(lhs, fn)
+        raise
+
+
 def refuse_lhs_non_finite(rows, fn):
     """Where the kernels refused to quantize ``rows`` (:func:`operands`'
     in-kernel lhs), the ValueError that names ``fn`` and the first

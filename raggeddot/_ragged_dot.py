@@ -102,19 +102,10 @@ def _ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type, group_
     gw.check_out(out, None, (m, n), out_dtype, fn, inputs)
     if packed:   # the layout for this lhs (prepack's rule), checked, then made if it is new
         lhs, rhs = meet(rhs, lhs, ct, fn, "rhs", quantize_lhs, exact=(algo == "exact"))
-        packed = isinstance(rhs, PackedRhs)
     with v.memory_for(fn, "the result [m, n]"):
         res = gw.result_buffer(out, None, (m, n), out_dtype, ct, fn, inputs)
     with v.memory_for(fn, "the kernels' packed panels of lhs and rhs"):
-        try:
-            if packed:
-                gw.rows_packed(lhs, rhs, bounds, res, quantize_lhs=quantize_lhs)
-            else:
-                gw.rows(lhs, rhs, bounds, res, algo=algo, quantize_lhs=quantize_lhs)
-        except ValueError:
-            if quantize_lhs:   # (the kernels' refusal of a non-finite row, named)
-                _operand.refuse_lhs_non_finite(lhs, fn)
-            raise
+        _operand.product_rows(lhs, rhs, bounds, res, algo, quantize_lhs, fn)
     res[:bounds[0]] = 0       # (rows of no local group; the kernels write none)
     res[bounds[-1]:] = 0
     with v.memory_for(fn, f"the result [m, n] in {out_dtype}"):

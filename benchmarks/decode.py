@@ -18,6 +18,7 @@ three rounds; --smoke: 1/16 of the widths, one round.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
 import ml_dtypes
 import numpy as np
@@ -29,6 +30,7 @@ from raggeddot import quant, runtime
 
 LAYERS = {"qwen3-30b-a3b": dict(E=128, top_k=8, d=2048, f=768), "gpt-oss-20b": dict(E=32, top_k=4, d=2880, f=2880)}
 TOKENS = (1, 4, 16, 64)
+STEPS = 16      # token batches a layer's calls take in turn
 ROWS = (1, 2, 4, 8)
 A8 = {"activation_qtype": "int8"}
 
@@ -105,23 +107,29 @@ def layer_table(name, shape, args, torch, rng, threads) -> list:
     del per
     rows = []
     for T in TOKENS if not args.smoke else TOKENS[:2]:
-        x = rng.standard_normal((T, d)).astype(np.float32)
-        xb = x.astype(ml_dtypes.bfloat16)
-        _, aux = raggeddot.moe_block(xb, router, *(v[1] for v in fm["bfloat16"]), top_k=top_k, return_aux=True)
-        active = np.flatnonzero(aux["group_sizes"])
+        # each call takes the next of STEPS token batches, routed anew (as decode steps are): the
+        # experts' weights of the call before are not the ones read (with one batch the same
+        # experts' bytes stayed partly in the last-level cache from one round to the next)
+        xs = [rng.standard_normal((T, d)).astype(np.float32) for _ in range(STEPS)]
+        xbs = [x.astype(ml_dtypes.bfloat16) for x in xs]
+        active = np.mean([np.count_nonzero(raggeddot.moe_block(xb, router, *(v[1] for v in fm["bfloat16"]),
+                                                                top_k=top_k, return_aux=True)[1]["group_sizes"])
+                          for xb in xbs])
         fns = {}
         for k, ws in fm.items():
-            fns[k] = (lambda ws=ws: raggeddot.moe_block(xb, router, *(v[1] for v in ws), top_k=top_k, **ws[0][2]))
+            fns[k] = (lambda ws=ws, nxt=itertools.cycle(xbs).__next__: raggeddot.moe_block(
+                nxt(), router, *(v[1] for v in ws), top_k=top_k, **ws[0][2]))
             if T == TOKENS[0]:      # checked once, on one token
-                C.require_close(f"decode {name} {k}", fns[k]()[:1].astype(np.float64),
-                                layer_ref(xb[:1].astype(np.float32), router, top_k, [v[0] for v in ws]))
+                C.require_close(f"decode {name} {k}", raggeddot.moe_block(
+                    xbs[0], router, *(v[1] for v in ws), top_k=top_k, **ws[0][2]).astype(np.float64),
+                    layer_ref(xbs[0].astype(np.float32), router, top_k, [v[0] for v in ws]))
         if torch is not None:
-            i32 = {"x": x, "router_weights": router, "ct": x, "options": {"top_k": top_k},
+            i32 = {"x": xs, "router_weights": router, "ct": xs[0], "options": {"top_k": top_k},
                    "w0": w[0], "w1": w[1], "wo": w[2]}
             fns["torch bf16 loop"] = MB.torch_fn(torch, i32, False, "bfloat16")
         t, bw = timed(fns, args.repeat, threads)
-        held = {k: sum(nbytes(v[0]) for v in ws) * len(active) for k, ws in fm.items()}   # (torch: bfloat16)
-        rows += [dict(r, layer=name, tokens=T, active=len(active), tok_s=T / t[r["format"]],
+        held = {k: sum(nbytes(v[0]) for v in ws) * active for k, ws in fm.items()}   # (torch: bfloat16)
+        rows += [dict(r, layer=name, tokens=T, active=round(float(active), 1), tok_s=T / t[r["format"]],
                       x_torch=t.get("torch bf16 loop", np.nan) / t[r["format"]])
                  for r in figures(t, bw, lambda k: held["bfloat16" if k.startswith("torch") else k])]
     return rows
@@ -180,26 +188,30 @@ def hf_table(args, torch, rng, threads) -> list:
             getattr(ex, name).copy_(torch.from_numpy(quant.dequantize(q).transpose(0, 2, 1).copy()))
     rt.set_activation_qtype(blocks["f4a8"], "int8")
 
-    def call(blk, impl="raggeddot"):
-        def fn():
+    def call(blk, xs, impl="raggeddot"):     # (the token batches in turn, as layer_table's calls)
+        nxt = itertools.cycle(xs).__next__
+
+        def fn(x=None):
             blk.experts.config._experts_implementation = impl
             with torch.no_grad():
-                return blk(x)
+                return blk(nxt() if x is None else x)
         return fn
-    fns = {"bfloat16": call(blocks["bf16"]), "mxfp4": call(blocks["f4"]), "w4a8 mxfp4": call(blocks["f4a8"]),
-           "torch bf16 loop": call(blocks["bf16"], "eager")}
     held = {"bfloat16": 3 * d * f * 2, "torch bf16 loop": 3 * d * f * 2, "mxfp4": 3 * d * f * 17 / 32}
     held["w4a8 mxfp4"] = held["mxfp4"]
     rows = []
     for T in TOKENS if not args.smoke else TOKENS[:2]:
-        x = torch.from_numpy(rng.standard_normal((1, T, d)).astype(np.float32)).to(torch.bfloat16)
-        want = fns["torch bf16 loop"]().float().numpy()
+        xs = [torch.from_numpy(rng.standard_normal((1, T, d)).astype(np.float32)).to(torch.bfloat16)
+              for _ in range(STEPS)]
+        fns = {"bfloat16": call(blocks["bf16"], xs), "mxfp4": call(blocks["f4"], xs),
+               "w4a8 mxfp4": call(blocks["f4a8"], xs), "torch bf16 loop": call(blocks["bf16"], xs, "eager")}
+        want = fns["torch bf16 loop"](xs[0]).float().numpy()
         for k in ("bfloat16", "mxfp4", "w4a8 mxfp4"):
-            C.require_close(f"decode hf {k}", fns[k]().float().numpy(), want)
+            C.require_close(f"decode hf {k}", fns[k](xs[0]).float().numpy(), want)
         with torch.no_grad():
-            active = len(torch.unique(blocks["bf16"].gate(x.view(-1, d))[2]))
+            active = np.mean([len(torch.unique(blocks["bf16"].gate(x.view(-1, d))[2])) for x in xs])
         t, bw = timed(fns, args.repeat, threads)
-        rows += [dict(r, tokens=T, active=active, tok_s=T / t[r["format"]], x_torch=t["torch bf16 loop"] / t[r["format"]])
+        rows += [dict(r, tokens=T, active=round(float(active), 1), tok_s=T / t[r["format"]],
+                      x_torch=t["torch bf16 loop"] / t[r["format"]])
                  for r in figures(t, bw, lambda k: held[k] * active)]
     return rows
 

@@ -6,6 +6,8 @@ expert loop (torch_fn).
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 MAIN_GRADS = ("x", "router_weights", "w0", "w1", "wo")
@@ -245,7 +247,10 @@ def torch_fn(torch, i32: dict, backward: bool, dtype: str):
     if other:
         raise Unsupported(f"the torch expert loop has no {', '.join(other)}")
     F, dt = torch.nn.functional, getattr(torch, dtype)
-    x32, rw, ct = (torch.from_numpy(i32[n]) for n in ("x", "router_weights", "ct"))
+    # (a list of x: the forward takes them in turn, as the decode benchmark's steps do)
+    x32s = [torch.from_numpy(a) for a in (i32["x"] if isinstance(i32["x"], list) else [i32["x"]])]
+    x32, next_x = x32s[0], itertools.cycle(x32s).__next__
+    rw, ct = (torch.from_numpy(i32[n]) for n in ("router_weights", "ct"))
     ws = [torch.from_numpy(np.ascontiguousarray(i32[n].transpose(0, 2, 1))).to(dt) for n in MAIN_GRADS[2:]]
 
     def layer(x, rw, w0, w1, wo):
@@ -260,7 +265,7 @@ def torch_fn(torch, i32: dict, backward: bool, dtype: str):
 
     def fwd():
         with torch.inference_mode():
-            return {"out": layer(x32, rw, *ws)}
+            return {"out": layer(next_x(), rw, *ws)}
 
     def fwd_bwd():
         leaves = [a.detach().requires_grad_(True) for a in (x32, rw, *ws)]

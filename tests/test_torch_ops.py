@@ -260,3 +260,17 @@ def test_errors_name_the_argument(rng):
             torch.tensor([[0, 1]]), torch.ones(2))
     _raises(ValueError, "'activation' must be one of", rt.gated_activation, x[:, :2], "tanh")
     _raises(ValueError, "even number of columns", rt.gated_activation, x)
+
+
+def test_the_experts_sort_in_numpy_is_the_traced_one():
+    """The experts implementation sorts the assignments in NumPy outside
+    torch.compile and in torch operators inside it: the same four tensors
+    (sentinel ids >= E, int32 ids, a non-contiguous index, no tokens)."""
+    from raggeddot.torch import _experts
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randint(0, 10, (7, 3), generator=g), torch.randint(0, 8, (33, 4), generator=g, dtype=torch.int32),
+             torch.randint(0, 8, (4, 6), generator=g).t(), torch.zeros((0, 2), dtype=torch.int64)]
+    for idx in cases:
+        got, want = _experts._sort_by_expert(idx, 8), _experts._sort_by_expert_traced(idx, 8)
+        assert all(a.dtype == b.dtype == torch.int64 and torch.equal(a, b) for a, b in zip(got, want))
+    assert int(_experts._sort_by_expert(cases[0], 8)[3].sum()) < 21      # (some sentinels: outside every group)

@@ -179,6 +179,30 @@ rd_absmax(const void *x, int bf16, rd_int n, rd_int cs)
     return rd_absmax_scalar(x, bf16, n, cs);
 }
 
+/* A row x of `depth` values (cs apart) quantized and stored, + 128, as
+ * row 0 of a panel of r rows in blocks of `unit` steps (d: its first byte),
+ * up to kq (padding bytes 0): a stretch of the row quantized, then dealt
+ * into the panel a block at a time; returns the row's sum of q. */
+static int32_t
+rd_q8_dealt(const char *x, int bf16, rd_int depth, rd_int kq, rd_int cs, float s, uint8_t *d, int r, int unit)
+{
+    int8_t q[256] __attribute__((aligned(64)));
+    int32_t acc = 0;
+    for (rd_int p0 = 0; p0 < kq; p0 += 256) {
+        const rd_int w = kq - p0 < 256 ? kq - p0 : 256;
+        const rd_int real = depth - p0 < w ? depth - p0 : w;
+        rd_q8_row(x + p0 * cs * (bf16 ? 2 : 4), bf16, real, cs, s, q);
+        for (rd_int p = real; p < w; p++)
+            q[p] = -128;   /* padding: stored as 0 */
+        for (rd_int p = 0; p < real; p++)
+            acc += q[p];
+        for (rd_int p = 0; p < w; p += unit)
+            for (int e = 0; e < unit; e++)
+                d[(p0 + p) * (rd_int)r + e] = (uint8_t)(q[p + e] ^ 0x80);
+    }
+    return acc;
+}
+
 /* (unit: 4, the k-quads of RD_CT_U8S8; 8, the blocks of RD_CT_U8S8MMA's A) */
 void
 rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_int cs,
@@ -189,7 +213,6 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
     const rd_int kq = (depth + unit - 1) / unit * unit;
     const rd_int t = qb->p0 / qb->tp;
     const size_t esize = bf16 ? 2 : 4;
-    int8_t q[256] __attribute__((aligned(64)));
     for (rd_int i0 = 0; i0 < rows; i0 += r) {
         const rd_int have = rows - i0 < r ? rows - i0 : r;
         char *tr = (char *)dst + (rd_int)r * kq;
@@ -201,32 +224,12 @@ rd_pack_q8(rd_int rows, rd_int depth, const void *src, int bf16, rd_int rs, rd_i
         for (rd_int i = 0; i < have; i++) {
             const char *x = (const char *)src + (i0 + i) * rs * (rd_int)esize;
             const float s = scale[(qb->i0 + i0 + i) / qb->tr * qb->rs + t * qb->ps];
-            int32_t acc = 0;
 #ifdef RD_HAVE_X86_KERNELS
-            if (unit == 4 && cs == 1 && rd_cpu()->avx2) {
+            if (unit == 4 && cs == 1 && rd_cpu()->avx2)
                 sum[i] = rd_q8_quads_avx2(x, bf16, depth, kq, s, (uint32_t *)(void *)(dst + 4 * i), r);
-                sc[i] = s;
-                zp[i] = 0;
-                continue;
-            }
+            else
 #endif
-            /* a stretch of the row quantized, then dealt into the panel a
-             * block of `unit` steps at a time */
-            for (rd_int p0 = 0; p0 < kq; p0 += 256) {
-                const rd_int w = kq - p0 < 256 ? kq - p0 : 256;
-                const rd_int real = depth - p0 < w ? depth - p0 : w;
-                rd_q8_row(x + p0 * cs * (rd_int)esize, bf16, real, cs, s, q);
-                for (rd_int p = real; p < w; p++)
-                    q[p] = -128;   /* padding: stored as 0 */
-                for (rd_int p = 0; p < real; p++)
-                    acc += q[p];
-                for (rd_int p = 0; p < w; p += unit) {
-                    uint8_t *d = dst + (p0 + p) * (rd_int)r + (rd_int)unit * i;
-                    for (int e = 0; e < unit; e++)
-                        d[e] = (uint8_t)(q[p + e] ^ 0x80);
-                }
-            }
-            sum[i] = acc;
+                sum[i] = rd_q8_dealt(x, bf16, depth, kq, cs, s, dst + (rd_int)unit * i, r, unit);
             sc[i] = s;
             zp[i] = 0;
         }

@@ -226,9 +226,7 @@ def _grouped_linear(module, rows, weight, bias, group_sizes, expert_of_slot, dty
         lhs = cv.array(rows.detach())
         if getattr(module, ACT_ATTR, None) == "int8":     # (set_activation_qtype: w4a8)
             lhs = _rd.AsQArray(lhs, "int8", channelwise_axes=(0,))
-        # (ragged_dot: gmm's product, rows of an AsQArray quantized by the kernels while they pack them)
-        _rd.ragged_dot(lhs, weight, cv.array(group_sizes), preferred_element_type=cv.np_dtype(dtype),
-                       out=cv.array(out))
+        _rd.gmm(lhs, weight, cv.array(group_sizes), preferred_element_type=cv.np_dtype(dtype), out=cv.array(out))
     elif _use_prepacked(rows, weight):
         out = cv.empty((rows.shape[0], weight.shape[1 if transpose else 2]), dtype)
         _rd.gmm(cv.array(rows), _prepacked(weight, transpose), cv.array(group_sizes),
@@ -355,7 +353,9 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     # operators' bodies are called without torch's dispatcher (~30 us a call at decode)
     direct = bool(held) and not torch.compiler.is_compiling() \
         and not (torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad))
-    xs = (gather_rows if direct else ragged_gather)(hidden_states, token_of_slot)
+    gather, gate, combine = (gather_rows, gated_rows_act, gather_reduce_rows) if direct \
+        else (ragged_gather, gated_activation, ragged_gather_reduce)
+    xs = gather(hidden_states, token_of_slot)
     if self.has_gate:
         w_up, b_up = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if has_bias else None
         w_up = held.get("gate_up_proj", w_up)
@@ -364,7 +364,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         w_up = held.get("up_proj", w_up)
     h = _grouped_linear(self, xs, w_up, b_up, group_sizes, expert_of_slot, dtype)
     if self.has_gate:
-        a = (gated_rows_act if direct else gated_activation)(h, *spec) if spec is not None else self._apply_gate(h)
+        a = gate(h, *spec) if spec is not None else self._apply_gate(h)
     else:
         a = self.act_fn(h)
     b_down = getattr(self, "down_proj_bias", None) if has_bias else None
@@ -373,7 +373,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     if getattr(self, "has_post_expert_norm", False):
         y = self.post_expert_norm(y)
     # a token's experts in expert order
-    out = (gather_reduce_rows if direct else ragged_gather_reduce)(y, slot_of, top_k_weights, True)
+    out = combine(y, slot_of, top_k_weights, True)
     return out.to(dtype)
 
 

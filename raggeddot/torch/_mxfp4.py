@@ -171,8 +171,7 @@ def set_activation_qtype(model, qtype):
     fn = "set_activation_qtype"
     if qtype is not None and qtype != "int8":
         raise ValueError(f"{fn}: 'qtype' must be \"int8\" or None, got {qtype!r}")
-    modules = [model] if hasattr(model, "has_gate") and hasattr(model, "down_proj") \
-        else [m for _, m in experts_modules(model)]
+    modules = [m for _, m in experts_modules(model)]     # (an experts module is its own first)
     if not modules:
         raise ValueError(f"{fn}: {type(model).__name__} has no transformers experts module (a module with "
                          "has_gate and down_proj)")
